@@ -1,0 +1,272 @@
+//! [`CacheBuilder`]: every knob, its default as a named constant, and validation.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+/// Default number of revisions (event batches) kept for replay.
+pub const DEFAULT_HISTORY_WINDOW: usize = 2048;
+/// Default number of responses buffered per subscriber before it is marked lagging.
+pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 128;
+/// Default limit on open watches per cache.
+pub const DEFAULT_MAX_WATCHERS: usize = 1_000_000;
+/// Default number of keys per page of the initial list.
+pub const DEFAULT_PAGE_SIZE: i64 = 1000;
+/// Default first reconnect delay.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(50);
+/// Default longest reconnect delay.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Default interval of local progress responses to subscribers that asked for them.
+pub const DEFAULT_PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(5);
+/// Default interval of `RequestProgress` on the upstream watch while a read waits.
+pub const DEFAULT_PROGRESS_REQUEST_INTERVAL: Duration = Duration::from_millis(100);
+/// Default time a consistent read waits for the cache before [`ReadFallback`] applies.
+pub const DEFAULT_CONSISTENT_READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What a consistent read does when the cache cannot answer it correctly in time
+/// (or at all, while the cache is not ready).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReadFallback {
+    /// Read from etcd instead (the default: a consistent read never fails merely
+    /// because the cache is slow).
+    #[default]
+    Etcd,
+    /// Fail with [`Error::Timeout`] (or [`Error::NotReady`]).
+    Error,
+}
+
+/// Whether etcd's answers to `RequestProgress` may be trusted to advance the cache.
+///
+/// etcd before 3.4.31 / 3.5.13 can answer a progress request with a revision ahead of
+/// events it has not sent yet (etcd#15220, etcd#17507). `Auto` asks every endpoint for
+/// its version (Status RPC) on each connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProgressTrust {
+    /// Detect from the server versions (the default).
+    #[default]
+    Auto,
+    /// Never trust stream-level progress answers (always correct, slower reads).
+    Never,
+    /// Trust them whatever the version says (only for servers known to be fixed).
+    Always,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) prefix: Bytes,
+    pub(crate) history_window: usize,
+    pub(crate) subscriber_buffer: usize,
+    pub(crate) max_watchers: usize,
+    pub(crate) page_size: i64,
+    pub(crate) backoff_initial: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) progress_notify_interval: Duration,
+    pub(crate) progress_request_interval: Duration,
+    pub(crate) consistent_read_timeout: Duration,
+    pub(crate) read_fallback: ReadFallback,
+    pub(crate) progress_trust: ProgressTrust,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            prefix: Bytes::new(),
+            history_window: DEFAULT_HISTORY_WINDOW,
+            subscriber_buffer: DEFAULT_SUBSCRIBER_BUFFER,
+            max_watchers: DEFAULT_MAX_WATCHERS,
+            page_size: DEFAULT_PAGE_SIZE,
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            progress_notify_interval: DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+            progress_request_interval: DEFAULT_PROGRESS_REQUEST_INTERVAL,
+            consistent_read_timeout: DEFAULT_CONSISTENT_READ_TIMEOUT,
+            read_fallback: ReadFallback::Etcd,
+            progress_trust: ProgressTrust::Auto,
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::InvalidConfig { reason });
+        if self.history_window == 0 {
+            return bad("history_window must be at least 1 revision".into());
+        }
+        if self.subscriber_buffer == 0 {
+            return bad("subscriber_buffer must be at least 1 response".into());
+        }
+        if self.max_watchers == 0 {
+            return bad("max_watchers must be at least 1".into());
+        }
+        if self.page_size <= 0 {
+            return bad(format!(
+                "page_size must be at least 1 key, got {}",
+                self.page_size
+            ));
+        }
+        if self.backoff_initial.is_zero() || self.backoff_max < self.backoff_initial {
+            return bad(format!(
+                "backoff must satisfy 0 < initial ({:?}) <= max ({:?})",
+                self.backoff_initial, self.backoff_max
+            ));
+        }
+        for (name, d) in [
+            ("progress_notify_interval", self.progress_notify_interval),
+            ("progress_request_interval", self.progress_request_interval),
+            ("consistent_read_timeout", self.consistent_read_timeout),
+        ] {
+            if d.is_zero() {
+                return bad(format!("{name} must be greater than zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Configures and starts a [`Cache`](crate::Cache). Made by [`Cache::builder`](crate::Cache::builder).
+///
+/// ```no_run
+/// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+/// let cache = etcd_cache::Cache::builder(client)
+///     .prefix("/app/")
+///     .history_window(4096)
+///     .subscriber_buffer(64)
+///     .build()
+///     .await?;
+/// cache.wait_ready().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until build() is awaited"]
+pub struct CacheBuilder {
+    pub(crate) client: Option<etcd_client::Client>,
+    pub(crate) config: Config,
+}
+
+impl std::fmt::Debug for CacheBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl CacheBuilder {
+    pub(crate) fn new(client: etcd_client::Client) -> Self {
+        CacheBuilder {
+            client: Some(client),
+            config: Config::default(),
+        }
+    }
+
+    /// The key prefix the cache holds. Default `""`: the whole keyspace.
+    pub fn prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.config.prefix = Bytes::from(prefix.into());
+        self
+    }
+
+    /// Revisions (event batches) kept for replay and historical reads. Default
+    /// [`DEFAULT_HISTORY_WINDOW`]. Must be at least 1.
+    pub fn history_window(mut self, revisions: usize) -> Self {
+        self.config.history_window = revisions;
+        self
+    }
+
+    /// Responses buffered per subscriber before it becomes lagging. Default
+    /// [`DEFAULT_SUBSCRIBER_BUFFER`]. Must be at least 1.
+    pub fn subscriber_buffer(mut self, responses: usize) -> Self {
+        self.config.subscriber_buffer = responses;
+        self
+    }
+
+    /// Open watches allowed on the cache; one more fails with [`Error::WatchLimit`].
+    /// Default [`DEFAULT_MAX_WATCHERS`].
+    pub fn max_watchers(mut self, n: usize) -> Self {
+        self.config.max_watchers = n;
+        self
+    }
+
+    /// Keys per page of the initial (and any re-) list. Default [`DEFAULT_PAGE_SIZE`].
+    pub fn page_size(mut self, keys: i64) -> Self {
+        self.config.page_size = keys;
+        self
+    }
+
+    /// Reconnect backoff: exponential from `initial` to `max`, with full jitter.
+    /// Defaults [`DEFAULT_BACKOFF_INITIAL`], [`DEFAULT_BACKOFF_MAX`].
+    pub fn backoff(mut self, initial: std::time::Duration, max: std::time::Duration) -> Self {
+        self.config.backoff_initial = initial;
+        self.config.backoff_max = max;
+        self
+    }
+
+    /// Interval of the progress responses sent to watches made `with_progress_notify`.
+    /// Default [`DEFAULT_PROGRESS_NOTIFY_INTERVAL`].
+    pub fn progress_notify_interval(mut self, every: std::time::Duration) -> Self {
+        self.config.progress_notify_interval = every;
+        self
+    }
+
+    /// Interval of `RequestProgress` on the upstream watch while at least one read
+    /// waits. Default [`DEFAULT_PROGRESS_REQUEST_INTERVAL`].
+    pub fn progress_request_interval(mut self, every: std::time::Duration) -> Self {
+        self.config.progress_request_interval = every;
+        self
+    }
+
+    /// How long a consistent read waits for the cache before [`ReadFallback`] applies.
+    /// Default [`DEFAULT_CONSISTENT_READ_TIMEOUT`].
+    pub fn consistent_read_timeout(mut self, wait: std::time::Duration) -> Self {
+        self.config.consistent_read_timeout = wait;
+        self
+    }
+
+    /// What a consistent read does when the cache cannot serve it in time.
+    /// Default [`ReadFallback::Etcd`].
+    pub fn read_fallback(mut self, fallback: ReadFallback) -> Self {
+        self.config.read_fallback = fallback;
+        self
+    }
+
+    /// Whether etcd's `RequestProgress` answers are trusted. Default
+    /// [`ProgressTrust::Auto`] (by server version).
+    pub fn progress_trust(mut self, trust: ProgressTrust) -> Self {
+        self.config.progress_trust = trust;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_values_are_rejected_with_their_name() {
+        let mut c = Config::default();
+        assert!(c.validate().is_ok());
+        c.history_window = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("history_window"));
+        let c = Config {
+            subscriber_buffer: 0,
+            ..Config::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("subscriber_buffer"));
+        let c = Config {
+            backoff_max: Duration::from_millis(1),
+            ..Config::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("backoff"));
+    }
+}

@@ -1,0 +1,358 @@
+//! The upstream task: the only writer of the store, the history and the revision.
+//!
+//! ## Recovery
+//! When the upstream watch breaks (etcd restarted, member lost, connection cut), the
+//! task marks the cache not ready, waits with exponential backoff and jitter, and
+//! watches again from its last applied revision + 1. Events at or below the applied
+//! revision are dropped, so subscribers see no duplicate, and nothing in between is
+//! skipped, so they see no gap. If etcd answers that the resume revision was
+//! compacted, the task lists the prefix again; subscribers whose position falls in the
+//! unrecoverable gap end with `Compacted`, and the others (those waiting for a future
+//! revision) continue.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use imbl::OrdMap;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::backoff::Backoff;
+use crate::cache::Shared;
+use crate::config::ProgressTrust;
+use crate::dispatch::End;
+use crate::error::{Error, Result};
+use crate::history::Batch;
+use crate::kv::{EventType, KeyValue};
+use crate::store::{KvMap, Store};
+use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
+
+/// Why a session ended.
+enum SessionEnd {
+    Shutdown,
+    /// The resume revision is gone: list again.
+    Compacted(i64),
+    /// Transport or server error: back off and resume.
+    Broken(Error),
+}
+
+/// Runs until shutdown.
+pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
+    let span = info_span!("etcd_cache", prefix = %prefix);
+    Follower {
+        shared: shared.clone(),
+        store: Store::default(),
+        applied: 0,
+        need_list: true,
+        shutdown,
+    }
+    .run()
+    .instrument(span)
+    .await;
+}
+
+struct Follower {
+    shared: Arc<Shared>,
+    store: Store,
+    /// Newest revision applied (mirrors `shared.revision`).
+    applied: i64,
+    need_list: bool,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Follower {
+    async fn run(mut self) {
+        let cfg = &self.shared.config;
+        let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
+        loop {
+            match self.session(&mut backoff).await {
+                SessionEnd::Shutdown => break,
+                SessionEnd::Compacted(compact_revision) => {
+                    warn!(
+                        revision = self.applied,
+                        compact_revision, "resume revision compacted; re-listing"
+                    );
+                    self.need_list = true;
+                }
+                SessionEnd::Broken(e) => {
+                    let delay = backoff.next_delay();
+                    warn!(revision = self.applied, error = %e, source = ?std::error::Error::source(&e), ?delay, "upstream disconnected; reconnecting");
+                    self.set_ready(false);
+                    let mut sd = self.shutdown.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = sd.wait_for(|s| *s) => break,
+                    }
+                }
+            }
+            if *self.shutdown.borrow() {
+                break;
+            }
+        }
+        info!(revision = self.applied, "cache closed");
+        self.shared.end_all(End::Closed);
+        self.shared.status.send_modify(|s| {
+            s.ready = false;
+            s.closed = true;
+        });
+    }
+
+    fn set_ready(&self, ready: bool) {
+        self.shared.status.send_if_modified(|s| {
+            let changed = s.ready != ready;
+            s.ready = ready;
+            changed
+        });
+    }
+
+    async fn session(&mut self, backoff: &mut Backoff) -> SessionEnd {
+        let mut sd = self.shutdown.clone();
+        tokio::select! {
+            biased;
+            _ = sd.wait_for(|s| *s) => SessionEnd::Shutdown,
+            end = self.connect_and_follow(backoff) => end,
+        }
+    }
+
+    async fn connect_and_follow(&mut self, backoff: &mut Backoff) -> SessionEnd {
+        let upstream = self.shared.upstream.clone();
+        // Server versions decide whether progress answers may be trusted.
+        let trusted = match self.shared.config.progress_trust {
+            ProgressTrust::Always => true,
+            ProgressTrust::Never => false,
+            _ => match upstream.versions().await {
+                Ok(versions) => {
+                    let ok =
+                        !versions.is_empty() && versions.iter().all(|v| version_trusts_progress(v));
+                    debug!(?versions, trusted = ok, "server versions");
+                    ok
+                }
+                Err(e) => return SessionEnd::Broken(e),
+            },
+        };
+        self.shared.trust_progress.store(trusted, Ordering::Release);
+
+        if self.need_list {
+            if let Err(e) = self.list().await {
+                return SessionEnd::Broken(e);
+            }
+        }
+        let start = self.applied + 1;
+        let mut watch = match upstream.watch(self.shared.range.clone(), start).await {
+            Ok(w) => w,
+            Err(e) => return SessionEnd::Broken(e),
+        };
+        // Wait for the watch to be confirmed.
+        loop {
+            match watch.message().await {
+                Ok(Some(WatchMsg::Created)) => break,
+                Ok(Some(WatchMsg::Canceled {
+                    compact_revision,
+                    reason,
+                })) => {
+                    if compact_revision > 0 {
+                        return SessionEnd::Compacted(compact_revision);
+                    }
+                    return SessionEnd::Broken(Error::invalid(format!("watch refused: {reason}")));
+                }
+                Ok(Some(other)) => {
+                    debug!(?other, "message before the watch was confirmed");
+                }
+                Ok(None) => {
+                    return SessionEnd::Broken(Error::invalid(
+                        "watch stream ended before it was created",
+                    ))
+                }
+                Err(e) => return SessionEnd::Broken(e),
+            }
+        }
+        self.shared.connects.fetch_add(1, Ordering::Relaxed);
+        info!(
+            revision = self.applied,
+            start_revision = start,
+            trusted,
+            "upstream watch confirmed"
+        );
+        self.set_ready(true);
+        backoff.reset();
+        self.follow(watch.as_mut(), trusted).await
+    }
+
+    /// Loads the prefix with a paged list at one revision and installs it.
+    async fn list(&mut self) -> Result<()> {
+        let upstream = self.shared.upstream.clone();
+        let page_size = self.shared.config.page_size;
+        let started = Instant::now();
+        let mut map: KvMap = OrdMap::new();
+        let mut range = self.shared.range.clone();
+        let mut revision = 0;
+        loop {
+            let page = upstream
+                .list_page(range.clone(), revision, page_size)
+                .await?;
+            if revision == 0 {
+                revision = page.revision;
+            }
+            let last = page.kvs.last().map(|kv| kv.key.clone());
+            for kv in page.kvs {
+                map.insert(kv.key.clone(), kv);
+            }
+            match (page.more, last) {
+                (true, Some(last)) => {
+                    let mut next = last.to_vec();
+                    next.push(0);
+                    range.start = next.into();
+                }
+                _ => break,
+            }
+        }
+        self.shared.lists.fetch_add(1, Ordering::Relaxed);
+        info!(revision, keys = map.len(), elapsed = ?started.elapsed(), "listed prefix");
+        self.install(map, revision);
+        Ok(())
+    }
+
+    /// Replaces the store with a fresh list at `revision`.
+    fn install(&mut self, map: KvMap, revision: i64) {
+        let first = self.applied == 0 && !self.shared.status().loaded;
+        let revision = revision.max(self.applied);
+        let shared = self.shared.clone();
+        let mut index = shared.index.lock();
+        if !first {
+            // Subscribers positioned before `revision` may have missed events in the gap.
+            let mut gone = Vec::new();
+            for (id, mailbox) in index.all() {
+                if mailbox.last_rev() < revision {
+                    gone.push(id);
+                }
+            }
+            for id in &gone {
+                if let Some(mailbox) = index.remove(*id) {
+                    if mailbox.end(End::Compacted(revision + 1)) {
+                        shared.lagging.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            warn!(
+                revision,
+                compacted_watchers = gone.len(),
+                "re-listed after a compaction gap"
+            );
+        }
+        self.store.replace(map);
+        shared.history.write().reset(revision);
+        self.need_list = false;
+        self.publish(revision);
+        drop(index);
+        shared.status.send_modify(|s| s.loaded = true);
+    }
+
+    /// Publishes the snapshot and the revision. Call with the index lock held.
+    fn publish(&mut self, revision: i64) {
+        self.applied = revision;
+        self.shared
+            .snapshot
+            .store(Arc::new(self.store.snapshot(revision)));
+        self.shared.keys.store(self.store.len(), Ordering::Relaxed);
+        self.shared
+            .store_bytes
+            .store(self.store.bytes(), Ordering::Relaxed);
+        self.shared.revision.store(revision, Ordering::Release);
+        self.shared.revision_tx.send_replace(revision);
+    }
+
+    async fn follow(&mut self, watch: &mut dyn UpstreamWatch, trusted: bool) -> SessionEnd {
+        let interval = self.shared.config.progress_request_interval;
+        let mut next_request = Instant::now();
+        let shared = self.shared.clone();
+        loop {
+            let want_progress = trusted && shared.progress.waiting() > 0;
+            tokio::select! {
+                biased;
+                msg = watch.message() => match msg {
+                    Ok(Some(WatchMsg::Events(events))) => self.apply(events),
+                    Ok(Some(WatchMsg::Progress { revision, requested })) => {
+                        if requested && !trusted {
+                            debug!(revision, "ignoring RequestProgress answer from a server with etcd#15220");
+                        } else {
+                            self.progress(revision);
+                        }
+                    }
+                    Ok(Some(WatchMsg::Created)) => {}
+                    Ok(Some(WatchMsg::Canceled { compact_revision, reason })) => {
+                        if compact_revision > 0 {
+                            return SessionEnd::Compacted(compact_revision);
+                        }
+                        return SessionEnd::Broken(Error::invalid(format!("watch cancelled by etcd: {reason}")));
+                    }
+                    Ok(None) => return SessionEnd::Broken(Error::invalid("upstream watch stream ended")),
+                    Err(e) => return SessionEnd::Broken(e),
+                },
+                _ = tokio::time::sleep_until(next_request), if want_progress => {
+                    if let Err(e) = watch.request_progress().await {
+                        return SessionEnd::Broken(e);
+                    }
+                    shared.progress.record_sent();
+                    next_request = Instant::now() + interval;
+                }
+                _ = shared.progress.wake.notified(), if !want_progress => {
+                    // A read started waiting: request at once, then every interval.
+                    next_request = next_request.max(Instant::now() - interval).min(Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Applies one upstream message: one batch per revision, dispatched in order.
+    fn apply(&mut self, events: Vec<(EventType, KeyValue)>) {
+        let shared = self.shared.clone();
+        let mut index = shared.index.lock();
+        let mut last = self.applied;
+        let mut batch_events = Vec::new();
+        let mut lagged = 0;
+        let mut iter = events.into_iter().peekable();
+        while let Some((t, kv)) = iter.next() {
+            let rev = kv.mod_revision;
+            if rev <= self.applied {
+                // A resumed or buggy watch (etcd#20221) may repeat old events.
+                continue;
+            }
+            batch_events.push(self.store.apply(t, kv));
+            let boundary = iter
+                .peek()
+                .map_or(true, |(_, next)| next.mod_revision != rev);
+            if boundary {
+                let batch = Batch::new(rev, std::mem::take(&mut batch_events));
+                shared.history.write().push(batch.clone());
+                let stats = index.dispatch(&batch, &shared.lagging);
+                lagged += stats.lagged;
+                last = rev;
+            }
+        }
+        if lagged > 0 {
+            debug!(
+                lagged,
+                revision = last,
+                "subscribers fell behind; they will catch up from history"
+            );
+        }
+        if last > self.applied {
+            self.publish(last);
+        }
+        drop(index);
+    }
+
+    /// A trusted progress notification: nothing happened in the prefix up to `revision`.
+    fn progress(&mut self, revision: i64) {
+        if revision <= self.applied {
+            return;
+        }
+        let shared = self.shared.clone();
+        let index = shared.index.lock();
+        shared.history.write().advance(revision);
+        self.publish(revision);
+        drop(index);
+    }
+}

@@ -1,0 +1,234 @@
+//! Key-values and events. Keys and values are [`Bytes`], so a clone is a reference-count
+//! increment and a delivery never copies them.
+
+use bytes::Bytes;
+use etcd_client::proto::PbKeyValue;
+
+use crate::error::{Error, Result};
+
+/// A key and its value at one revision, as etcd stores it.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct KeyValue {
+    pub(crate) key: Bytes,
+    pub(crate) value: Bytes,
+    pub(crate) create_revision: i64,
+    pub(crate) mod_revision: i64,
+    pub(crate) version: i64,
+    pub(crate) lease: i64,
+}
+
+impl std::fmt::Debug for KeyValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyValue")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("value_len", &self.value.len())
+            .field("create_revision", &self.create_revision)
+            .field("mod_revision", &self.mod_revision)
+            .field("version", &self.version)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl KeyValue {
+    /// Builds a key-value (useful in tests and adapters).
+    pub fn new(
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+        create_revision: i64,
+        mod_revision: i64,
+        version: i64,
+        lease: i64,
+    ) -> Self {
+        KeyValue {
+            key: key.into(),
+            value: value.into(),
+            create_revision,
+            mod_revision,
+            version,
+            lease,
+        }
+    }
+
+    /// The key.
+    #[inline]
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The key as `&str`.
+    ///
+    /// # Errors
+    /// [`Error::Utf8`] if the key is not UTF-8.
+    pub fn key_str(&self) -> Result<&str> {
+        std::str::from_utf8(&self.key).map_err(Error::Utf8)
+    }
+
+    /// The value (empty for a delete event's key-value and for keys-only reads).
+    #[inline]
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The value as `&str`.
+    ///
+    /// # Errors
+    /// [`Error::Utf8`] if the value is not UTF-8.
+    pub fn value_str(&self) -> Result<&str> {
+        std::str::from_utf8(&self.value).map_err(Error::Utf8)
+    }
+
+    /// The key as shared [`Bytes`] (a clone costs a reference count).
+    #[inline]
+    pub fn key_bytes(&self) -> &Bytes {
+        &self.key
+    }
+
+    /// The value as shared [`Bytes`].
+    #[inline]
+    pub fn value_bytes(&self) -> &Bytes {
+        &self.value
+    }
+
+    /// The revision of the key's last creation.
+    #[inline]
+    pub const fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+
+    /// The revision of the key's last modification.
+    #[inline]
+    pub const fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+
+    /// The number of modifications since creation (a delete resets it to 0).
+    #[inline]
+    pub const fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The lease attached to the key (0 for none).
+    #[inline]
+    pub const fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Takes the key and value apart.
+    pub fn into_key_value(self) -> (Bytes, Bytes) {
+        (self.key, self.value)
+    }
+
+    /// The approximate number of bytes this key-value holds (key + value).
+    pub(crate) fn payload_len(&self) -> usize {
+        self.key.len() + self.value.len()
+    }
+
+    /// This key-value without its value, for keys-only reads.
+    pub(crate) fn without_value(&self) -> Self {
+        KeyValue {
+            value: Bytes::new(),
+            ..self.clone()
+        }
+    }
+}
+
+impl From<PbKeyValue> for KeyValue {
+    /// Moves the protobuf buffers into `Bytes` without copying them.
+    fn from(kv: PbKeyValue) -> Self {
+        KeyValue {
+            key: Bytes::from(kv.key),
+            value: Bytes::from(kv.value),
+            create_revision: kv.create_revision,
+            mod_revision: kv.mod_revision,
+            version: kv.version,
+            lease: kv.lease,
+        }
+    }
+}
+
+impl From<etcd_client::KeyValue> for KeyValue {
+    fn from(kv: etcd_client::KeyValue) -> Self {
+        KeyValue::from(kv.0)
+    }
+}
+
+/// The kind of an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// The key was created or modified.
+    Put,
+    /// The key was deleted.
+    Delete,
+}
+
+impl From<etcd_client::EventType> for EventType {
+    fn from(t: etcd_client::EventType) -> Self {
+        match t {
+            etcd_client::EventType::Put => EventType::Put,
+            etcd_client::EventType::Delete => EventType::Delete,
+        }
+    }
+}
+
+/// One change to one key.
+///
+/// A `Put` carries the new key-value; a `Delete` carries the key with its `mod_revision`
+/// set to the deleting revision and everything else zero, exactly as etcd sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub(crate) event_type: EventType,
+    pub(crate) kv: KeyValue,
+    pub(crate) prev_kv: Option<KeyValue>,
+}
+
+impl Event {
+    /// Builds an event.
+    pub fn new(event_type: EventType, kv: KeyValue, prev_kv: Option<KeyValue>) -> Self {
+        Event {
+            event_type,
+            kv,
+            prev_kv,
+        }
+    }
+
+    /// Put or Delete.
+    #[inline]
+    pub fn event_type(&self) -> EventType {
+        self.event_type
+    }
+
+    /// The key-value of the event. Always `Some`; an `Option` as in `etcd-client`.
+    #[inline]
+    pub fn kv(&self) -> Option<&KeyValue> {
+        Some(&self.kv)
+    }
+
+    /// The key-value before the event, if the watch asked for it (`with_prev_key`) and the
+    /// key existed.
+    #[inline]
+    pub fn prev_kv(&self) -> Option<&KeyValue> {
+        self.prev_kv.as_ref()
+    }
+
+    /// The revision of the event.
+    #[inline]
+    pub fn revision(&self) -> i64 {
+        self.kv.mod_revision
+    }
+
+    /// The key of the event.
+    #[inline]
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.kv.key
+    }
+
+    /// This event without its previous key-value.
+    pub(crate) fn without_prev(&self) -> Self {
+        Event {
+            event_type: self.event_type,
+            kv: self.kv.clone(),
+            prev_kv: None,
+        }
+    }
+}

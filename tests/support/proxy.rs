@@ -1,0 +1,273 @@
+//! A TCP forwarder between a client and etcd, for fault injection.
+//!
+//! ```ignore
+//! let proxy = TcpProxy::start(etcd.client_addr()).await;
+//! let client = support::client(&[proxy.endpoint()]).await;
+//! proxy.drop_all_connections(); // every open connection is reset; new ones are accepted
+//! proxy.set_blackhole(true); // connections stay open, no byte moves either way
+//! proxy.set_refuse(true); // new connections are reset at once
+//! ```
+//!
+//! Needs a tokio runtime. Dropping the proxy stops its listener and every connection.
+#![allow(dead_code, unreachable_pub)]
+
+use std::fmt::Display;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// How long a connection to the upstream may take.
+const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bytes read per forwarding step and direction.
+const BUF_SIZE: usize = 64 * 1024;
+
+struct Shared {
+    upstream: Mutex<String>,
+    refuse: AtomicBool,
+    /// `true` while black-holed.
+    blackhole: watch::Sender<bool>,
+    /// Bumped by `drop_all_connections`; every connection alive at that moment ends.
+    epoch: watch::Sender<u64>,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    dropped: AtomicU64,
+    active: AtomicUsize,
+    bytes: AtomicU64,
+}
+
+/// A TCP forwarder on 127.0.0.1 with a random port, in front of one upstream address.
+pub struct TcpProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Listens on 127.0.0.1 (random port) and forwards every connection to `upstream`:
+    /// `"127.0.0.1:2379"`, `"http://127.0.0.1:2379"` or a `SocketAddr`.
+    pub async fn start(upstream: impl Display) -> TcpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("TcpProxy: cannot bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("TcpProxy: local_addr");
+        let shared = Arc::new(Shared {
+            upstream: Mutex::new(strip_scheme(&upstream.to_string())),
+            refuse: AtomicBool::new(false),
+            blackhole: watch::Sender::new(false),
+            epoch: watch::Sender::new(0),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        TcpProxy { addr, shared, task }
+    }
+
+    /// The proxy's URL, `http://127.0.0.1:PORT`, to give to a client instead of etcd's.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The proxy's listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Points new connections at another upstream (existing ones keep theirs).
+    pub fn set_upstream(&self, upstream: impl Display) {
+        *self.shared.upstream.lock().unwrap() = strip_scheme(&upstream.to_string());
+    }
+
+    /// Closes every current connection at once, on both sides, with a reset (RST). New
+    /// connections are still accepted.
+    pub fn drop_all_connections(&self) {
+        self.shared.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// While `true`: connections stay open but no byte is forwarded in either direction (and
+    /// new connections are accepted but not connected upstream) — a stall without a close.
+    /// Bytes held during the stall are delivered when it ends.
+    pub fn set_blackhole(&self, on: bool) {
+        self.shared.blackhole.send_replace(on);
+    }
+
+    /// While `true`: new connections are reset as soon as they are accepted. Existing ones
+    /// are untouched.
+    pub fn set_refuse(&self, on: bool) {
+        self.shared.refuse.store(on, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far (refused ones included).
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections refused so far (`set_refuse`).
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed by `drop_all_connections` so far.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Connections open now.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
+    }
+
+    /// Bytes forwarded so far, both directions together.
+    pub fn bytes_forwarded(&self) -> u64 {
+        self.shared.bytes.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every connection task.
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for TcpProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpProxy")
+            .field("addr", &self.addr)
+            .field("upstream", &*self.shared.upstream.lock().unwrap())
+            .field("accepted", &self.accepted())
+            .field("active", &self.active())
+            .finish()
+    }
+}
+
+fn strip_scheme(s: &str) -> String {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .unwrap_or(s);
+    s.trim_end_matches('/').to_string()
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // e.g. too many open files: back off a little instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                shared.accepted.fetch_add(1, Ordering::SeqCst);
+                if shared.refuse.load(Ordering::SeqCst) {
+                    shared.refused.fetch_add(1, Ordering::SeqCst);
+                    reset(&stream);
+                    drop(stream);
+                    continue;
+                }
+                conns.spawn(connection(stream, shared.clone()));
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Makes the close of `stream` send RST instead of FIN.
+fn reset(stream: &TcpStream) {
+    #[allow(deprecated)] // a zero linger does not block on close
+    let _ = stream.set_linger(Some(Duration::ZERO));
+}
+
+struct ActiveGuard(Arc<Shared>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
+    shared.active.fetch_add(1, Ordering::SeqCst);
+    let _guard = ActiveGuard(shared.clone());
+    let mut epoch = shared.epoch.subscribe();
+    let _ = client.set_nodelay(true);
+
+    // Connect upstream only while traffic flows (a black hole is a partition).
+    let upstream = async {
+        wait_open(&mut shared.blackhole.subscribe()).await;
+        let addr = shared.upstream.lock().unwrap().clone();
+        tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(addr)).await
+    };
+    let mut upstream = tokio::select! {
+        r = upstream => match r {
+            Ok(Ok(s)) => s,
+            _ => {
+                reset(&client);
+                return;
+            }
+        },
+        _ = epoch.changed() => {
+            shared.dropped.fetch_add(1, Ordering::SeqCst);
+            reset(&client);
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+
+    let cut = {
+        let (cr, cw) = client.split();
+        let (ur, uw) = upstream.split();
+        let up = pump(cr, uw, shared.blackhole.subscribe(), &shared.bytes);
+        let down = pump(ur, cw, shared.blackhole.subscribe(), &shared.bytes);
+        tokio::select! {
+            _ = async { tokio::try_join!(up, down) } => false,
+            _ = epoch.changed() => true,
+        }
+    };
+    if cut {
+        shared.dropped.fetch_add(1, Ordering::SeqCst);
+        reset(&client);
+        reset(&upstream);
+    }
+}
+
+async fn wait_open(blackhole: &mut watch::Receiver<bool>) {
+    let _ = blackhole.wait_for(|on| !*on).await;
+}
+
+/// Copies `r` to `w` until EOF (then half-closes `w`) or an error, pausing while black-holed.
+async fn pump<R, W>(
+    mut r: R,
+    mut w: W,
+    mut blackhole: watch::Receiver<bool>,
+    bytes: &AtomicU64,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF_SIZE];
+    loop {
+        wait_open(&mut blackhole).await;
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        // Bytes read just as the black hole started are held until it ends.
+        wait_open(&mut blackhole).await;
+        w.write_all(&buf[..n]).await?;
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
