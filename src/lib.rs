@@ -71,3 +71,7 @@ trait AssertSendUnpin: Send + Unpin {}
 impl AssertSendUnpin for WatchStream {}
 impl AssertSendSync for WatchResponse {}
 impl AssertSendSync for Error {}
+
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod internals;

@@ -1,0 +1,1 @@
+//! Hidden entry points for the micro-benchmarks (feature `bench-internals`). Not API.
