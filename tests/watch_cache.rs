@@ -1,0 +1,621 @@
+//! Integration tests of the watch cache against a real etcd (issue: the watch cache).
+
+mod support;
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_cache::{
+    Cache, Error, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
+    WatchResponse, WatchStream,
+};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use support::etcd::EtcdServer;
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+async fn bounded<F: Future<Output = ()>>(f: F) {
+    tokio::time::timeout(LIMIT, f)
+        .await
+        .expect("test did not finish in time");
+}
+
+async fn cache_on(client: &Client, prefix: &str) -> Cache {
+    let cache = Cache::builder(client.clone())
+        .prefix(prefix)
+        .build()
+        .await
+        .unwrap();
+    cache
+        .wait_ready_timeout(Duration::from_secs(20))
+        .await
+        .unwrap();
+    cache
+}
+
+/// The next response with events (skipping `created` and progress).
+async fn next_events(s: &mut WatchStream) -> WatchResponse {
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(20), s.message())
+            .await
+            .expect("no response within 20 s")
+            .expect("stream error")
+            .expect("stream ended");
+        if !r.events().is_empty() {
+            return r;
+        }
+    }
+}
+
+fn keys(r: &WatchResponse) -> Vec<String> {
+    r.events()
+        .iter()
+        .map(|e| e.kv().unwrap().key_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_follow_replay_txn_prevkv_filters() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        for i in 0..25 {
+            client
+                .put(format!("/app/pre{i:02}"), format!("v{i}"), None)
+                .await
+                .unwrap();
+        }
+        client.put("/other/x", "outside", None).await.unwrap();
+        let cache = Cache::builder(client.clone())
+            .prefix("/app/")
+            .page_size(7)
+            .build()
+            .await
+            .unwrap();
+        assert!(!cache.is_ready() || cache.revision() > 0);
+        cache
+            .wait_ready_timeout(Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(cache.is_ready());
+        let stats = cache.stats();
+        assert_eq!(stats.keys, 25, "paged list loaded every key");
+        assert_eq!(stats.lists, 1);
+
+        let mut all = cache
+            .watch(
+                "/app/",
+                Some(WatchOptions::new().with_prefix().with_prev_key()),
+            )
+            .await
+            .unwrap();
+        let first = all.message().await.unwrap().unwrap();
+        assert!(first.created());
+        let mut one = cache.watch("/app/k1", None).await.unwrap();
+        let mut no_del = cache
+            .watch(
+                "/app/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_filters([WatchFilterType::NoDelete]),
+                ),
+            )
+            .await
+            .unwrap();
+        let mut no_put = cache
+            .watch(
+                "/app/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_filters([WatchFilterType::NoPut]),
+                ),
+            )
+            .await
+            .unwrap();
+
+        let r1 = client
+            .put("/app/k1", "a", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let r2 = client
+            .put("/app/k1", "b", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        // A transaction writing three keys is one revision and one response.
+        let txn = Txn::new()
+            .when([Compare::version("/app/k1", CompareOp::Greater, 0)])
+            .and_then([
+                TxnOp::put("/app/t1", "x", None),
+                TxnOp::put("/app/t2", "y", None),
+                TxnOp::delete("/app/k1", None),
+            ]);
+        let r3 = client.txn(txn).await.unwrap().header().unwrap().revision();
+        client.put("/other/y", "ignored", None).await.unwrap();
+        let r4 = client
+            .delete("/app/t1", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+
+        let e = next_events(&mut all).await;
+        assert_eq!((e.revision(), keys(&e)), (r1, vec!["/app/k1".to_owned()]));
+        assert!(
+            e.events()[0].prev_kv().is_none(),
+            "created key has no prev_kv"
+        );
+        let e = next_events(&mut all).await;
+        assert_eq!(e.revision(), r2);
+        assert_eq!(e.events()[0].prev_kv().unwrap().value(), b"a");
+        let e = next_events(&mut all).await;
+        assert_eq!(e.revision(), r3);
+        assert_eq!(
+            keys(&e),
+            ["/app/t1", "/app/t2", "/app/k1"],
+            "one response, etcd's order"
+        );
+        let del = &e.events()[2];
+        assert_eq!(del.event_type(), EventType::Delete);
+        assert_eq!(del.prev_kv().unwrap().value(), b"b");
+        assert_eq!(del.kv().unwrap().mod_revision(), r3);
+        let e = next_events(&mut all).await;
+        assert_eq!(e.revision(), r4);
+        assert_eq!(e.events()[0].prev_kv().unwrap().value(), b"x");
+
+        // Single key: only its events; the txn response holds only the k1 delete.
+        assert_eq!(next_events(&mut one).await.revision(), r1);
+        assert_eq!(next_events(&mut one).await.revision(), r2);
+        let e = next_events(&mut one).await;
+        assert_eq!((e.revision(), keys(&e)), (r3, vec!["/app/k1".to_owned()]));
+        assert!(e.events()[0].prev_kv().is_none(), "no prev_kv unless asked");
+
+        // Filters.
+        for want in [r1, r2] {
+            assert_eq!(next_events(&mut no_del).await.revision(), want);
+        }
+        let e = next_events(&mut no_del).await;
+        assert_eq!(
+            (e.revision(), keys(&e)),
+            (r3, vec!["/app/t1".to_owned(), "/app/t2".to_owned()])
+        );
+        let e = next_events(&mut no_put).await;
+        assert_eq!((e.revision(), keys(&e)), (r3, vec!["/app/k1".to_owned()]));
+        assert_eq!(next_events(&mut no_put).await.revision(), r4);
+
+        // Replay from the middle of the window, then live, seamlessly.
+        let mut replay = cache
+            .watch(
+                "/app/",
+                Some(WatchOptions::new().with_prefix().with_start_revision(r2)),
+            )
+            .await
+            .unwrap();
+        for want in [r2, r3, r4] {
+            assert_eq!(next_events(&mut replay).await.revision(), want);
+        }
+        let r5 = client
+            .put("/app/live", "1", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        assert_eq!(next_events(&mut replay).await.revision(), r5);
+
+        // A future start revision is delivered when it happens.
+        let mut future = cache
+            .watch(
+                "/app/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(r5 + 2),
+                ),
+            )
+            .await
+            .unwrap();
+        client.put("/app/f1", "1", None).await.unwrap();
+        let r7 = client
+            .put("/app/f2", "2", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        assert_eq!(next_events(&mut future).await.revision(), r7);
+        cache.close().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_start_revision_and_bad_input() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = Cache::builder(client.clone())
+            .prefix("/app/")
+            .history_window(4)
+            .max_watchers(3)
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let mut live = cache
+            .watch("/app/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let mut revs = Vec::new();
+        for i in 0..10 {
+            revs.push(
+                client
+                    .put(format!("/app/k{i}"), "v", None)
+                    .await
+                    .unwrap()
+                    .header()
+                    .unwrap()
+                    .revision(),
+            );
+        }
+        for &r in &revs {
+            assert_eq!(next_events(&mut live).await.revision(), r);
+        }
+        let (floor, head) = cache.history_span();
+        assert_eq!(floor, revs[5] + 1);
+        assert_eq!(head, revs[9]);
+        let mut old = cache
+            .watch(
+                "/app/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revs[2]),
+                ),
+            )
+            .await
+            .unwrap();
+        match old.message().await {
+            Err(Error::Compacted { compact_revision }) => assert_eq!(compact_revision, floor),
+            other => panic!("expected Compacted, got {other:?}"),
+        }
+        assert!(
+            old.message().await.unwrap().is_none(),
+            "stream ends after Compacted"
+        );
+        drop(old);
+
+        // Bad input: clear errors, nothing else changes.
+        let bad: Vec<(&str, WatchOptions)> = vec![
+            ("", WatchOptions::new()),
+            ("/app/b", WatchOptions::new().with_range("/app/a")),
+            ("/app/b", WatchOptions::new().with_range("/app/b")),
+            ("/other", WatchOptions::new()),
+            ("/app/", WatchOptions::new().with_range("/zzz")),
+            ("/app/", WatchOptions::new().with_from_key()),
+            ("", WatchOptions::new().with_all_keys()),
+            ("/app/a", WatchOptions::new().with_start_revision(-1)),
+        ];
+        for (key, opts) in bad {
+            let e = cache.watch(key, Some(opts.clone())).await.expect_err(key);
+            assert!(
+                matches!(e, Error::InvalidRange { .. } | Error::OutOfRange { .. }),
+                "{key}: {e}"
+            );
+            assert!(!e.to_string().is_empty());
+        }
+        let e = cache.get("", None).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidRange { .. }), "{e}");
+        let e = cache
+            .get("/app/a", Some(GetOptions::new().with_revision(-3)))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("negative revision"), "{e}");
+        let e = cache.get("/other/a", None).await.unwrap_err();
+        assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
+        let e = cache
+            .get(
+                "/app/",
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_revision(revs[0])
+                        .with_serializable(),
+                ),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Compacted { .. }), "{e}");
+        let e = cache
+            .get(
+                "/app/",
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_revision(revs[9] + 1000)
+                        .with_serializable(),
+                ),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::FutureRevision { .. }), "{e}");
+
+        // Watch limit: 3 allowed, `live` holds one.
+        let a = cache.watch("/app/a", None).await.unwrap();
+        let b = cache.watch("/app/b", None).await.unwrap();
+        let e = cache.watch("/app/c", None).await.unwrap_err();
+        assert_eq!(e.to_string(), "at most 3 watches are allowed");
+        drop(a);
+        let c = cache
+            .watch("/app/c", None)
+            .await
+            .expect("dropping a stream frees its slot");
+        drop((b, c));
+
+        // Scoped budget: its drop cancels its watches.
+        let scope = cache.scope(1);
+        let mut s1 = scope.watch("/app/s", None).await.unwrap();
+        assert!(matches!(
+            scope.watch("/app/s", None).await,
+            Err(Error::WatchLimit { limit: 1 })
+        ));
+        drop(scope);
+        assert!(s1.message().await.unwrap().unwrap().created());
+        assert!(
+            s1.message().await.unwrap().is_none(),
+            "scope drop ends its streams"
+        );
+        assert_eq!(cache.watcher_count(), 2);
+        drop(s1);
+        assert_eq!(cache.watcher_count(), 1);
+
+        // The live subscriber saw nothing odd and keeps going.
+        let r = client
+            .put("/app/after", "v", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        assert_eq!(next_events(&mut live).await.revision(), r);
+        cache.close().await;
+        assert!(
+            live.message().await.unwrap().is_none(),
+            "close ends streams"
+        );
+        assert!(matches!(
+            cache.watch("/app/a", None).await,
+            Err(Error::Closed)
+        ));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let client = support::client(&[etcd.endpoint()]).await;
+        let cache = Cache::builder(client.clone())
+            .prefix("/burst/")
+            .subscriber_buffer(1)
+            .history_window(20_000)
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let start = cache.revision();
+        let mut slow = cache
+            .watch("/burst/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let mut fast = cache
+            .scope(10)
+            .watch("/burst/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        drop(fast.message().await);
+        const N: usize = 10_000;
+        let writers = 16;
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let mut c = client.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (w..N).step_by(writers) {
+                    c.put(format!("/burst/k{}", i % 97), format!("{i}"), None)
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        let mut seen = Vec::with_capacity(N);
+        while seen.len() < N {
+            let r = next_events(&mut slow).await;
+            assert_eq!(r.events().len(), 1);
+            seen.push(r.revision());
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let want: Vec<i64> = (start + 1..=start + N as i64).collect();
+        assert_eq!(seen, want, "every revision once, in order");
+        assert!(cache.stats().lagging <= 1);
+        cache.close().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_equals_etcd_for_every_form() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = cache_on(&client, "/g/").await;
+        for i in 0..40 {
+            client
+                .put(
+                    format!("/g/{:02}", (i * 7) % 30),
+                    format!("v{}", 40 - i),
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        client.delete("/g/05", None).await.unwrap();
+        let mid = client
+            .put("/g/mid", "m", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        for i in 0..10 {
+            client
+                .put(format!("/g/{:02}", i), "late", None)
+                .await
+                .unwrap();
+        }
+        client.delete("/g/07", None).await.unwrap();
+        let last = client
+            .put("/g/zz", "z", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        cache.wait_for_revision(last).await.unwrap();
+
+        type Case = (
+            &'static str,
+            fn(GetOptions) -> GetOptions,
+            fn(etcd_client::GetOptions) -> etcd_client::GetOptions,
+        );
+        let cases: Vec<Case> = vec![
+            ("/g/03", |o| o, |o| o),
+            ("/g/07", |o| o, |o| o),
+            ("/g/", |o| o.with_prefix(), |o| o.with_prefix()),
+            (
+                "/g/",
+                |o| o.with_prefix().with_limit(5),
+                |o| o.with_prefix().with_limit(5),
+            ),
+            ("/g/1", |o| o.with_range("/g/2"), |o| o.with_range("/g/2")),
+            (
+                "/g/",
+                |o| o.with_prefix().with_keys_only(),
+                |o| o.with_prefix().with_keys_only(),
+            ),
+            (
+                "/g/",
+                |o| o.with_prefix().with_count_only(),
+                |o| o.with_prefix().with_count_only(),
+            ),
+            (
+                "/g/",
+                |o| {
+                    o.with_prefix()
+                        .with_sort(SortTarget::Value, SortOrder::Descend)
+                        .with_limit(7)
+                },
+                |o| {
+                    o.with_prefix()
+                        .with_sort(
+                            etcd_client::SortTarget::Value,
+                            etcd_client::SortOrder::Descend,
+                        )
+                        .with_limit(7)
+                },
+            ),
+            (
+                "/g/",
+                |o| {
+                    o.with_prefix()
+                        .with_sort(SortTarget::Key, SortOrder::Descend)
+                },
+                |o| {
+                    o.with_prefix().with_sort(
+                        etcd_client::SortTarget::Key,
+                        etcd_client::SortOrder::Descend,
+                    )
+                },
+            ),
+            (
+                "/g/",
+                |o| {
+                    o.with_prefix()
+                        .with_sort(SortTarget::Mod, SortOrder::Ascend)
+                        .with_limit(3)
+                },
+                |o| {
+                    o.with_prefix()
+                        .with_sort(etcd_client::SortTarget::Mod, etcd_client::SortOrder::Ascend)
+                        .with_limit(3)
+                },
+            ),
+        ];
+        for rev in [0, mid, last] {
+            for (key, ours, theirs) in &cases {
+                for serializable in [false, true] {
+                    let mut o = ours(GetOptions::new()).with_revision(rev);
+                    if serializable {
+                        o = o.with_serializable();
+                    }
+                    let got = cache.get(*key, Some(o)).await.unwrap();
+                    let want = client
+                        .get(
+                            *key,
+                            Some(theirs(etcd_client::GetOptions::new()).with_revision(rev)),
+                        )
+                        .await
+                        .unwrap();
+                    let g: Vec<_> = got
+                        .kvs()
+                        .iter()
+                        .map(|kv| {
+                            (
+                                kv.key().to_vec(),
+                                kv.value().to_vec(),
+                                kv.mod_revision(),
+                                kv.create_revision(),
+                                kv.version(),
+                            )
+                        })
+                        .collect();
+                    let w: Vec<_> = want
+                        .kvs()
+                        .iter()
+                        .map(|kv| {
+                            (
+                                kv.key().to_vec(),
+                                kv.value().to_vec(),
+                                kv.mod_revision(),
+                                kv.create_revision(),
+                                kv.version(),
+                            )
+                        })
+                        .collect();
+                    assert_eq!(g, w, "{key} at {rev}");
+                    assert_eq!(got.count(), want.count(), "{key} at {rev}");
+                    assert_eq!(got.more(), want.more(), "{key} at {rev}");
+                    if rev != 0 {
+                        assert_eq!(got.revision(), rev);
+                    }
+                }
+            }
+        }
+        cache.close().await;
+    })
+    .await;
+}
