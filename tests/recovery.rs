@@ -1,0 +1,177 @@
+//! Recovery against real etcd: a restart in the middle of a write burst, and member
+//! failover in a three-member cluster. Every subscriber must see exactly etcd's history.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_cache::{Cache, WatchOptions, WatchStream};
+use etcd_client::Client;
+use support::etcd::{EtcdCluster, EtcdServer};
+
+/// Every revision (with its keys) of `prefix` in `(from, to]`, from a direct etcd watch.
+async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, Vec<String>)> {
+    let mut w = client
+        .watch_client()
+        .watch(prefix, Some(etcd_client::WatchOptions::new().with_prefix().with_start_revision(from + 1)))
+        .await
+        .unwrap();
+    let mut out: Vec<(i64, Vec<String>)> = Vec::new();
+    while out.last().map_or(true, |(r, _)| *r < to) {
+        let resp = tokio::time::timeout(Duration::from_secs(20), w.message()).await.unwrap().unwrap().unwrap();
+        for ev in resp.events() {
+            let kv = ev.kv().unwrap();
+            let rev = kv.mod_revision();
+            if rev > to {
+                break;
+            }
+            match out.last_mut() {
+                Some((r, keys)) if *r == rev => keys.push(kv.key_str().unwrap().to_owned()),
+                _ => out.push((rev, vec![kv.key_str().unwrap().to_owned()])),
+            }
+        }
+        if resp.events().is_empty() && out.is_empty() && to <= from {
+            break;
+        }
+    }
+    out
+}
+
+/// Reads a stream until it has delivered revision `to`.
+async fn collect(s: &mut WatchStream, to: i64) -> Vec<(i64, Vec<String>)> {
+    let mut out = Vec::new();
+    while out.last().map_or(true, |(r, _)| *r < to) {
+        let r = tokio::time::timeout(Duration::from_secs(60), s.message())
+            .await
+            .expect("subscriber stalled")
+            .expect("stream error")
+            .expect("stream ended");
+        if r.events().is_empty() {
+            continue;
+        }
+        let keys = r.events().iter().map(|e| e.kv().unwrap().key_str().unwrap().to_owned()).collect();
+        out.push((r.revision(), keys));
+    }
+    out
+}
+
+/// Writes puts in a loop until stopped, retrying through failures.
+fn writer(client: Client, prefix: &'static str, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut c = client;
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let put = c.put(format!("{prefix}k{}", n % 50), format!("{n}"), None);
+            match tokio::time::timeout(Duration::from_secs(2), put).await {
+                Ok(Ok(_)) => n += 1,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        n
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut etcd = support::blocking(EtcdServer::start).await;
+        let client = support::client(&[etcd.endpoint()]).await;
+        let cache = Cache::builder(client.clone())
+            .prefix("/r/")
+            .backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .subscriber_buffer(4)
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let start = cache.revision();
+        let mut subs = Vec::new();
+        for i in 0..20 {
+            let opts = if i % 2 == 0 { WatchOptions::new().with_prefix() } else { WatchOptions::new().with_prefix().with_prev_key() };
+            subs.push(cache.watch("/r/", Some(opts)).await.unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = writer(client.clone(), "/r/", stop.clone());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        etcd = support::blocking(move || {
+            etcd.kill();
+            std::thread::sleep(Duration::from_millis(300));
+            etcd.restart();
+            etcd
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        let written = w.await.unwrap();
+        assert!(written > 0);
+        let mut c = support::client(&[etcd.endpoint()]).await;
+        let end = c.get("/r/", None).await.unwrap().header().unwrap().revision();
+        cache.wait_ready().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), cache.wait_for_revision(end)).await.ok();
+        let want = truth(&c, "/r/", start, end).await;
+        assert!(!want.is_empty());
+        let last = want.last().unwrap().0;
+        for s in &mut subs {
+            let got = collect(s, last).await;
+            assert_eq!(got, want, "a subscriber's history differs from etcd's");
+        }
+        assert!(cache.stats().connects >= 2, "the cache reconnected");
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_member_and_leader_failover() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(150), async {
+        let mut cluster = support::blocking(EtcdCluster::start).await;
+        let endpoints = cluster.endpoints();
+        // The cache talks to member 0 first; the writers to all of them.
+        let cache_client = support::client(&endpoints).await;
+        let writer_client = support::client(&endpoints).await;
+        let cache = Cache::builder(cache_client)
+            .prefix("/f/")
+            .backoff(Duration::from_millis(20), Duration::from_millis(300))
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let start = cache.revision();
+        let mut subs = Vec::new();
+        for _ in 0..10 {
+            subs.push(cache.watch("/f/", Some(WatchOptions::new().with_prefix())).await.unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let w = writer(writer_client.clone(), "/f/", stop.clone());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Kill members one at a time (keeping quorum), the leader among them, then restart.
+        for round in 0..2 {
+            cluster = support::blocking(move || {
+                let victim = if round == 0 { 0 } else { cluster.leader() };
+                cluster.kill(victim);
+                std::thread::sleep(Duration::from_millis(800));
+                cluster.restart(victim);
+                cluster
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(w.await.unwrap() > 0);
+        let mut c = support::client(&cluster.endpoints()).await;
+        let end = c.get("/f/", None).await.unwrap().header().unwrap().revision();
+        let want = truth(&c, "/f/", start, end).await;
+        let last = want.last().unwrap().0;
+        for s in &mut subs {
+            assert_eq!(collect(s, last).await, want);
+        }
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
