@@ -65,6 +65,9 @@ pub struct CacheStats {
     pub progress_requests: u64,
     /// Consistent reads answered by etcd instead of the cache.
     pub fallback_reads: u64,
+    /// True when every endpoint runs an etcd whose `RequestProgress` answers are
+    /// trusted (>= 3.4.31 / 3.5.13, or forced with `ProgressTrust::Always`).
+    pub progress_trusted: bool,
 }
 
 /// State shared by the handles, the upstream task and the streams.
@@ -267,6 +270,7 @@ impl Shared {
             lists: self.lists.load(Ordering::Relaxed),
             progress_requests: self.progress.sent(),
             fallback_reads: self.fallback_reads.load(Ordering::Relaxed),
+            progress_trusted: self.trust_progress.load(Ordering::Relaxed),
         }
     }
 }

@@ -291,6 +291,10 @@ impl Follower {
                     Err(e) => return SessionEnd::Broken(e),
                 },
                 _ = tokio::time::sleep_until(next_request), if want_progress => {
+                    if shared.progress.waiting() == 0 {
+                        // The reads finished while the timer ran.
+                        continue;
+                    }
                     if let Err(e) = watch.request_progress().await {
                         return SessionEnd::Broken(e);
                     }

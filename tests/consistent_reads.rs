@@ -1,0 +1,334 @@
+//! Consistent (linearizable) reads from the cache against real etcd 3.4.23, which has
+//! etcd#15220: the cache must stay correct, only slower.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_cache::{Cache, Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
+use support::etcd::{EtcdOptions, EtcdServer};
+use support::proxy::TcpProxy;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = Cache::builder(client.clone())
+            .prefix("/c/")
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        assert!(
+            !cache.stats().progress_trusted,
+            "3.4.23 has etcd#15220 and must be detected"
+        );
+        let n = 2000;
+        for i in 0..n {
+            if i % 3 == 0 {
+                // Outside the prefix: the revision moves while the prefix stays quiet.
+                client
+                    .put("/elsewhere", format!("{i}"), None)
+                    .await
+                    .unwrap();
+            }
+            let key = format!("/c/k{}", i % 10);
+            let rev = client
+                .put(key.clone(), format!("{i}"), None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            if i % 4 == 1 {
+                client.put("/elsewhere", "x", None).await.unwrap();
+            }
+            let got = cache.get(key.clone(), None).await.unwrap();
+            assert!(
+                got.revision() >= rev,
+                "read at {} older than the write at {rev}",
+                got.revision()
+            );
+            assert_eq!(got.kvs().len(), 1, "{key} missing at iteration {i}");
+            assert_eq!(
+                got.kvs()[0].value_str().unwrap(),
+                i.to_string(),
+                "stale read at iteration {i}"
+            );
+            assert_eq!(got.kvs()[0].mod_revision(), rev);
+        }
+        let stats = cache.stats();
+        assert_eq!(
+            stats.progress_requests, 0,
+            "no RequestProgress to a server with etcd#15220"
+        );
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+/// etcd#15220: on 3.4.23 the first `RequestProgress` after a watch resumed from an old
+/// revision can report a revision ahead of queued events. Whatever the server says,
+/// every revision the cache reports must match etcd's data at that revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut direct = support::client(&[etcd.endpoint()]).await;
+        let proxy = TcpProxy::start(etcd.client_addr()).await;
+        let via_proxy = support::client(&[proxy.endpoint()]).await;
+        let cache = Cache::builder(via_proxy)
+            .prefix("/p/")
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .progress_request_interval(Duration::from_millis(5))
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        for round in 0..3 {
+            // Cut the cache off, write a lot, let it resume from its old revision.
+            proxy.set_refuse(true);
+            proxy.drop_all_connections();
+            for i in 0..2000 {
+                direct
+                    .put(format!("/p/k{}", i % 300), format!("{round}-{i}"), None)
+                    .await
+                    .unwrap();
+            }
+            let target = direct
+                .get("/p/", None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            proxy.set_refuse(false);
+            // While it catches up, keep a read waiting (this is what makes a naive cache
+            // send RequestProgress) and sample what the cache claims.
+            let waiter = {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    cache
+                        .get("/p/", Some(GetOptions::new().with_prefix()))
+                        .await
+                })
+            };
+            let mut last = 0;
+            let mut samples = 0;
+            while last < target {
+                let got = cache
+                    .get(
+                        "/p/",
+                        Some(GetOptions::new().with_prefix().with_serializable()),
+                    )
+                    .await
+                    .unwrap();
+                let rev = got.revision();
+                assert!(rev >= last, "revision moved backwards: {last} -> {rev}");
+                last = rev;
+                if rev > 0 && samples % 7 == 0 {
+                    let want = direct
+                        .get(
+                            "/p/",
+                            Some(
+                                etcd_client::GetOptions::new()
+                                    .with_prefix()
+                                    .with_revision(rev),
+                            ),
+                        )
+                        .await
+                        .unwrap();
+                    let g: Vec<_> = got
+                        .kvs()
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+                        .collect();
+                    let w: Vec<_> = want
+                        .kvs()
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+                        .collect();
+                    assert_eq!(g, w, "the cache claims revision {rev} without its events");
+                }
+                samples += 1;
+                tokio::task::yield_now().await;
+            }
+            let read = waiter.await.unwrap().unwrap();
+            assert!(read.revision() >= target);
+        }
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_requests_only_while_reads_wait() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        // Forced trust, so the requestor runs against the real server.
+        let cache = Cache::builder(client.clone())
+            .prefix("/q/")
+            .progress_trust(ProgressTrust::Always)
+            .progress_request_interval(Duration::from_millis(20))
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        client.put("/q/a", "1", None).await.unwrap();
+        for _ in 0..20 {
+            client.put("/outside", "x", None).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            cache.stats().progress_requests,
+            0,
+            "nothing waited, nothing was sent"
+        );
+        // A consistent read on the quiet prefix must wait for progress, then be served from memory.
+        let got = cache.get("/q/a", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"1");
+        let after_read = cache.stats();
+        assert!(after_read.progress_requests >= 1);
+        assert_eq!(after_read.fallback_reads, 0, "served from memory");
+        // Many concurrent reads share requests.
+        client.put("/outside", "y", None).await.unwrap();
+        let reads: Vec<_> = (0..50)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.get("/q/a", None).await.unwrap() })
+            })
+            .collect();
+        for r in reads {
+            r.await.unwrap();
+        }
+        let after_many = cache.stats().progress_requests;
+        assert!(
+            after_many - after_read.progress_requests < 50,
+            "requests are coalesced"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            cache.stats().progress_requests,
+            after_many,
+            "no traffic once nothing waits"
+        );
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_and_timeout_as_configured() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        client.put("/t/a", "1", None).await.unwrap();
+        let strict = Cache::builder(client.clone())
+            .prefix("/t/")
+            .read_fallback(ReadFallback::Error)
+            .consistent_read_timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap();
+        let lenient = Cache::builder(client.clone())
+            .prefix("/t/")
+            .build()
+            .await
+            .unwrap();
+        strict.wait_ready().await.unwrap();
+        lenient.wait_ready().await.unwrap();
+        client
+            .put("/outside", "moves the revision", None)
+            .await
+            .unwrap();
+        // 3.4.23: no trusted progress, a quiet prefix: the strict cache cannot prove it is current.
+        match strict.get("/t/a", None).await {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+        // Serializable reads are still served.
+        assert_eq!(
+            strict
+                .get("/t/a", Some(GetOptions::new().with_serializable()))
+                .await
+                .unwrap()
+                .kvs()
+                .len(),
+            1
+        );
+        let got = lenient.get("/t/a", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"1");
+        assert!(lenient.stats().fallback_reads >= 1, "answered by etcd");
+        strict.close().await;
+        lenient.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+/// Per-watch periodic progress notifications travel in order with the events and are
+/// trusted on every version: with the server flag set, even the strict cache serves
+/// consistent reads on a quiet prefix from memory, and local progress responses flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_progress_serves_reads_on_buggy_servers() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let etcd = support::blocking(|| {
+            EtcdServer::start_with(
+                EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
+            )
+        })
+        .await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        client.put("/s/a", "1", None).await.unwrap();
+        let cache = Cache::builder(client.clone())
+            .prefix("/s/")
+            .read_fallback(ReadFallback::Error)
+            .progress_notify_interval(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let mut w = cache
+            .watch(
+                "/s/",
+                Some(WatchOptions::new().with_prefix().with_progress_notify()),
+            )
+            .await
+            .unwrap();
+        assert!(w.message().await.unwrap().unwrap().created());
+        let rev = client
+            .put("/outside", "x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let got = cache.get("/s/a", None).await.unwrap();
+        assert!(got.revision() >= rev);
+        assert_eq!(cache.stats().fallback_reads, 0);
+        // A progress response at or past `rev` arrives, with no events.
+        loop {
+            let r = w.message().await.unwrap().unwrap();
+            assert!(r.events().is_empty(), "no events were written in /s/");
+            if r.is_progress_notify() && r.revision() >= rev {
+                break;
+            }
+        }
+        w.request_progress().await.unwrap();
+        let r = w.message().await.unwrap().unwrap();
+        assert!(r.is_progress_notify() && r.revision() >= rev);
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
