@@ -319,7 +319,6 @@ impl Drop for Slot {
 
 /// Stops the upstream task when the last `Cache` handle goes away.
 struct Handle {
-    shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
@@ -327,7 +326,6 @@ struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
-        let _ = &self.shared;
     }
 }
 
@@ -367,7 +365,6 @@ impl Cache {
         let task = tokio::spawn(crate::follower::run(shared.clone(), shutdown_rx));
         Ok(Cache {
             handle: Arc::new(Handle {
-                shared: shared.clone(),
                 shutdown,
                 task: Mutex::new(Some(task)),
             }),
