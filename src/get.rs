@@ -394,7 +394,11 @@ impl Shared {
             }
             return self.read_local(&range, &opts, opts.revision);
         }
-        // Consistent read.
+        // Consistent read. Data at a revision the cache has applied never changes, so a
+        // read at such a revision needs no round trip.
+        if opts.revision > 0 && opts.revision <= self.revision() {
+            return self.read_local(&range, &opts, opts.revision);
+        }
         if !status.ready {
             return self.fallback(key, &range, &opts, Error::NotReady).await;
         }
