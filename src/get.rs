@@ -383,7 +383,7 @@ impl Shared {
             }
             if opts.revision > self.revision() {
                 // Wait for it if the cluster has it; refuse it if the cluster does not.
-                let current = self.upstream.current_revision(self.range.clone()).await?;
+                let current = self.cluster_revision(timeout).await?;
                 if opts.revision > current {
                     return Err(Error::FutureRevision {
                         requested: opts.revision,
@@ -402,7 +402,7 @@ impl Shared {
         if !status.ready {
             return self.fallback(key, &range, &opts, Error::NotReady).await;
         }
-        let current = self.upstream.current_revision(self.range.clone()).await?;
+        let current = self.cluster_revision(timeout).await?;
         if opts.revision > current {
             return Err(Error::FutureRevision {
                 requested: opts.revision,
@@ -423,6 +423,17 @@ impl Shared {
             }
         }
         self.read_local(&range, &opts, opts.revision)
+    }
+
+    /// The cluster's current revision (one linearizable round trip), bounded by `limit`
+    /// so that a stalled connection cannot hang a read.
+    async fn cluster_revision(&self, limit: std::time::Duration) -> Result<i64> {
+        tokio::time::timeout(limit, self.upstream.current_revision(self.range.clone()))
+            .await
+            .map_err(|_| Error::Timeout {
+                what: "etcd to report its current revision",
+                waited: limit,
+            })?
     }
 
     async fn wait_applied(&self, rev: i64, limit: std::time::Duration) -> Result<()> {
