@@ -124,7 +124,7 @@ impl Mailbox {
     pub(crate) fn new(cap: usize, last_rev: i64, lagging: bool) -> Arc<Self> {
         Arc::new(Mailbox {
             state: Mutex::new(MailboxState {
-                queue: VecDeque::with_capacity(cap.min(16)),
+                queue: VecDeque::new(),
                 cap,
                 waker: None,
                 lagging,
