@@ -248,7 +248,7 @@ impl Shared {
     /// Ends every subscription (close or upstream task exit).
     pub(crate) fn end_all(&self, why: End) {
         let index = self.index.lock();
-        for (_, mailbox) in index.all() {
+        for (_, _, mailbox) in index.all() {
             if mailbox.end(why) {
                 self.lagging.fetch_sub(1, Ordering::Relaxed);
             }

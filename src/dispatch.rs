@@ -176,9 +176,21 @@ impl Mailbox {
         was_lagging && matches!(why, End::Compacted(_) | End::Cancelled)
     }
 
-    /// Moves the position forward without a delivery (nothing matched up to `revision`).
+    /// The position: every matching event up to it is queued or delivered.
     pub(crate) fn last_rev(&self) -> i64 {
         self.state.lock().last_rev
+    }
+
+    /// Moves a live (not lagging, not ended) subscriber's position to `revision`
+    /// without a delivery, when it is known that nothing it matches happened in
+    /// between. Returns false if the subscriber is lagging or ended.
+    pub(crate) fn skip_to(&self, revision: i64) -> bool {
+        let mut s = self.state.lock();
+        if s.lagging || s.end.is_some() {
+            return false;
+        }
+        s.last_rev = s.last_rev.max(revision);
+        true
     }
 }
 
@@ -370,10 +382,10 @@ impl Index {
     }
 
     /// Every subscriber's mailbox (for close and re-list; not on the dispatch path).
-    pub(crate) fn all(&self) -> impl Iterator<Item = (SubId, &Arc<Mailbox>)> + '_ {
+    pub(crate) fn all(&self) -> impl Iterator<Item = (SubId, &Shape, &Arc<Mailbox>)> + '_ {
         self.groups
             .iter()
-            .flat_map(|(_, g)| g.members.iter().map(|(id, m)| (*id, m)))
+            .flat_map(|(_, g)| g.members.iter().map(move |(id, m)| (*id, &g.shape, m)))
     }
 }
 

@@ -7,8 +7,9 @@
 //! revision are dropped, so subscribers see no duplicate, and nothing in between is
 //! skipped, so they see no gap. If etcd answers that the resume revision was
 //! compacted, the task lists the prefix again; subscribers whose position falls in the
-//! unrecoverable gap end with `Compacted`, and the others (those waiting for a future
-//! revision) continue.
+//! unrecoverable gap end with `Compacted`. The others continue: those waiting for a
+//! future revision, and those watching a single key that provably did not change in the
+//! gap (present before and after with the same `mod_revision`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -221,10 +222,26 @@ impl Follower {
         let shared = self.shared.clone();
         let mut index = shared.index.lock();
         if !first {
-            // Subscribers positioned before `revision` may have missed events in the gap.
+            // Subscribers positioned before `revision` may have missed events in the gap,
+            // unless they watch one key that exists before and after with the same
+            // mod_revision: any put or delete in between would have changed it. (An absent
+            // key proves nothing: it may have been created and deleted in the gap.)
             let mut gone = Vec::new();
-            for (id, mailbox) in index.all() {
-                if mailbox.last_rev() < revision {
+            let mut kept = 0usize;
+            for (id, shape, mailbox) in index.all() {
+                if mailbox.last_rev() >= revision {
+                    continue;
+                }
+                let unchanged = shape.range.is_single() && {
+                    let key = &shape.range.start;
+                    match (self.store.get(key), map.get(key)) {
+                        (Some(old), Some(new)) => old.mod_revision == new.mod_revision,
+                        _ => false,
+                    }
+                };
+                if unchanged && mailbox.skip_to(revision) {
+                    kept += 1;
+                } else {
                     gone.push(id);
                 }
             }
@@ -238,6 +255,7 @@ impl Follower {
             warn!(
                 revision,
                 compacted_watchers = gone.len(),
+                kept_watchers = kept,
                 "re-listed after a compaction gap"
             );
         }

@@ -111,6 +111,11 @@ impl Store {
         }
     }
 
+    /// The current value of `key`.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&KeyValue> {
+        self.map.get(key)
+    }
+
     /// Number of keys held.
     pub(crate) fn len(&self) -> usize {
         self.map.len()

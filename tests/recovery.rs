@@ -15,12 +15,23 @@ use support::etcd::{EtcdCluster, EtcdServer};
 async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, Vec<String>)> {
     let mut w = client
         .watch_client()
-        .watch(prefix, Some(etcd_client::WatchOptions::new().with_prefix().with_start_revision(from + 1)))
+        .watch(
+            prefix,
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(from + 1),
+            ),
+        )
         .await
         .unwrap();
     let mut out: Vec<(i64, Vec<String>)> = Vec::new();
     while out.last().map_or(true, |(r, _)| *r < to) {
-        let resp = tokio::time::timeout(Duration::from_secs(20), w.message()).await.unwrap().unwrap().unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), w.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         for ev in resp.events() {
             let kv = ev.kv().unwrap();
             let rev = kv.mod_revision();
@@ -51,14 +62,22 @@ async fn collect(s: &mut WatchStream, to: i64) -> Vec<(i64, Vec<String>)> {
         if r.events().is_empty() {
             continue;
         }
-        let keys = r.events().iter().map(|e| e.kv().unwrap().key_str().unwrap().to_owned()).collect();
+        let keys = r
+            .events()
+            .iter()
+            .map(|e| e.kv().unwrap().key_str().unwrap().to_owned())
+            .collect();
         out.push((r.revision(), keys));
     }
     out
 }
 
 /// Writes puts in a loop until stopped, retrying through failures.
-fn writer(client: Client, prefix: &'static str, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+fn writer(
+    client: Client,
+    prefix: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut c = client;
         let mut n = 0u64;
@@ -90,7 +109,11 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         let start = cache.revision();
         let mut subs = Vec::new();
         for i in 0..20 {
-            let opts = if i % 2 == 0 { WatchOptions::new().with_prefix() } else { WatchOptions::new().with_prefix().with_prev_key() };
+            let opts = if i % 2 == 0 {
+                WatchOptions::new().with_prefix()
+            } else {
+                WatchOptions::new().with_prefix().with_prev_key()
+            };
             subs.push(cache.watch("/r/", Some(opts)).await.unwrap());
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -108,9 +131,17 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         let written = w.await.unwrap();
         assert!(written > 0);
         let mut c = support::client(&[etcd.endpoint()]).await;
-        let end = c.get("/r/", None).await.unwrap().header().unwrap().revision();
+        let end = c
+            .get("/r/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
         cache.wait_ready().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(30), cache.wait_for_revision(end)).await.ok();
+        tokio::time::timeout(Duration::from_secs(30), cache.wait_for_revision(end))
+            .await
+            .ok();
         let want = truth(&c, "/r/", start, end).await;
         assert!(!want.is_empty());
         let last = want.last().unwrap().0;
@@ -144,7 +175,12 @@ async fn cluster_member_and_leader_failover() {
         let start = cache.revision();
         let mut subs = Vec::new();
         for _ in 0..10 {
-            subs.push(cache.watch("/f/", Some(WatchOptions::new().with_prefix())).await.unwrap());
+            subs.push(
+                cache
+                    .watch("/f/", Some(WatchOptions::new().with_prefix()))
+                    .await
+                    .unwrap(),
+            );
         }
         let stop = Arc::new(AtomicBool::new(false));
         let w = writer(writer_client.clone(), "/f/", stop.clone());
@@ -164,12 +200,126 @@ async fn cluster_member_and_leader_failover() {
         stop.store(true, Ordering::Relaxed);
         assert!(w.await.unwrap() > 0);
         let mut c = support::client(&cluster.endpoints()).await;
-        let end = c.get("/f/", None).await.unwrap().header().unwrap().revision();
+        let end = c
+            .get("/f/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
         let want = truth(&c, "/f/", start, end).await;
         let last = want.last().unwrap().0;
         for s in &mut subs {
             assert_eq!(collect(s, last).await, want);
         }
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}
+
+/// Compaction while the cache is cut off: it must re-list. Subscribers that may have
+/// missed events get `Compacted`; those that provably missed nothing continue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_while_disconnected_relists() {
+    use support::proxy::TcpProxy;
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut direct = support::client(&[etcd.endpoint()]).await;
+        direct.put("/c/stable", "s", None).await.unwrap();
+        direct.put("/c/changes", "1", None).await.unwrap();
+        let proxy = TcpProxy::start(etcd.client_addr()).await;
+        let cache = Cache::builder(support::client(&[proxy.endpoint()]).await)
+            .prefix("/c/")
+            .backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .build()
+            .await
+            .unwrap();
+        cache.wait_ready().await.unwrap();
+        let before = cache.revision();
+        let mut prefix = cache
+            .watch("/c/", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let mut stable = cache.watch("/c/stable", None).await.unwrap();
+        let mut changed = cache.watch("/c/changes", None).await.unwrap();
+        let mut absent = cache.watch("/c/absent", None).await.unwrap();
+        let mut future = cache
+            .watch(
+                "/c/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(before + 1000),
+                ),
+            )
+            .await
+            .unwrap();
+        for s in [
+            &mut prefix,
+            &mut stable,
+            &mut changed,
+            &mut absent,
+            &mut future,
+        ] {
+            assert!(s.message().await.unwrap().unwrap().created());
+        }
+        proxy.set_refuse(true);
+        proxy.drop_all_connections();
+        direct.put("/c/changes", "2", None).await.unwrap();
+        direct.put("/c/absent", "x", None).await.unwrap();
+        direct.delete("/c/absent", None).await.unwrap();
+        let gap_end = direct
+            .put("/other", "x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        direct.compact(gap_end, None).await.unwrap();
+        proxy.set_refuse(false);
+        for s in [&mut prefix, &mut changed, &mut absent] {
+            match tokio::time::timeout(Duration::from_secs(30), s.message())
+                .await
+                .unwrap()
+            {
+                Err(etcd_cache::Error::Compacted { compact_revision }) => {
+                    assert!(compact_revision > gap_end)
+                }
+                other => panic!("expected Compacted, got {other:?}"),
+            }
+            assert!(s.message().await.unwrap().is_none());
+        }
+        assert_eq!(cache.stats().lists, 2, "re-listed once");
+        let got = cache.get("/c/changes", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"2", "the store holds the new state");
+        assert!(cache.get("/c/absent", None).await.unwrap().kvs().is_empty());
+        // The unchanged key's subscriber continues without a gap.
+        let r = direct
+            .put("/c/stable", "t", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let resp = loop {
+            let resp = tokio::time::timeout(Duration::from_secs(30), stable.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if !resp.events().is_empty() {
+                break resp;
+            }
+        };
+        assert_eq!(resp.revision(), r);
+        // The future subscriber still waits for its revision.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), future.message())
+                .await
+                .is_err()
+        );
         cache.close().await;
     })
     .await
