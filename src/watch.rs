@@ -333,7 +333,14 @@ impl Stream for WatchStream {
                     return Poll::Ready(None);
                 }
                 Some(End::Compacted(compact_revision)) => {
+                    let position = st.last_rev;
                     drop(st);
+                    tracing::debug!(
+                        watch_id = this.id,
+                        position,
+                        compact_revision,
+                        "watch left the history window; ending with Compacted"
+                    );
                     this.finish();
                     return Poll::Ready(Some(Err(Error::Compacted { compact_revision })));
                 }
