@@ -396,10 +396,7 @@ impl Cache {
     pub async fn wait_ready_timeout(&self, limit: Duration) -> Result<()> {
         tokio::time::timeout(limit, self.wait_ready())
             .await
-            .map_err(|_| Error::Timeout {
-                what: "the cache to become ready",
-                waited: limit,
-            })?
+            .map_err(|_| Error::timeout("the cache to become ready", limit))?
     }
 
     /// True while the cache can vouch for its data: loaded and following etcd.

@@ -83,14 +83,11 @@ pub enum Error {
     #[error("the cache is not ready")]
     NotReady,
 
-    /// The operation waited longer than it was allowed to.
-    #[error("timed out after {waited:?} waiting for {what}")]
-    Timeout {
-        /// What the operation was waiting for.
-        what: &'static str,
-        /// How long it waited.
-        waited: std::time::Duration,
-    },
+    /// The operation waited longer than it was allowed to (for reads:
+    /// `CacheBuilder::consistent_read_timeout`). A unit variant, so it can be matched as
+    /// `Error::Timeout`; what was waited for is logged with `tracing`.
+    #[error("timed out waiting for the cache or for etcd (see consistent_read_timeout)")]
+    Timeout,
 
     /// The cache was closed.
     #[error("the cache is closed")]
@@ -114,6 +111,11 @@ impl From<etcd_client::Error> for Error {
 }
 
 impl Error {
+    pub(crate) fn timeout(what: &'static str, waited: std::time::Duration) -> Self {
+        tracing::debug!(what, ?waited, "timed out");
+        Error::Timeout
+    }
+
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         Error::InvalidRange {
             reason: reason.into(),

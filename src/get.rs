@@ -430,19 +430,13 @@ impl Shared {
     async fn cluster_revision(&self, limit: std::time::Duration) -> Result<i64> {
         tokio::time::timeout(limit, self.upstream.current_revision(self.range.clone()))
             .await
-            .map_err(|_| Error::Timeout {
-                what: "etcd to report its current revision",
-                waited: limit,
-            })?
+            .map_err(|_| Error::timeout("etcd to report its current revision", limit))?
     }
 
     async fn wait_applied(&self, rev: i64, limit: std::time::Duration) -> Result<()> {
         tokio::time::timeout(limit, self.wait_for_revision(rev))
             .await
-            .map_err(|_| Error::Timeout {
-                what: "the cache to reach the read's revision",
-                waited: limit,
-            })?
+            .map_err(|_| Error::timeout("the cache to reach the read's revision", limit))?
     }
 }
 
