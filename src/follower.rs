@@ -75,6 +75,8 @@ impl Follower {
                         revision = self.applied,
                         compact_revision, "resume revision compacted; re-listing"
                     );
+                    // Behind a gap: the data cannot be vouched for until the re-list.
+                    self.set_ready(false);
                     self.need_list = true;
                 }
                 SessionEnd::Broken(e) => {

@@ -179,6 +179,8 @@ pub struct WatchStream {
     finished: bool,
     progress_timer: Option<Pin<Box<Sleep>>>,
     progress_due: bool,
+    /// Revision of the last events returned (progress never goes below it).
+    delivered: i64,
 }
 
 impl std::fmt::Debug for WatchStream {
@@ -213,6 +215,7 @@ impl WatchStream {
             finished: false,
             progress_timer,
             progress_due: false,
+            delivered: 0,
         }
     }
 
@@ -234,6 +237,7 @@ impl WatchStream {
             finished: false,
             progress_timer: None,
             progress_due: false,
+            delivered: 0,
         }
     }
 
@@ -312,6 +316,7 @@ impl Stream for WatchStream {
             let mut st = mailbox.state.lock();
             if let Some(d) = st.queue.pop_front() {
                 drop(st);
+                this.delivered = d.revision;
                 return Poll::Ready(Some(Ok(this.response(
                     Kind::Events,
                     d.revision,
@@ -349,7 +354,7 @@ impl Stream for WatchStream {
             if this.progress_due {
                 // Queue empty and not lagging: every matching event up to the cache's
                 // revision (stored after its pushes) has been delivered.
-                let revision = this.shared.revision().max(st.last_rev);
+                let revision = this.shared.revision().max(this.delivered);
                 drop(st);
                 this.progress_due = false;
                 return Poll::Ready(Some(Ok(this.response(Kind::Progress, revision, None))));

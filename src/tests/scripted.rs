@@ -1,0 +1,337 @@
+//! A scripted [`Upstream`]: the test decides every answer the cache gets from "etcd".
+//!
+//! - `versions`, the keyspace served by `list_page` and `current_revision` are plain
+//!   state the test sets;
+//! - every call is recorded (list pages with their range, revision and limit; watch
+//!   start revisions; progress requests; fallback reads);
+//! - each `watch()` hands the test an [`OpenedWatch`]: the sending half of the channel
+//!   the cache's [`UpstreamWatch`] reads from. Dropping it ends the stream (`Ok(None)`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+
+use crate::error::{Error, Result};
+use crate::get::GetResponse;
+use crate::key_range::KeyRange;
+use crate::kv::{EventType, KeyValue};
+use crate::upstream::{Page, Upstream, UpstreamWatch, WatchMsg};
+
+/// One `list_page` call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ListCall {
+    pub(crate) start: Bytes,
+    pub(crate) end: Bytes,
+    pub(crate) revision: i64,
+    pub(crate) limit: i64,
+}
+
+/// The keyspace the scripted etcd serves to lists (at one revision).
+#[derive(Debug, Default)]
+struct Data {
+    revision: i64,
+    kvs: BTreeMap<Bytes, KeyValue>,
+}
+
+/// The scripted etcd.
+pub(crate) struct ScriptedUpstream {
+    versions: Mutex<Vec<String>>,
+    pub(crate) versions_calls: AtomicUsize,
+    data: Mutex<Data>,
+    pub(crate) list_calls: Mutex<Vec<ListCall>>,
+    /// `list_page` calls (0-based, over the whole test) that fail.
+    pub(crate) failing_lists: Mutex<Vec<usize>>,
+    /// While true, `list_page` waits (to observe the cache in the middle of a list).
+    list_paused: watch::Sender<bool>,
+    pub(crate) watch_starts: Mutex<Vec<i64>>,
+    opened: mpsc::UnboundedSender<OpenedWatch>,
+    /// `RequestProgress` calls, over every watch.
+    pub(crate) progress_requests: Arc<AtomicUsize>,
+    current_revision: AtomicI64,
+    pub(crate) current_calls: AtomicUsize,
+    pub(crate) fallback_gets: AtomicUsize,
+}
+
+/// The test's end of one upstream watch.
+pub(crate) struct OpenedWatch {
+    pub(crate) start: i64,
+    pub(crate) range: KeyRange,
+    tx: mpsc::UnboundedSender<Result<WatchMsg>>,
+}
+
+impl OpenedWatch {
+    fn send(&self, msg: Result<WatchMsg>) {
+        self.tx
+            .send(msg)
+            .expect("the cache dropped this upstream watch");
+    }
+
+    pub(crate) fn created(&self) {
+        self.send(Ok(WatchMsg::Created));
+    }
+
+    pub(crate) fn events(&self, events: Vec<(EventType, KeyValue)>) {
+        self.send(Ok(WatchMsg::Events(events)));
+    }
+
+    pub(crate) fn progress(&self, revision: i64, requested: bool) {
+        self.send(Ok(WatchMsg::Progress {
+            revision,
+            requested,
+        }));
+    }
+
+    pub(crate) fn compacted(&self, compact_revision: i64) {
+        self.send(Ok(WatchMsg::Canceled {
+            compact_revision,
+            reason: "mvcc: required revision has been compacted".into(),
+        }));
+    }
+
+    /// The stream fails (transport error).
+    pub(crate) fn fail(&self) {
+        self.send(Err(Error::invalid("scripted transport error")));
+    }
+
+    /// True once the cache dropped its end (the follower left this watch).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+struct ScriptedWatch {
+    rx: mpsc::UnboundedReceiver<Result<WatchMsg>>,
+    requests: Arc<AtomicUsize>,
+}
+
+impl UpstreamWatch for ScriptedWatch {
+    fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
+        Box::pin(async move { self.rx.recv().await.transpose() })
+    }
+
+    fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+pub(crate) fn kv(key: &str, value: &str, create: i64, modr: i64, version: i64) -> KeyValue {
+    KeyValue::new(key.to_owned(), value.to_owned(), create, modr, version, 0)
+}
+
+/// A put event as etcd sends it.
+pub(crate) fn put(
+    key: &str,
+    value: &str,
+    create: i64,
+    rev: i64,
+    version: i64,
+) -> (EventType, KeyValue) {
+    (EventType::Put, kv(key, value, create, rev, version))
+}
+
+/// A delete event as etcd sends it: the key and the deleting revision, nothing else.
+pub(crate) fn del(key: &str, rev: i64) -> (EventType, KeyValue) {
+    (
+        EventType::Delete,
+        KeyValue::new(key.to_owned(), "", 0, rev, 0, 0),
+    )
+}
+
+impl ScriptedUpstream {
+    /// A scripted etcd with these server versions, serving `keys` (created at revision 2,
+    /// one revision each) at list revision `revision`.
+    pub(crate) fn new(
+        versions: &[&str],
+        keys: &[(&str, &str)],
+        revision: i64,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<OpenedWatch>) {
+        let (opened, opened_rx) = mpsc::unbounded_channel();
+        let up = Arc::new(ScriptedUpstream {
+            versions: Mutex::new(versions.iter().map(|v| v.to_string()).collect()),
+            versions_calls: AtomicUsize::new(0),
+            data: Mutex::new(Data::default()),
+            list_calls: Mutex::new(Vec::new()),
+            failing_lists: Mutex::new(Vec::new()),
+            list_paused: watch::Sender::new(false),
+            watch_starts: Mutex::new(Vec::new()),
+            opened,
+            progress_requests: Arc::new(AtomicUsize::new(0)),
+            current_revision: AtomicI64::new(revision),
+            current_calls: AtomicUsize::new(0),
+            fallback_gets: AtomicUsize::new(0),
+        });
+        up.set_data(keys, revision);
+        (up, opened_rx)
+    }
+
+    /// Replaces what lists return: `keys` (the i-th created and modified at revision
+    /// i + 2) at `revision`. Also sets the current revision.
+    pub(crate) fn set_data(&self, keys: &[(&str, &str)], revision: i64) {
+        let mut d = self.data.lock();
+        d.revision = revision;
+        d.kvs = keys
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v))| {
+                let rev = i as i64 + 2;
+                (Bytes::from(k.to_string()), kv(k, v, rev, rev, 1))
+            })
+            .collect();
+        self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    /// Replaces what lists return with exactly these key-values at `revision`.
+    pub(crate) fn set_kvs(&self, kvs: Vec<KeyValue>, revision: i64) {
+        let mut d = self.data.lock();
+        d.revision = revision;
+        d.kvs = kvs
+            .into_iter()
+            .map(|kv| (kv.key_bytes().clone(), kv))
+            .collect();
+        self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    pub(crate) fn set_current_revision(&self, revision: i64) {
+        self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    pub(crate) fn set_versions(&self, versions: &[&str]) {
+        *self.versions.lock() = versions.iter().map(|v| v.to_string()).collect();
+    }
+
+    pub(crate) fn pause_lists(&self, paused: bool) {
+        self.list_paused.send_replace(paused);
+    }
+
+    pub(crate) fn requests(&self) -> usize {
+        self.progress_requests.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn fallbacks(&self) -> usize {
+        self.fallback_gets.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn lists(&self) -> Vec<ListCall> {
+        self.list_calls.lock().clone()
+    }
+}
+
+impl Upstream for ScriptedUpstream {
+    fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.versions_calls.fetch_add(1, Ordering::SeqCst);
+        let v = self.versions.lock().clone();
+        Box::pin(async move { Ok(v) })
+    }
+
+    fn list_page(&self, range: KeyRange, revision: i64, limit: i64) -> BoxFuture<'_, Result<Page>> {
+        Box::pin(async move {
+            let mut paused = self.list_paused.subscribe();
+            let _ = paused.wait_for(|p| !*p).await;
+            let call = {
+                let mut calls = self.list_calls.lock();
+                calls.push(ListCall {
+                    start: range.start.clone(),
+                    end: range.end.clone(),
+                    revision,
+                    limit,
+                });
+                calls.len() - 1
+            };
+            if self.failing_lists.lock().contains(&call) {
+                return Err(Error::invalid(format!(
+                    "scripted failure of list call {call}"
+                )));
+            }
+            let d = self.data.lock();
+            if revision != 0 && revision != d.revision {
+                return Err(Error::invalid(format!(
+                    "scripted etcd only serves revision {}, asked {revision}",
+                    d.revision
+                )));
+            }
+            let all: Vec<KeyValue> = d
+                .kvs
+                .range(range.bounds())
+                .map(|(_, kv)| kv.clone())
+                .collect();
+            let limit = if limit > 0 {
+                limit as usize
+            } else {
+                usize::MAX
+            };
+            let more = all.len() > limit;
+            Ok(Page {
+                revision: d.revision,
+                kvs: all.into_iter().take(limit).collect(),
+                more,
+            })
+        })
+    }
+
+    fn watch(
+        &self,
+        range: KeyRange,
+        start_revision: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
+        Box::pin(async move {
+            self.watch_starts.lock().push(start_revision);
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = self.opened.send(OpenedWatch {
+                start: start_revision,
+                range,
+                tx,
+            });
+            Ok(Box::new(ScriptedWatch {
+                rx,
+                requests: self.progress_requests.clone(),
+            }) as Box<dyn UpstreamWatch>)
+        })
+    }
+
+    fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
+        self.current_calls.fetch_add(1, Ordering::SeqCst);
+        let r = self.current_revision.load(Ordering::SeqCst);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn get(
+        &self,
+        key: Vec<u8>,
+        _options: etcd_client::GetOptions,
+    ) -> BoxFuture<'_, Result<GetResponse>> {
+        self.fallback_gets.fetch_add(1, Ordering::SeqCst);
+        // Answers the single key at the current revision, as etcd would.
+        let revision = self.current_revision.load(Ordering::SeqCst);
+        let found = self.data.lock().kvs.get(key.as_slice()).cloned();
+        Box::pin(async move {
+            use etcd_client::proto::{PbKeyValue, PbRangeResponse, PbResponseHeader};
+            let kvs: Vec<PbKeyValue> = found
+                .into_iter()
+                .map(|kv| PbKeyValue {
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    create_revision: kv.create_revision(),
+                    mod_revision: kv.mod_revision(),
+                    version: kv.version(),
+                    lease: kv.lease(),
+                })
+                .collect();
+            let pb = PbRangeResponse {
+                header: Some(PbResponseHeader {
+                    revision,
+                    ..Default::default()
+                }),
+                count: kvs.len() as i64,
+                kvs,
+                more: false,
+            };
+            Ok(GetResponse::from_etcd(etcd_client::GetResponse(pb)))
+        })
+    }
+}
