@@ -22,6 +22,8 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub const DEFAULT_PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(5);
 /// Default interval of `RequestProgress` on the upstream watch while a read waits.
 pub const DEFAULT_PROGRESS_REQUEST_INTERVAL: Duration = Duration::from_millis(100);
+/// Default silence on the upstream watch after which the connection is probed.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time a consistent read waits for the cache before [`ReadFallback`] applies.
 pub const DEFAULT_CONSISTENT_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -68,6 +70,7 @@ pub(crate) struct Config {
     pub(crate) progress_notify_interval: Duration,
     pub(crate) progress_request_interval: Duration,
     pub(crate) consistent_read_timeout: Duration,
+    pub(crate) upstream_idle_timeout: Duration,
     pub(crate) read_fallback: ReadFallback,
     pub(crate) progress_trust: ProgressTrust,
 }
@@ -85,6 +88,7 @@ impl Default for Config {
             progress_notify_interval: DEFAULT_PROGRESS_NOTIFY_INTERVAL,
             progress_request_interval: DEFAULT_PROGRESS_REQUEST_INTERVAL,
             consistent_read_timeout: DEFAULT_CONSISTENT_READ_TIMEOUT,
+            upstream_idle_timeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
         }
@@ -119,6 +123,7 @@ impl Config {
             ("progress_notify_interval", self.progress_notify_interval),
             ("progress_request_interval", self.progress_request_interval),
             ("consistent_read_timeout", self.consistent_read_timeout),
+            ("upstream_idle_timeout", self.upstream_idle_timeout),
         ] {
             if d.is_zero() {
                 return bad(format!("{name} must be greater than zero"));
@@ -222,6 +227,15 @@ impl CacheBuilder {
     /// Default [`DEFAULT_CONSISTENT_READ_TIMEOUT`].
     pub fn consistent_read_timeout(mut self, wait: std::time::Duration) -> Self {
         self.config.consistent_read_timeout = wait;
+        self
+    }
+
+    /// After this much silence on the upstream watch, the cache checks the connection
+    /// with one cheap unary call (a count-only read) and reconnects if it fails within
+    /// 5 s. This catches connections that died without a reset when the client has no
+    /// keep-alive configured. Default [`DEFAULT_UPSTREAM_IDLE_TIMEOUT`].
+    pub fn upstream_idle_timeout(mut self, silence: std::time::Duration) -> Self {
+        self.config.upstream_idle_timeout = silence;
         self
     }
 

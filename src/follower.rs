@@ -29,6 +29,9 @@ use crate::kv::{EventType, KeyValue};
 use crate::store::{KvMap, Store};
 use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
 
+/// How long a liveness probe of a silent upstream may take.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why a session ended.
 enum SessionEnd {
     Shutdown,
@@ -285,13 +288,17 @@ impl Follower {
 
     async fn follow(&mut self, watch: &mut dyn UpstreamWatch, trusted: bool) -> SessionEnd {
         let interval = self.shared.config.progress_request_interval;
+        let idle = self.shared.config.upstream_idle_timeout;
         let mut next_request = Instant::now();
+        let mut last_heard = Instant::now();
         let shared = self.shared.clone();
         loop {
             let want_progress = trusted && shared.progress.waiting() > 0;
             tokio::select! {
                 biased;
-                msg = watch.message() => match msg {
+                msg = watch.message() => {
+                    last_heard = Instant::now();
+                    match msg {
                     Ok(Some(WatchMsg::Events(events))) => self.apply(events),
                     Ok(Some(WatchMsg::Progress { revision, requested })) => {
                         if requested && !trusted {
@@ -309,7 +316,20 @@ impl Follower {
                     }
                     Ok(None) => return SessionEnd::Broken(Error::invalid("upstream watch stream ended")),
                     Err(e) => return SessionEnd::Broken(e),
+                    }
                 },
+                _ = tokio::time::sleep_until(last_heard + idle) => {
+                    // A silent stream may be a quiet prefix or a dead connection that
+                    // nothing reported (no keep-alive): one cheap unary call tells.
+                    let probe = self.shared.upstream.current_revision(self.shared.range.clone());
+                    match tokio::time::timeout(idle.min(PROBE_TIMEOUT), probe).await {
+                        Ok(Ok(_)) => last_heard = Instant::now(),
+                        Ok(Err(e)) => return SessionEnd::Broken(e),
+                        Err(_) => return SessionEnd::Broken(Error::invalid(format!(
+                            "upstream silent for {idle:?} and a liveness probe timed out"
+                        ))),
+                    }
+                }
                 _ = tokio::time::sleep_until(next_request), if want_progress => {
                     if shared.progress.waiting() == 0 {
                         // The reads finished while the timer ran.
@@ -323,7 +343,8 @@ impl Follower {
                 }
                 _ = shared.progress.wake.notified(), if !want_progress => {
                     // A read started waiting: request at once, then every interval.
-                    next_request = next_request.max(Instant::now() - interval).min(Instant::now());
+                    let now = Instant::now();
+                    next_request = next_request.max(now.checked_sub(interval).unwrap_or(now)).min(now);
                 }
             }
         }

@@ -133,7 +133,13 @@ impl BenchIndex {
 
     /// Adds a subscriber on `key` / `spec` with a queue of `capacity` deliveries,
     /// positioned at `last_rev` (it receives revisions after it).
-    pub fn subscribe(&mut self, key: &[u8], spec: &Spec, capacity: usize, last_rev: i64) -> BenchMailbox {
+    pub fn subscribe(
+        &mut self,
+        key: &[u8],
+        spec: &Spec,
+        capacity: usize,
+        last_rev: i64,
+    ) -> BenchMailbox {
         self.subscribe_with(key, spec, false, capacity, last_rev)
     }
 
@@ -149,7 +155,8 @@ impl BenchIndex {
         self.next_id += 1;
         let id = self.next_id;
         let mailbox = Mailbox::new(capacity, last_rev, false);
-        self.index.insert(id, spec.shape(key, prev_kv), mailbox.clone());
+        self.index
+            .insert(id, spec.shape(key, prev_kv), mailbox.clone());
         BenchMailbox { id, mailbox }
     }
 
@@ -341,9 +348,18 @@ impl Upstream for MemUpstream {
         Box::pin(async { Ok(vec!["3.5.13".to_string()]) })
     }
 
-    fn list_page(&self, range: KeyRange, _revision: i64, limit: i64) -> BoxFuture<'_, Result<Page>> {
+    fn list_page(
+        &self,
+        range: KeyRange,
+        _revision: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<Page>> {
         Box::pin(async move {
-            let limit = if limit <= 0 { usize::MAX } else { limit as usize };
+            let limit = if limit <= 0 {
+                usize::MAX
+            } else {
+                limit as usize
+            };
             let mut kvs: Vec<KeyValue> = self
                 .kvs
                 .iter()
@@ -361,7 +377,11 @@ impl Upstream for MemUpstream {
         })
     }
 
-    fn watch(&self, _range: KeyRange, _start: i64) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
+    fn watch(
+        &self,
+        _range: KeyRange,
+        _start: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
         Box::pin(async move {
             let rx = self
                 .rx
@@ -378,7 +398,11 @@ impl Upstream for MemUpstream {
         Box::pin(async { Err(Error::invalid("in-memory upstream: no current revision")) })
     }
 
-    fn get(&self, _key: Vec<u8>, _options: etcd_client::GetOptions) -> BoxFuture<'_, Result<GetResponse>> {
+    fn get(
+        &self,
+        _key: Vec<u8>,
+        _options: etcd_client::GetOptions,
+    ) -> BoxFuture<'_, Result<GetResponse>> {
         Box::pin(async { Err(Error::invalid("in-memory upstream: no reads")) })
     }
 }
@@ -407,7 +431,11 @@ impl Default for MemCacheOptions {
 /// A real [`Cache`] whose upstream is in memory: it lists `kvs` (sorted by key here) at
 /// `revision`, then receives what the returned [`MemFeed`] sends. Call inside a tokio
 /// runtime; the cache is ready once `wait_ready` resolves.
-pub fn mem_cache(opts: MemCacheOptions, mut kvs: Vec<KeyValue>, revision: i64) -> Result<(Cache, MemFeed)> {
+pub fn mem_cache(
+    opts: MemCacheOptions,
+    mut kvs: Vec<KeyValue>,
+    revision: i64,
+) -> Result<(Cache, MemFeed)> {
     kvs.sort_by(|a, b| a.key.cmp(&b.key));
     let (tx, rx) = mpsc::unbounded_channel();
     let upstream = MemUpstream {

@@ -682,3 +682,37 @@ async fn relist_compacts_lagging_subscribers() {
     assert_eq!(is_compacted(&next(&mut slow).await), Some(31));
     assert!(next(&mut slow).await.unwrap().is_none());
 }
+
+/// A silent upstream is probed after `upstream_idle_timeout`; a probe that never answers
+/// (a dead connection without a reset) makes the cache reconnect, and not before.
+#[tokio::test(start_paused = true)]
+async fn silent_dead_upstream_is_detected_by_the_idle_probe() {
+    let cfg = Config {
+        upstream_idle_timeout: Duration::from_secs(30),
+        ..config()
+    };
+    let mut h = ready(cfg, &["3.4.23"], &[], 10).await;
+    // A quiet but healthy upstream: probes answer, nothing is reconnected.
+    tokio::time::advance(Duration::from_secs(95)).await;
+    settle().await;
+    assert!(h.cache.is_ready());
+    assert!(
+        h.watches.try_recv().is_err(),
+        "no reconnect while probes answer"
+    );
+    // The connection dies silently: the next probe times out and the cache reconnects.
+    h.up.set_stalled(true);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    settle().await;
+    tokio::time::advance(Duration::from_secs(6)).await;
+    settle().await;
+    assert!(
+        !h.cache.is_ready(),
+        "not ready once the upstream is known dead"
+    );
+    h.up.set_stalled(false);
+    let w = next_watch(&mut h.watches).await;
+    assert_eq!(w.start, 11, "resumes from the last applied revision + 1");
+    w.created();
+    within(h.cache.wait_ready()).await.unwrap();
+}

@@ -55,6 +55,7 @@ pub(crate) struct ScriptedUpstream {
     current_revision: AtomicI64,
     pub(crate) current_calls: AtomicUsize,
     pub(crate) fallback_gets: AtomicUsize,
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 /// The test's end of one upstream watch.
@@ -165,6 +166,7 @@ impl ScriptedUpstream {
             current_revision: AtomicI64::new(revision),
             current_calls: AtomicUsize::new(0),
             fallback_gets: AtomicUsize::new(0),
+            stalled: std::sync::atomic::AtomicBool::new(false),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -199,6 +201,11 @@ impl ScriptedUpstream {
 
     pub(crate) fn set_current_revision(&self, revision: i64) {
         self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    /// While set, unary calls (the current-revision probe) never answer.
+    pub(crate) fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::SeqCst);
     }
 
     pub(crate) fn set_versions(&self, versions: &[&str]) {
@@ -297,7 +304,14 @@ impl Upstream for ScriptedUpstream {
     fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
         self.current_calls.fetch_add(1, Ordering::SeqCst);
         let r = self.current_revision.load(Ordering::SeqCst);
-        Box::pin(async move { Ok(r) })
+        let stalled = self.stalled.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if stalled {
+                // A black-holed connection: no answer, no error.
+                std::future::pending::<()>().await;
+            }
+            Ok(r)
+        })
     }
 
     fn get(
