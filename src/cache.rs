@@ -195,6 +195,9 @@ impl Shared {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut index = self.index.lock();
+        if index.closed {
+            return Err(Error::Closed);
+        }
         let current = self.revision();
         let (last_rev, lagging) = match options.start_revision {
             0 => (current, false),
@@ -247,7 +250,8 @@ impl Shared {
 
     /// Ends every subscription (close or upstream task exit).
     pub(crate) fn end_all(&self, why: End) {
-        let index = self.index.lock();
+        let mut index = self.index.lock();
+        index.closed = true;
         for (_, _, mailbox) in index.all() {
             if mailbox.end(why) {
                 self.lagging.fetch_sub(1, Ordering::Relaxed);

@@ -27,6 +27,10 @@ pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time a consistent read waits for the cache before [`ReadFallback`] applies.
 pub const DEFAULT_CONSISTENT_READ_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The longest interval or timeout accepted (a year): longer values would overflow
+/// timer arithmetic. Use it to mean "practically never".
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// What a consistent read does when the cache cannot answer it correctly in time
 /// (or at all, while the cache is not ready).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,14 +123,19 @@ impl Config {
                 self.backoff_initial, self.backoff_max
             ));
         }
+        if self.backoff_max > MAX_DURATION {
+            return bad(format!("backoff max must be at most {MAX_DURATION:?}"));
+        }
         for (name, d) in [
             ("progress_notify_interval", self.progress_notify_interval),
             ("progress_request_interval", self.progress_request_interval),
             ("consistent_read_timeout", self.consistent_read_timeout),
             ("upstream_idle_timeout", self.upstream_idle_timeout),
         ] {
-            if d.is_zero() {
-                return bad(format!("{name} must be greater than zero"));
+            if d.is_zero() || d > MAX_DURATION {
+                return bad(format!(
+                    "{name} must be greater than zero and at most {MAX_DURATION:?}, got {d:?}"
+                ));
             }
         }
         Ok(())

@@ -136,13 +136,20 @@ impl Mailbox {
 
     /// Producer side: never blocks on the consumer.
     #[inline]
-    pub(crate) fn push(&self, revision: i64, events: &Arc<[Event]>) -> Pushed {
+    pub(crate) fn push(
+        &self,
+        revision: i64,
+        events: &Arc<[Event]>,
+        lagging: &AtomicUsize,
+    ) -> Pushed {
         let mut s = self.state.lock();
         if s.lagging || s.end.is_some() || revision <= s.last_rev {
             return Pushed::Skipped;
         }
         if s.queue.len() >= s.cap {
             s.lagging = true;
+            // Counted under the lock, before the consumer can clear it.
+            lagging.fetch_add(1, Ordering::Relaxed);
             return Pushed::BecameLagging;
         }
         s.queue.push_back(Delivery {
@@ -194,6 +201,9 @@ impl Mailbox {
     }
 }
 
+/// Batches a catch-up scans per call at most (while it holds the history read lock).
+const CATCH_UP_SCAN: usize = 512;
+
 /// Consumer side: refills a lagging subscriber's queue from the history.
 ///
 /// Lock order: history (read) before mailbox, and the producer never holds the
@@ -217,8 +227,10 @@ pub(crate) fn catch_up(history: &History, mailbox: &Mailbox, shape: &Shape) -> b
         return true;
     }
     let mut pos = s.last_rev;
-    for batch in history.after(s.last_rev) {
-        if s.queue.len() >= s.cap {
+    for (scanned, batch) in history.after(s.last_rev).enumerate() {
+        // Bounded work per call, so the writer waits for at most this many batches; the
+        // consumer calls again.
+        if s.queue.len() >= s.cap || scanned >= CATCH_UP_SCAN {
             s.last_rev = pos;
             return false;
         }
@@ -254,6 +266,8 @@ pub(crate) struct Index {
     subs: HashMap<SubId, GroupId>,
     /// Scratch space for multi-event batches.
     scratch: Vec<GroupId>,
+    /// Set (under the lock) when the cache closed: no subscriber may be added after.
+    pub(crate) closed: bool,
 }
 
 impl Index {
@@ -367,13 +381,10 @@ impl Index {
                 continue;
             };
             for mailbox in group.members.values() {
-                match mailbox.push(batch.revision, &payload) {
+                match mailbox.push(batch.revision, &payload, lagging) {
                     Pushed::Queued => stats.delivered += 1,
                     Pushed::Skipped => {}
-                    Pushed::BecameLagging => {
-                        stats.lagged += 1;
-                        lagging.fetch_add(1, Ordering::Relaxed);
-                    }
+                    Pushed::BecameLagging => stats.lagged += 1,
                 }
             }
         }

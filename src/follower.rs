@@ -29,6 +29,9 @@ use crate::kv::{EventType, KeyValue};
 use crate::store::{KvMap, Store};
 use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
 
+/// A re-list sooner than this after the previous one backs off first.
+const RELIST_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long a liveness probe of a silent upstream may take.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -41,8 +44,23 @@ enum SessionEnd {
     Broken(Error),
 }
 
+/// Ends every stream and marks the cache closed when the task ends, also by a panic,
+/// so that no waiter and no stream is left hanging.
+struct CloseOnExit(Arc<Shared>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        self.0.end_all(End::Closed);
+        self.0.status.send_modify(|s| {
+            s.ready = false;
+            s.closed = true;
+        });
+    }
+}
+
 /// Runs until shutdown.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let _close = CloseOnExit(shared.clone());
     let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
     let span = info_span!("etcd_cache", prefix = %prefix);
     Follower {
@@ -70,6 +88,7 @@ impl Follower {
     async fn run(mut self) {
         let cfg = &self.shared.config;
         let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
+        let mut last_relist: Option<Instant> = None;
         loop {
             match self.session(&mut backoff).await {
                 SessionEnd::Shutdown => break,
@@ -81,6 +100,17 @@ impl Follower {
                     // Behind a gap: the data cannot be vouched for until the re-list.
                     self.set_ready(false);
                     self.need_list = true;
+                    // Re-listing again right after a re-list (aggressive compaction): back
+                    // off instead of listing the prefix in a tight loop.
+                    if last_relist.is_some_and(|t| t.elapsed() < RELIST_QUIET) {
+                        let delay = backoff.next_delay();
+                        let mut sd = self.shutdown.clone();
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = sd.wait_for(|s| *s) => break,
+                        }
+                    }
+                    last_relist = Some(Instant::now());
                 }
                 SessionEnd::Broken(e) => {
                     let delay = backoff.next_delay();
@@ -98,11 +128,17 @@ impl Follower {
             }
         }
         info!(revision = self.applied, "cache closed");
-        self.shared.end_all(End::Closed);
-        self.shared.status.send_modify(|s| {
-            s.ready = false;
-            s.closed = true;
-        });
+    }
+
+    /// An upstream call that must answer within `upstream_idle_timeout`: a connection
+    /// that died without a reset must not stall the cache forever.
+    async fn bounded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let limit = self.shared.config.upstream_idle_timeout;
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(Error::invalid(format!(
+                "etcd did not answer within {limit:?} (upstream_idle_timeout)"
+            )))
+        })
     }
 
     fn set_ready(&self, ready: bool) {
@@ -128,7 +164,7 @@ impl Follower {
         let trusted = match self.shared.config.progress_trust {
             ProgressTrust::Always => true,
             ProgressTrust::Never => false,
-            _ => match upstream.versions().await {
+            _ => match self.bounded(upstream.versions()).await {
                 Ok(versions) => {
                     let ok =
                         !versions.is_empty() && versions.iter().all(|v| version_trusts_progress(v));
@@ -146,13 +182,16 @@ impl Follower {
             }
         }
         let start = self.applied + 1;
-        let mut watch = match upstream.watch(self.shared.range.clone(), start).await {
+        let mut watch = match self
+            .bounded(upstream.watch(self.shared.range.clone(), start))
+            .await
+        {
             Ok(w) => w,
             Err(e) => return SessionEnd::Broken(e),
         };
         // Wait for the watch to be confirmed.
         loop {
-            match watch.message().await {
+            match self.bounded(watch.message()).await {
                 Ok(Some(WatchMsg::Created)) => break,
                 Ok(Some(WatchMsg::Canceled {
                     compact_revision,
@@ -164,7 +203,11 @@ impl Follower {
                     return SessionEnd::Broken(Error::invalid(format!("watch refused: {reason}")));
                 }
                 Ok(Some(other)) => {
-                    debug!(?other, "message before the watch was confirmed");
+                    // etcd confirms a watch before anything else; dropping this would
+                    // be a silent gap, so start over instead.
+                    return SessionEnd::Broken(Error::invalid(format!(
+                        "etcd sent {other:?} before confirming the watch"
+                    )));
                 }
                 Ok(None) => {
                     return SessionEnd::Broken(Error::invalid(
@@ -195,8 +238,8 @@ impl Follower {
         let mut range = self.shared.range.clone();
         let mut revision = 0;
         loop {
-            let page = upstream
-                .list_page(range.clone(), revision, page_size)
+            let page = self
+                .bounded(upstream.list_page(range.clone(), revision, page_size))
                 .await?;
             if revision == 0 {
                 revision = page.revision;

@@ -254,22 +254,23 @@ fn shape_response<'a>(
             && (opts.max_create_revision == 0 || kv.create_revision <= opts.max_create_revision)
     };
     let limit = usize::try_from(opts.limit).unwrap_or(0);
+    // As etcd: with an explicit sort order or revision filters everything is fetched,
+    // sorted and truncated; otherwise only `limit + 1` keys in key order are fetched
+    // (and then sorted, when the target is not the key: etcd sorts that page only).
+    let fetch_all = opts.sort.1 != SortOrder::None || opts.has_revision_filters();
+    let take = if !fetch_all && limit > 0 {
+        limit + 1
+    } else {
+        usize::MAX
+    };
     let mut count = 0i64;
     let mut out: Vec<KeyValue> = Vec::new();
     if opts.count_only {
         count = kvs.count() as i64;
-    } else if !sorted && !opts.has_revision_filters() && limit > 0 {
-        // Fast path: key order, stop copying at the limit but keep counting.
-        for kv in kvs {
-            if out.len() <= limit {
-                out.push(kv.clone());
-            }
-            count += 1;
-        }
     } else {
         for kv in kvs {
             count += 1;
-            if filter(kv) {
+            if out.len() < take && filter(kv) {
                 out.push(kv.clone());
             }
         }
@@ -327,35 +328,45 @@ impl Shared {
                 compact_revision: (history.floor() - 1).max(1),
             });
         }
-        let kvs = snap.range_at(range, history.after(revision));
+        // Take the few batches needed and let the writer go before merging.
+        let later: Vec<Arc<crate::history::Batch>> = history
+            .after(revision)
+            .take_while(|b| b.revision <= snap.revision)
+            .cloned()
+            .collect();
         drop(history);
+        let kvs = snap.range_at(range, later.iter());
         Ok(shape_response(revision, opts, kvs.iter()))
     }
 
-    async fn read_from_etcd(
-        &self,
-        key: &[u8],
-        range: &KeyRange,
-        opts: &GetOptions,
-    ) -> Result<GetResponse> {
+    async fn read_from_etcd(&self, range: &KeyRange, opts: &GetOptions) -> Result<GetResponse> {
         self.fallback_reads.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             revision = self.revision(),
             "consistent read answered by etcd"
         );
-        self.upstream.get(key.to_vec(), opts.to_etcd(range)).await
+        // The range's start, not the user's key: etcd-client rewrites an empty key only
+        // for its own prefix/from-key/all-keys flags, which are not used here.
+        let mut resp = self
+            .upstream
+            .get(range.start.to_vec(), opts.to_etcd(range))
+            .await?;
+        if opts.revision > 0 {
+            // As from memory: the revision the answer reflects.
+            resp.revision = opts.revision;
+        }
+        Ok(resp)
     }
 
     /// What a consistent read does when the cache cannot answer in time.
     async fn fallback(
         &self,
-        key: &[u8],
         range: &KeyRange,
         opts: &GetOptions,
         err: Error,
     ) -> Result<GetResponse> {
         match self.config.read_fallback {
-            ReadFallback::Etcd => self.read_from_etcd(key, range, opts).await,
+            ReadFallback::Etcd => self.read_from_etcd(range, opts).await,
             _ => Err(err),
         }
     }
@@ -400,7 +411,7 @@ impl Shared {
             return self.read_local(&range, &opts, opts.revision);
         }
         if !status.ready {
-            return self.fallback(key, &range, &opts, Error::NotReady).await;
+            return self.fallback(&range, &opts, Error::NotReady).await;
         }
         let current = self.cluster_revision(timeout).await?;
         if opts.revision > current {
@@ -409,17 +420,21 @@ impl Shared {
                 current,
             });
         }
-        let need = current.max(opts.revision);
+        let need = if opts.revision > 0 {
+            opts.revision
+        } else {
+            current
+        };
         if self.revision() < need {
             let can_wait = self.trust_progress.load(Ordering::Acquire)
                 || self.config.read_fallback == ReadFallback::Error;
             if !can_wait {
                 // etcd#15220: without trustworthy progress answers the cache cannot prove
                 // it is current, so etcd answers.
-                return self.read_from_etcd(key, &range, &opts).await;
+                return self.read_from_etcd(&range, &opts).await;
             }
             if let Err(e) = self.wait_applied(need, timeout).await {
-                return self.fallback(key, &range, &opts, e).await;
+                return self.fallback(&range, &opts, e).await;
             }
         }
         self.read_local(&range, &opts, opts.revision)
@@ -512,6 +527,33 @@ mod tests {
         assert!(r.more());
         let r = shape_response(7, &GetOptions::new().with_count_only(), kvs.iter());
         assert_eq!((r.kvs().len(), r.count(), r.more()), (0, 5, false));
+    }
+
+    #[test]
+    fn unordered_sort_with_limit_sorts_only_the_first_page_as_etcd() {
+        // etcd 3.4 apply.go: with SortOrder NONE the range is fetched with limit + 1 in
+        // key order, then sorted ascending by the target, then truncated.
+        let kvs = kvs();
+        let r = shape_response(
+            7,
+            &GetOptions::new()
+                .with_sort(SortTarget::Mod, SortOrder::None)
+                .with_limit(2),
+            kvs.iter(),
+        );
+        let keys: Vec<&[u8]> = r.kvs().iter().map(|kv| kv.key()).collect();
+        assert_eq!(keys, [&b"k2"[..], b"k1"]);
+        assert!(r.more());
+        // With an explicit order everything is sorted first.
+        let r = shape_response(
+            7,
+            &GetOptions::new()
+                .with_sort(SortTarget::Mod, SortOrder::Ascend)
+                .with_limit(2),
+            kvs.iter(),
+        );
+        let keys: Vec<&[u8]> = r.kvs().iter().map(|kv| kv.key()).collect();
+        assert_eq!(keys, [&b"k4"[..], b"k3"]);
     }
 
     #[test]

@@ -332,3 +332,41 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
     .await
     .expect("test did not finish in time");
 }
+
+/// A whole-keyspace cache: the fallback read for `get("", with_prefix())` must send
+/// etcd the range's start ("\0"), not the empty key etcd refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
+    support::init_tracing();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = Cache::builder(client.clone()).build().await.unwrap();
+        cache.wait_ready().await.unwrap();
+        for i in 1..=300i64 {
+            client.put(format!("k{i:03}"), "v", None).await.unwrap();
+            let all = cache
+                .get("", Some(GetOptions::new().with_prefix().with_count_only()))
+                .await
+                .unwrap();
+            assert_eq!(all.count(), i, "prefix read after write {i}");
+            let from = cache
+                .get("", Some(GetOptions::new().with_from_key().with_keys_only()))
+                .await
+                .unwrap();
+            assert_eq!(from.kvs().len() as i64, i);
+            let every = cache
+                .get("k", Some(GetOptions::new().with_all_keys().with_limit(1)))
+                .await
+                .unwrap();
+            assert_eq!((every.count(), every.kvs()[0].key()), (i, &b"k001"[..]));
+        }
+        assert!(
+            cache.stats().fallback_reads > 0,
+            "on 3.4.23 a read right after a write is answered by etcd"
+        );
+        cache.close().await;
+    })
+    .await
+    .expect("test did not finish in time");
+}

@@ -462,7 +462,7 @@ async fn get_equals_etcd_for_every_form() {
     bounded(async {
         let etcd = support::blocking(EtcdServer::start).await;
         let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "/g/").await;
+        let cache = cache_on(&client, "").await;
         for i in 0..40 {
             client
                 .put(
@@ -550,6 +550,27 @@ async fn get_equals_etcd_for_every_form() {
                         etcd_client::SortOrder::Descend,
                     )
                 },
+            ),
+            (
+                "/g/",
+                |o| {
+                    o.with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::None)
+                        .with_limit(4)
+                },
+                |o| {
+                    o.with_prefix()
+                        .with_sort(
+                            etcd_client::SortTarget::Create,
+                            etcd_client::SortOrder::None,
+                        )
+                        .with_limit(4)
+                },
+            ),
+            (
+                "",
+                |o| o.with_prefix().with_limit(3),
+                |o| o.with_prefix().with_limit(3),
             ),
             (
                 "/g/",
