@@ -134,13 +134,16 @@ impl Mailbox {
         })
     }
 
-    /// Producer side: never blocks on the consumer.
+    /// Producer side: never blocks on the consumer. A parked consumer's waker is moved
+    /// to `wakers`: the producer wakes everyone once per upstream message, so a consumer
+    /// gets one wake-up for all the revisions of that message.
     #[inline]
     pub(crate) fn push(
         &self,
         revision: i64,
         events: &Arc<[Event]>,
         lagging: &AtomicUsize,
+        wakers: &mut Vec<Waker>,
     ) -> Pushed {
         let mut s = self.state.lock();
         if s.lagging || s.end.is_some() || revision <= s.last_rev {
@@ -157,10 +160,8 @@ impl Mailbox {
             events: events.clone(),
         });
         s.last_rev = revision;
-        let waker = s.waker.take();
-        drop(s);
-        if let Some(w) = waker {
-            w.wake();
+        if let Some(w) = s.waker.take() {
+            wakers.push(w);
         }
         Pushed::Queued
     }
@@ -268,6 +269,8 @@ pub(crate) struct Index {
     scratch: Vec<GroupId>,
     /// Set (under the lock) when the cache closed: no subscriber may be added after.
     pub(crate) closed: bool,
+    /// Wakers of consumers that got deliveries and were parked; see [`Index::take_wakers`].
+    wakers: Vec<Waker>,
 }
 
 impl Index {
@@ -381,7 +384,7 @@ impl Index {
                 continue;
             };
             for mailbox in group.members.values() {
-                match mailbox.push(batch.revision, &payload, lagging) {
+                match mailbox.push(batch.revision, &payload, lagging, &mut self.wakers) {
                     Pushed::Queued => stats.delivered += 1,
                     Pushed::Skipped => {}
                     Pushed::BecameLagging => stats.lagged += 1,
@@ -390,6 +393,12 @@ impl Index {
         }
         self.scratch = scratch;
         stats
+    }
+
+    /// Moves out the wakers collected by [`dispatch`](Self::dispatch) since the last
+    /// call. Wake them after releasing the index lock.
+    pub(crate) fn take_wakers(&mut self, into: &mut Vec<Waker>) {
+        into.append(&mut self.wakers);
     }
 
     /// Every subscriber's mailbox (for close and re-list; not on the dispatch path).

@@ -14,6 +14,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use imbl::OrdMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -31,6 +32,9 @@ use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
 
 /// A re-list sooner than this after the previous one backs off first.
 const RELIST_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Upstream messages already received that are applied before consumers are woken.
+const DRAIN_READY: usize = 64;
 
 /// How long a liveness probe of a silent upstream may take.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -69,6 +73,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
         applied: 0,
         need_list: true,
         shutdown,
+        wakers: Vec::new(),
+        request_sent: None,
     }
     .run()
     .instrument(span)
@@ -82,6 +88,10 @@ struct Follower {
     applied: i64,
     need_list: bool,
     shutdown: watch::Receiver<bool>,
+    /// Consumers to wake (collected while the index lock is held, woken after).
+    wakers: Vec<std::task::Waker>,
+    /// When the unanswered `RequestProgress` was sent, if one is outstanding.
+    request_sent: Option<Instant>,
 }
 
 impl Follower {
@@ -226,7 +236,9 @@ impl Follower {
         );
         self.set_ready(true);
         backoff.reset();
-        self.follow(watch.as_mut(), trusted).await
+        let end = self.follow(watch.as_mut(), trusted).await;
+        self.wake_consumers();
+        end
     }
 
     /// Loads the prefix with a paged list at one revision and installs it.
@@ -332,33 +344,34 @@ impl Follower {
     async fn follow(&mut self, watch: &mut dyn UpstreamWatch, trusted: bool) -> SessionEnd {
         let interval = self.shared.config.progress_request_interval;
         let idle = self.shared.config.upstream_idle_timeout;
-        let mut next_request = Instant::now();
+        self.request_sent = None;
         let mut last_heard = Instant::now();
         let shared = self.shared.clone();
         loop {
+            // Consumers are woken once per burst of upstream messages, not per revision.
+            self.wake_consumers();
             let want_progress = trusted && shared.progress.waiting() > 0;
+            // One request at a time serves every waiting read: send at once when none
+            // is outstanding; re-send an unanswered one after the interval (etcd#17507).
+            let next_request = match self.request_sent {
+                None => Instant::now(),
+                Some(sent) => sent + interval,
+            };
             tokio::select! {
                 biased;
                 msg = watch.message() => {
                     last_heard = Instant::now();
-                    match msg {
-                    Ok(Some(WatchMsg::Events(events))) => self.apply(events),
-                    Ok(Some(WatchMsg::Progress { revision, requested })) => {
-                        if requested && !trusted {
-                            debug!(revision, "ignoring RequestProgress answer from a server with etcd#15220");
-                        } else {
-                            self.progress(revision);
-                        }
+                    if let Some(end) = self.handle(msg, trusted) {
+                        return end;
                     }
-                    Ok(Some(WatchMsg::Created)) => {}
-                    Ok(Some(WatchMsg::Canceled { compact_revision, reason })) => {
-                        if compact_revision > 0 {
-                            return SessionEnd::Compacted(compact_revision);
+                    // Take what is already here before waking anyone.
+                    for _ in 0..DRAIN_READY {
+                        let Some(msg) = watch.message().now_or_never() else {
+                            break;
+                        };
+                        if let Some(end) = self.handle(msg, trusted) {
+                            return end;
                         }
-                        return SessionEnd::Broken(Error::invalid(format!("watch cancelled by etcd: {reason}")));
-                    }
-                    Ok(None) => return SessionEnd::Broken(Error::invalid("upstream watch stream ended")),
-                    Err(e) => return SessionEnd::Broken(e),
                     }
                 },
                 _ = tokio::time::sleep_until(last_heard + idle) => {
@@ -382,14 +395,61 @@ impl Follower {
                         return SessionEnd::Broken(e);
                     }
                     shared.progress.record_sent();
-                    next_request = Instant::now() + interval;
+                    self.request_sent = Some(Instant::now());
                 }
                 _ = shared.progress.wake.notified(), if !want_progress => {
-                    // A read started waiting: request at once, then every interval.
-                    let now = Instant::now();
-                    next_request = next_request.max(now.checked_sub(interval).unwrap_or(now)).min(now);
+                    // A read started waiting: look again.
                 }
             }
+        }
+    }
+
+    /// Handles one upstream message; `Some` ends the session.
+    fn handle(&mut self, msg: Result<Option<WatchMsg>>, trusted: bool) -> Option<SessionEnd> {
+        match msg {
+            Ok(Some(WatchMsg::Events(events))) => self.apply(events),
+            Ok(Some(WatchMsg::Progress {
+                revision,
+                requested,
+            })) => {
+                if requested {
+                    self.request_sent = None;
+                }
+                if requested && !trusted {
+                    debug!(
+                        revision,
+                        "ignoring RequestProgress answer from a server with etcd#15220"
+                    );
+                } else {
+                    self.progress(revision);
+                }
+            }
+            Ok(Some(WatchMsg::Created)) => {}
+            Ok(Some(WatchMsg::Canceled {
+                compact_revision,
+                reason,
+            })) => {
+                if compact_revision > 0 {
+                    return Some(SessionEnd::Compacted(compact_revision));
+                }
+                return Some(SessionEnd::Broken(Error::invalid(format!(
+                    "watch cancelled by etcd: {reason}"
+                ))));
+            }
+            Ok(None) => {
+                return Some(SessionEnd::Broken(Error::invalid(
+                    "upstream watch stream ended",
+                )))
+            }
+            Err(e) => return Some(SessionEnd::Broken(e)),
+        }
+        None
+    }
+
+    /// Wakes the consumers that got deliveries since the last call.
+    fn wake_consumers(&mut self) {
+        for waker in self.wakers.drain(..) {
+            waker.wake();
         }
     }
 
@@ -429,6 +489,7 @@ impl Follower {
         if last > self.applied {
             self.publish(last);
         }
+        index.take_wakers(&mut self.wakers);
         drop(index);
     }
 
