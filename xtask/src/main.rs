@@ -23,8 +23,10 @@ Commands:
         Runs the main example, `cargo run --release --example demo -- <args>`. It uses
         ETCD_ENDPOINTS when set (comma-separated), otherwise it starts its own etcd.
   bench [name] [--quick] [-- args]
-        No name: `cargo bench` (every bench target).
-        With a name: `cargo bench --bench <name>` if benches/<name>.rs exists, otherwise
+        No name: `cargo bench --features bench-internals` (every bench target: the
+        criterion micro-benchmarks `micro` and the end-to-end `fanout` against real etcd).
+        With a name: `cargo bench --features bench-internals --bench <name>` if
+        benches/<name>.rs exists, otherwise
         `cargo run --release --example bench_<name>` if examples/bench_<name>.rs exists.
         e.g. `cargo xtask bench fanout`.
         --quick sets ETCD_CACHE_BENCH_QUICK=1, which every benchmark reads to run a short form.
@@ -298,11 +300,13 @@ fn bench(args: Vec<String>) -> i32 {
     prereqs();
     let mut cmd = cargo();
     match &name {
+        // The micro-benchmarks need the hidden `internals` module (feature
+        // `bench-internals`); without it cargo would skip them silently.
         None => {
-            cmd.arg("bench");
+            cmd.args(["bench", "--features", "bench-internals"]);
         }
         Some(n) if target_exists("benches", n) => {
-            cmd.args(["bench", "--bench", n]);
+            cmd.args(["bench", "--features", "bench-internals", "--bench", n]);
         }
         Some(n) if target_exists("examples", &format!("bench_{n}")) => {
             cmd.args(["run", "--release", "--example", &format!("bench_{n}")]);

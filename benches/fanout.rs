@@ -1,0 +1,852 @@
+//! End-to-end fan-out against a real etcd (issue "Performance", part 1).
+//!
+//! ```text
+//! cargo xtask bench fanout [--quick]        # = cargo bench --bench fanout
+//! cargo bench --bench fanout -- --n 1,100,1000 --puts 5000 --modes direct,cache
+//! ```
+//!
+//! One etcd on loopback (started here), N subscribers on one prefix. Writers keep 16 puts in
+//! flight (on their own thread, runtime and connection), 256-byte values whose first 8
+//! bytes are the send time, over 1,000 keys. Each run
+//! serves the subscribers one way:
+//! - `none`:   no watcher at all (the baseline for puts/s);
+//! - `direct`: N etcd-client watches, 100 per gRPC watch stream (N <= 1000);
+//! - `proxy`:  the same N watches through `etcd grpc-proxy start` (N <= 1000);
+//! - `cache`:  N subscribers of one `Cache` (which holds one watch on etcd).
+//!
+//! Every run reports puts/s (and its ratio to the `none` run), deliveries/s, put -> delivery
+//! latency p50/p99 over every delivery, and CPU seconds and peak RSS of this process, of
+//! etcd and of the proxy (from /proc; peaks are reset per run through `clear_refs`).
+//! A run fails (exit code 1) if a subscriber misses an event or the run times out; slowness
+//! is reported, never failed. An SVG chart goes to `<target dir>/fanout/fanout.svg`.
+//!
+//! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
+
+#[path = "../tests/support/etcd.rs"]
+mod etcd;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use etcd_cache::{Cache, WatchOptions};
+
+const VALUE_SIZE: usize = 256;
+const IN_FLIGHT: usize = 16;
+const KEYS: usize = 1000;
+const WATCHES_PER_STREAM: usize = 100;
+/// Direct and proxied watches are measured up to this N (as issue 5 asks).
+const DIRECT_MAX_N: usize = 1000;
+
+// ---------------------------------------------------------------------------------------
+// Per-thread latency histograms and delivery counters (no shared cache line on the hot path)
+
+static BASE: OnceLock<Instant> = OnceLock::new();
+
+fn now_ns() -> u64 {
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Log-linear buckets: 32 per power of two (about 3% resolution), up to ~2^40 ns.
+const SUB_BITS: u32 = 5;
+const BUCKETS: usize = (41 - SUB_BITS as usize) << SUB_BITS;
+
+fn bucket(v: u64) -> usize {
+    let v = v.max(1);
+    let msb = 63 - v.leading_zeros();
+    if msb < SUB_BITS {
+        v as usize
+    } else {
+        let shift = msb - SUB_BITS;
+        let idx = (((shift + 1) as usize) << SUB_BITS) + ((v >> shift) as usize & ((1 << SUB_BITS) - 1));
+        idx.min(BUCKETS - 1)
+    }
+}
+
+fn bucket_value(idx: usize) -> u64 {
+    let sub = (idx & ((1 << SUB_BITS) - 1)) as u64;
+    let group = idx >> SUB_BITS;
+    if group == 0 {
+        sub
+    } else {
+        let shift = group as u32 - 1;
+        // Middle of the bucket.
+        (((1u64 << SUB_BITS) | sub) << shift) + ((1u64 << shift) >> 1)
+    }
+}
+
+struct Local {
+    hist: Vec<AtomicU64>,
+    deliveries: AtomicU64,
+}
+
+static REGISTRY: Mutex<Vec<Arc<Local>>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static LOCAL: Arc<Local> = {
+        let l = Arc::new(Local {
+            hist: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            deliveries: AtomicU64::new(0),
+        });
+        REGISTRY.lock().unwrap().push(l.clone());
+        l
+    };
+}
+
+/// Records `events` deliveries of a put sent at `sent_ns`, received now. Only the owning
+/// thread writes its counters, so a relaxed load + store is enough.
+fn record(sent_ns: u64, now: u64, events: u64) {
+    LOCAL.with(|l| {
+        let b = &l.hist[bucket(now.saturating_sub(sent_ns))];
+        b.store(b.load(Ordering::Relaxed) + events, Ordering::Relaxed);
+        l.deliveries
+            .store(l.deliveries.load(Ordering::Relaxed) + events, Ordering::Relaxed);
+    });
+}
+
+fn reset_stats() {
+    for l in REGISTRY.lock().unwrap().iter() {
+        l.hist.iter().for_each(|b| b.store(0, Ordering::Relaxed));
+        l.deliveries.store(0, Ordering::Relaxed);
+    }
+}
+
+fn total_deliveries() -> u64 {
+    REGISTRY
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.deliveries.load(Ordering::Relaxed))
+        .sum()
+}
+
+fn percentiles(ps: &[f64]) -> Vec<Duration> {
+    let mut merged = vec![0u64; BUCKETS];
+    for l in REGISTRY.lock().unwrap().iter() {
+        for (m, b) in merged.iter_mut().zip(&l.hist) {
+            *m += b.load(Ordering::Relaxed);
+        }
+    }
+    let total: u64 = merged.iter().sum();
+    ps.iter()
+        .map(|&p| {
+            if total == 0 {
+                return Duration::ZERO;
+            }
+            let want = ((total as f64) * p).ceil().max(1.0) as u64;
+            let mut acc = 0;
+            for (i, c) in merged.iter().enumerate() {
+                acc += c;
+                if acc >= want {
+                    return Duration::from_nanos(bucket_value(i));
+                }
+            }
+            Duration::ZERO
+        })
+        .collect()
+}
+
+fn sent_time(value: &[u8]) -> u64 {
+    value
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcSample {
+    cpu_ticks: u64,
+}
+
+fn clk_tck() -> f64 {
+    static TCK: OnceLock<f64> = OnceLock::new();
+    *TCK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+fn proc_path(pid: Option<u32>, file: &str) -> String {
+    match pid {
+        Some(p) => format!("/proc/{p}/{file}"),
+        None => format!("/proc/self/{file}"),
+    }
+}
+
+fn cpu_sample(pid: Option<u32>) -> ProcSample {
+    let stat = std::fs::read_to_string(proc_path(pid, "stat")).unwrap_or_default();
+    // Fields after the ")" of the command name: state is field 3; utime 14, stime 15.
+    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    ProcSample {
+        cpu_ticks: ticks(14) + ticks(15),
+    }
+}
+
+/// Peak resident set size in MiB (VmHWM).
+fn peak_rss_mib(pid: Option<u32>) -> f64 {
+    let status = std::fs::read_to_string(proc_path(pid, "status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Resets VmHWM to the current RSS (Linux `clear_refs` 5). Returns whether it worked.
+fn reset_peak(pid: Option<u32>) -> bool {
+    std::fs::write(proc_path(pid, "clear_refs"), "5").is_ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// Runs
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    None,
+    Direct,
+    Proxy,
+    Cache,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Direct => "direct",
+            Mode::Proxy => "proxy",
+            Mode::Cache => "cache",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RunResult {
+    mode: Mode,
+    n: usize,
+    puts: usize,
+    puts_per_s: f64,
+    deliveries: u64,
+    deliveries_per_s: f64,
+    p50: Duration,
+    p99: Duration,
+    client_cpu_s: f64,
+    etcd_cpu_s: f64,
+    proxy_cpu_s: f64,
+    client_peak_mib: f64,
+    etcd_peak_mib: f64,
+    proxy_peak_mib: f64,
+    setup: Duration,
+}
+
+struct Env {
+    etcd_pid: Option<u32>,
+    proxy_pid: Option<u32>,
+    etcd_ep: String,
+    proxy_ep: String,
+    writer: Writer,
+    run_no: usize,
+}
+
+async fn connect(ep: &str) -> Result<etcd_client::Client, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let err = match etcd_client::Client::connect([ep], None).await {
+            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
+                Ok(Ok(_)) => return Ok(c),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timeout".into(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() > deadline {
+            return Err(format!("cannot connect to {ep}: {err}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Opens N direct watches on `prefix` through `ep`, 100 per stream; each stream gets a
+/// task that counts and timestamps every event. Returns once every watch is created.
+async fn open_direct(
+    ep: &str,
+    prefix: &str,
+    n: usize,
+    puts: usize,
+) -> Result<(Vec<etcd_client::Client>, Vec<tokio::task::JoinHandle<Result<(), String>>>), String> {
+    let client = connect(ep).await?;
+    let mut tasks = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(WATCHES_PER_STREAM);
+        left -= k;
+        let mut c = client.clone();
+        let opts = || Some(etcd_client::WatchOptions::new().with_prefix());
+        let mut stream = c.watch(prefix, opts()).await.map_err(|e| e.to_string())?;
+        for _ in 1..k {
+            stream.watch(prefix, opts()).await.map_err(|e| e.to_string())?;
+        }
+        let mut created = 0;
+        while created < k {
+            match stream.message().await.map_err(|e| e.to_string())? {
+                Some(r) if r.created() => created += 1,
+                Some(_) => {}
+                None => return Err("watch stream ended during set-up".into()),
+            }
+        }
+        let want = (k * puts) as u64;
+        tasks.push(tokio::spawn(async move {
+            let mut got = 0u64;
+            while got < want {
+                match stream.message().await {
+                    Ok(Some(r)) => {
+                        if r.canceled() {
+                            return Err(format!("watch cancelled: {}", r.cancel_reason()));
+                        }
+                        let now = now_ns();
+                        for ev in r.events() {
+                            if let Some(kv) = ev.kv() {
+                                record(sent_time(kv.value()), now, 1);
+                            }
+                        }
+                        got += r.events().len() as u64;
+                    }
+                    Ok(None) => return Err("watch stream ended".into()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            drop(stream);
+            Ok(())
+        }));
+    }
+    Ok((vec![client], tasks))
+}
+
+/// Opens one Cache on `prefix` and N subscribers of it.
+async fn open_cache(
+    ep: &str,
+    prefix: &str,
+    n: usize,
+    puts: usize,
+) -> Result<(Cache, Vec<tokio::task::JoinHandle<Result<(), String>>>), String> {
+    let client = connect(ep).await?;
+    let cache = Cache::builder(client)
+        .prefix(prefix)
+        .history_window(puts.max(2048) + 1024)
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    cache.wait_ready().await.map_err(|e| e.to_string())?;
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = cache
+            .watch(prefix, Some(WatchOptions::new().with_prefix()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let want = puts as u64;
+        tasks.push(tokio::spawn(async move {
+            let mut got = 0u64;
+            let mut last = 0i64;
+            while got < want {
+                match s.message().await {
+                    Ok(Some(r)) => {
+                        if r.events().is_empty() {
+                            continue;
+                        }
+                        if r.revision() <= last {
+                            return Err(format!("revision {} after {last}", r.revision()));
+                        }
+                        last = r.revision();
+                        let now = now_ns();
+                        for ev in r.events() {
+                            if let Some(kv) = ev.kv() {
+                                record(sent_time(kv.value()), now, 1);
+                            }
+                        }
+                        got += r.events().len() as u64;
+                    }
+                    Ok(None) => return Err("cache stream ended".into()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Ok(())
+        }));
+    }
+    Ok((cache, tasks))
+}
+
+/// The writers live on their own thread with their own single-threaded runtime and
+/// connection, like another service writing to etcd: they never queue behind the
+/// subscriber tasks of the runtime under test (their CPU still counts for this process).
+struct Writer {
+    tx: std::sync::mpsc::Sender<(String, usize, std::sync::mpsc::Sender<Result<Duration, String>>)>,
+}
+
+impl Writer {
+    fn start(ep: String) -> Result<Writer, String> {
+        let (tx, rx) = std::sync::mpsc::channel::<(String, usize, std::sync::mpsc::Sender<Result<Duration, String>>)>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("fanout-writer".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let client = match connect(&ep).await {
+                        Ok(c) => {
+                            let _ = ready_tx.send(Ok(()));
+                            c
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    while let Ok((prefix, puts, reply)) = rx.recv() {
+                        let _ = reply.send(write_burst(&client, &prefix, puts).await);
+                    }
+                });
+            })
+            .map_err(|e| e.to_string())?;
+        ready_rx.recv().map_err(|e| e.to_string())??;
+        Ok(Writer { tx })
+    }
+
+    /// Writes the burst and waits for it without blocking the caller's runtime.
+    async fn write(&self, prefix: &str, puts: usize) -> Result<Duration, String> {
+        let (reply_tx, reply_rx) = std::sync::mpsc::channel();
+        self.tx.send((prefix.to_string(), puts, reply_tx)).map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || reply_rx.recv().map_err(|e| e.to_string())?)
+            .await
+            .map_err(|e| e.to_string())?
+    }
+}
+
+/// 16 writers, `puts` puts in total; returns the elapsed time.
+async fn write_burst(client: &etcd_client::Client, prefix: &str, puts: usize) -> Result<Duration, String> {
+    let next = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let mut ws = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        let mut kv = client.kv_client();
+        let next = next.clone();
+        let prefix = prefix.to_string();
+        ws.push(tokio::spawn(async move {
+            let mut value = vec![b'v'; VALUE_SIZE];
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= puts as u64 {
+                    return Ok::<(), String>(());
+                }
+                value[..8].copy_from_slice(&now_ns().to_le_bytes());
+                kv.put(format!("{prefix}k{:04}", i as usize % KEYS), value.clone(), None)
+                    .await
+                    .map_err(|e| format!("put: {e}"))?;
+            }
+        }));
+    }
+    for w in ws {
+        w.await.map_err(|e| e.to_string())??;
+    }
+    Ok(t.elapsed())
+}
+
+async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<RunResult, String> {
+    env.run_no += 1;
+    let prefix = format!("/fanout/{}/{}-{}/", std::process::id(), env.run_no, mode.name());
+    let setup_t = Instant::now();
+    let mut cache = None;
+    let mut clients = Vec::new();
+    let tasks = match mode {
+        Mode::None => Vec::new(),
+        Mode::Direct | Mode::Proxy => {
+            let ep = if mode == Mode::Direct { &env.etcd_ep } else { &env.proxy_ep };
+            let (c, t) = open_direct(ep, &prefix, n, puts).await?;
+            clients = c;
+            t
+        }
+        Mode::Cache => {
+            let (c, t) = open_cache(&env.etcd_ep, &prefix, n, puts).await?;
+            cache = Some(c);
+            t
+        }
+    };
+    let setup = setup_t.elapsed();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    reset_stats();
+    let peaks_reset = reset_peak(None) & reset_peak(env.etcd_pid);
+    if let Some(p) = env.proxy_pid {
+        reset_peak(Some(p));
+    }
+    if !peaks_reset {
+        eprintln!("fanout: cannot reset peak RSS through /proc/*/clear_refs; peaks are since process start");
+    }
+    let (c0, e0, p0) = (cpu_sample(None), cpu_sample(env.etcd_pid), cpu_sample(env.proxy_pid));
+    let t0 = Instant::now();
+    let write_time = env.writer.write(&prefix, puts).await?;
+    // Wait for every subscriber; generous, and only a failure if nothing moves for 60 s.
+    let want = (n * puts) as u64;
+    let mut last_progress = (Instant::now(), total_deliveries());
+    let mut failed = None;
+    for t in tasks {
+        let mut t = t;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(1), &mut t).await {
+                Ok(Ok(Ok(()))) => break,
+                Ok(Ok(Err(e))) => {
+                    failed.get_or_insert(e);
+                    break;
+                }
+                Ok(Err(e)) => {
+                    failed.get_or_insert(e.to_string());
+                    break;
+                }
+                Err(_) => {
+                    let d = total_deliveries();
+                    if d != last_progress.1 {
+                        last_progress = (Instant::now(), d);
+                    } else if last_progress.0.elapsed() > Duration::from_secs(60) {
+                        t.abort();
+                        failed.get_or_insert(format!("stalled at {d} of {want} deliveries"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let elapsed = t0.elapsed();
+    let (c1, e1, p1) = (cpu_sample(None), cpu_sample(env.etcd_pid), cpu_sample(env.proxy_pid));
+    let deliveries = total_deliveries();
+    let ps = percentiles(&[0.5, 0.99]);
+    let tck = clk_tck();
+    let r = RunResult {
+        mode,
+        n,
+        puts,
+        puts_per_s: puts as f64 / write_time.as_secs_f64(),
+        deliveries,
+        deliveries_per_s: deliveries as f64 / elapsed.as_secs_f64(),
+        p50: ps[0],
+        p99: ps[1],
+        client_cpu_s: (c1.cpu_ticks - c0.cpu_ticks) as f64 / tck,
+        etcd_cpu_s: (e1.cpu_ticks - e0.cpu_ticks) as f64 / tck,
+        proxy_cpu_s: if mode == Mode::Proxy { (p1.cpu_ticks - p0.cpu_ticks) as f64 / tck } else { 0.0 },
+        client_peak_mib: peak_rss_mib(None),
+        etcd_peak_mib: peak_rss_mib(env.etcd_pid),
+        proxy_peak_mib: if mode == Mode::Proxy { peak_rss_mib(env.proxy_pid) } else { 0.0 },
+        setup,
+    };
+    if let Some(c) = cache {
+        c.close().await;
+    }
+    drop(clients);
+    if let Some(e) = failed {
+        return Err(format!("{} N={n}: {e}", mode.name()));
+    }
+    if mode != Mode::None && deliveries != want {
+        return Err(format!("{} N={n}: {deliveries} deliveries, want {want}", mode.name()));
+    }
+    // Let etcd drop the closed watches before the next run.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// Output
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn table(results: &[RunResult], baseline: f64, one_watch: Option<f64>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| mode | N | puts | deliveries | puts/s | vs none | vs 1 direct | deliveries/s | p50 ms | p99 ms | client CPU s | etcd CPU s | proxy CPU s | client peak MiB | etcd peak MiB | proxy peak MiB |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in results {
+        let vs1 = one_watch.map_or("-".to_string(), |b| format!("{:.2}x", r.puts_per_s / b));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.0} | {:.2}x | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |",
+            r.mode.name(),
+            r.n,
+            r.puts,
+            r.deliveries,
+            r.puts_per_s,
+            r.puts_per_s / baseline,
+            vs1,
+            r.deliveries_per_s,
+            ms(r.p50),
+            ms(r.p99),
+            r.client_cpu_s,
+            r.etcd_cpu_s,
+            r.proxy_cpu_s,
+            r.client_peak_mib,
+            r.etcd_peak_mib,
+            r.proxy_peak_mib,
+        );
+    }
+    s
+}
+
+/// A small two-panel SVG (deliveries/s and p99 against N, log x), no dependencies.
+fn svg(results: &[RunResult]) -> String {
+    let modes = [(Mode::Direct, "#1f77b4"), (Mode::Proxy, "#ff7f0e"), (Mode::Cache, "#2ca02c")];
+    let ns: Vec<usize> = {
+        let mut v: Vec<usize> = results.iter().filter(|r| r.mode != Mode::None).map(|r| r.n).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let (w, h, pad) = (420.0, 300.0, 55.0);
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
+        2.0 * w,
+        h + 30.0
+    );
+    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let panels: [(&str, fn(&RunResult) -> f64); 2] = [
+        ("deliveries/s (log)", |r| r.deliveries_per_s),
+        ("p99 put->delivery ms (log)", |r| ms(r.p99)),
+    ];
+    let xmin = (*ns.first().unwrap_or(&1) as f64).log10();
+    let xmax = (*ns.last().unwrap_or(&10) as f64).log10().max(xmin + 1.0);
+    for (pi, (title, f)) in panels.iter().enumerate() {
+        let ox = pi as f64 * w;
+        let vals: Vec<f64> = results.iter().filter(|r| r.mode != Mode::None).map(f).filter(|v| *v > 0.0).collect();
+        let lo = vals.iter().cloned().fold(f64::MAX, f64::min).max(1e-3).log10().floor();
+        let hi = vals.iter().cloned().fold(0.0, f64::max).max(1e-3).log10().ceil().max(lo + 1.0);
+        let x = |n: f64| ox + pad + (n.log10() - xmin) / (xmax - xmin) * (w - 2.0 * pad);
+        let y = |v: f64| h - pad + 20.0 - (v.max(1e-9).log10() - lo) / (hi - lo) * (h - 2.0 * pad);
+        let _ = write!(s, r#"<text x="{}" y="18" font-size="13">{title}</text>"#, ox + pad);
+        let _ = write!(
+            s,
+            r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
+            ox + pad,
+            pad + 20.0,
+            w - 2.0 * pad,
+            h - 2.0 * pad
+        );
+        let mut e = lo;
+        while e <= hi {
+            let yy = y(10f64.powf(e));
+            let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="end">1e{}</text>"#, ox + pad - 4.0, yy + 4.0, e);
+            e += 1.0;
+        }
+        for &n in &ns {
+            let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">N={n}</text>"#, x(n as f64), h - pad + 35.0);
+        }
+        for (li, (mode, color)) in modes.iter().enumerate() {
+            let pts: Vec<(f64, f64)> = results
+                .iter()
+                .filter(|r| r.mode == *mode)
+                .map(|r| (x(r.n as f64), y(f(r))))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let path: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+            let _ = write!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
+            for (a, b) in &pts {
+                let _ = write!(s, r#"<circle cx="{a:.1}" cy="{b:.1}" r="3" fill="{color}"/>"#);
+            }
+            let _ = write!(
+                s,
+                r#"<text x="{}" y="{}" fill="{color}">{}</text>"#,
+                ox + w - pad - 40.0,
+                pad + 15.0 * li as f64 + 5.0,
+                mode.name()
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+
+struct Opts {
+    ns: Vec<usize>,
+    puts: usize,
+    modes: Vec<Mode>,
+}
+
+fn parse_opts() -> Result<Opts, String> {
+    let quick = std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
+    let mut o = if quick {
+        Opts { ns: vec![1, 100, 1000, 10_000], puts: 2000, modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache] }
+    } else {
+        Opts { ns: vec![1, 100, 1000, 10_000], puts: 10_000, modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache] }
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => {}
+            "--n" => {
+                o.ns = it
+                    .next()
+                    .ok_or("--n needs a list")?
+                    .split(',')
+                    .map(|v| v.trim().parse().map_err(|_| format!("bad N {v}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--puts" => o.puts = it.next().and_then(|v| v.parse().ok()).ok_or("--puts needs a number")?,
+            "--modes" => {
+                o.modes = it
+                    .next()
+                    .ok_or("--modes needs a list")?
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "direct" => Ok(Mode::Direct),
+                        "proxy" => Ok(Mode::Proxy),
+                        "cache" => Ok(Mode::Cache),
+                        other => Err(format!("unknown mode {other}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            // Arguments cargo bench passes to every bench target (filters etc.) are ignored.
+            _ => {}
+        }
+    }
+    Ok(o)
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("fanout: skipped (needs `cargo bench --bench fanout` or `cargo xtask bench fanout`)");
+        return;
+    }
+    let opts = match parse_opts() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("fanout: {e}");
+            std::process::exit(2);
+        }
+    };
+    now_ns();
+    let started = Instant::now();
+    let server = etcd::EtcdServer::start_with(
+        etcd::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
+    );
+    let proxy = if opts.modes.contains(&Mode::Proxy) {
+        Some(etcd::grpc_proxy(&[server.endpoint()]))
+    } else {
+        None
+    };
+    let version = etcd::member_status(server.client_addr()).map(|s| s.version).unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = rt.block_on(async {
+        let writer = match Writer::start(server.endpoint()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("fanout: {e}");
+                return 1;
+            }
+        };
+        let mut env = Env {
+            etcd_pid: server.pid(),
+            proxy_pid: proxy.as_ref().and_then(|p| p.pid()),
+            etcd_ep: server.endpoint(),
+            proxy_ep: proxy.as_ref().map(|p| p.endpoint()).unwrap_or_default(),
+            writer,
+            run_no: 0,
+        };
+        println!(
+            "fanout: etcd {version}, {} CPUs, {} puts per run, {IN_FLIGHT} in flight, {VALUE_SIZE}-byte values, {KEYS} keys, N in {:?}",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            opts.puts,
+            opts.ns
+        );
+        // Warm-up (connections, etcd's first writes), not reported.
+        let _ = run_one(&mut env, Mode::None, 0, opts.puts / 4).await;
+        let mut results = Vec::new();
+        let mut failures = Vec::new();
+        let mut plan = vec![(Mode::None, 0)];
+        for &n in &opts.ns {
+            if n != opts.ns[0] {
+                // A no-watcher run between the groups too, to see the baseline drift.
+                plan.push((Mode::None, 0));
+            }
+            for &m in &opts.modes {
+                if matches!(m, Mode::Direct | Mode::Proxy) && n > DIRECT_MAX_N {
+                    continue;
+                }
+                plan.push((m, n));
+            }
+        }
+        // The no-watcher baseline once more at the end, to see drift.
+        plan.push((Mode::None, 0));
+        for (mode, n) in plan {
+            match run_one(&mut env, mode, n, opts.puts).await {
+                Ok(r) => {
+                    println!(
+                        "run {:<6} N={:<6} {:>8.0} puts/s  {:>11.0} deliveries/s  p50 {:>7.2} ms  p99 {:>7.2} ms  client {:.2} s CPU {:.0} MiB  etcd {:.2} s CPU {:.0} MiB{}  (set-up {:.1} s)",
+                        mode.name(), n, r.puts_per_s, r.deliveries_per_s, ms(r.p50), ms(r.p99),
+                        r.client_cpu_s, r.client_peak_mib, r.etcd_cpu_s, r.etcd_peak_mib,
+                        if mode == Mode::Proxy { format!("  proxy {:.2} s CPU {:.0} MiB", r.proxy_cpu_s, r.proxy_peak_mib) } else { String::new() },
+                        r.setup.as_secs_f64()
+                    );
+                    results.push(r);
+                }
+                Err(e) => {
+                    println!("run {:<6} N={:<6} FAILED: {e}", mode.name(), n);
+                    failures.push(e);
+                }
+            }
+        }
+        let nones: Vec<f64> = results.iter().filter(|r| r.mode == Mode::None).map(|r| r.puts_per_s).collect();
+        let baseline = if nones.is_empty() { f64::NAN } else { nones.iter().sum::<f64>() / nones.len() as f64 };
+        let one_watch = results.iter().find(|r| r.mode == Mode::Direct && r.n == 1).map(|r| r.puts_per_s);
+        println!();
+        println!("comparisons (puts/s ratio to the no-watcher baseline of {baseline:.0} puts/s, mean of the no-watcher runs):");
+        for r in results.iter().filter(|r| r.mode != Mode::None) {
+            let direct = results.iter().find(|d| d.mode == Mode::Direct && d.n == r.n);
+            let extra = match (r.mode, direct) {
+                (Mode::Direct, _) | (_, None) => String::new(),
+                (_, Some(d)) => format!(
+                    ", deliveries/s {:.2}x direct, p99 {:+.2} ms vs direct",
+                    r.deliveries_per_s / d.deliveries_per_s,
+                    ms(r.p99) - ms(d.p99)
+                ),
+            };
+            let vs1 = one_watch.map_or(String::new(), |b| format!(" ({:.2}x one direct watch)", r.puts_per_s / b));
+            println!(
+                "  {:<6} N={:<6} puts/s ratio {:.2}x{vs1}, {:.0} deliveries/s, p99 {:.2} ms{extra}",
+                r.mode.name(), r.n, r.puts_per_s / baseline, r.deliveries_per_s, ms(r.p99)
+            );
+        }
+        println!();
+        print!("{}", table(&results, baseline, one_watch));
+        let dir = std::path::PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target").to_string()
+        }))
+        .join("fanout");
+        if std::fs::create_dir_all(&dir).is_ok() {
+            let _ = std::fs::write(dir.join("fanout.svg"), svg(&results));
+            let _ = std::fs::write(dir.join("fanout.md"), table(&results, baseline, one_watch));
+            println!("\nchart: {}  table: {}", dir.join("fanout.svg").display(), dir.join("fanout.md").display());
+        }
+        println!("fanout: {} runs in {:.0} s, {} failed", results.len() + failures.len(), started.elapsed().as_secs_f64(), failures.len());
+        if failures.is_empty() { 0 } else { 1 }
+    });
+    drop(proxy);
+    drop(server);
+    std::process::exit(code);
+}
