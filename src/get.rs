@@ -11,7 +11,7 @@ use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::cache::{Cache, Shared};
+use crate::cache::{Cache, Shared, Status};
 use crate::config::ReadFallback;
 use crate::error::{Error, Result};
 use crate::key_range::{KeyRange, RangeSpec};
@@ -372,6 +372,19 @@ impl Shared {
     }
 
     pub(crate) async fn get(self: &Arc<Self>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
+        // Fast path: a serializable read of one key at the latest revision is one map
+        // lookup in the current snapshot, without building a range.
+        if opts.serializable
+            && opts.spec == RangeSpec::Single
+            && opts.revision == 0
+            && opts.limit >= 0
+            && !key.is_empty()
+            && self.range.contains(key)
+            && matches!(self.status(), Status { loaded: true, closed: false, .. })
+        {
+            let snap = self.snapshot.load();
+            return Ok(shape_response(snap.revision, &opts, snap.map.get(key).into_iter()));
+        }
         let range = KeyRange::new(key, &opts.spec)?;
         range.check_within(&self.range)?;
         if opts.revision < 0 {
