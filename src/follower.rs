@@ -256,9 +256,9 @@ impl Follower {
             if revision == 0 {
                 revision = page.revision;
             }
-            let last = page.kvs.last().map(|kv| kv.key.clone());
+            let last = page.kvs.last().map(|kv| kv.0.key.clone());
             for kv in page.kvs {
-                map.insert(kv.key.clone(), kv);
+                map.insert(kv.0.key.clone(), kv);
             }
             match (page.more, last) {
                 (true, Some(last)) => {
@@ -295,7 +295,7 @@ impl Follower {
                 let unchanged = shape.range.is_single() && {
                     let key = &shape.range.start;
                     match (self.store.get(key), map.get(key)) {
-                        (Some(old), Some(new)) => old.mod_revision == new.mod_revision,
+                        (Some(old), Some(new)) => old.0.mod_revision == new.0.mod_revision,
                         _ => false,
                     }
                 };
@@ -462,7 +462,7 @@ impl Follower {
         let mut lagged = 0;
         let mut iter = events.into_iter().peekable();
         while let Some((t, kv)) = iter.next() {
-            let rev = kv.mod_revision;
+            let rev = kv.0.mod_revision;
             if rev <= self.applied {
                 // A resumed or buggy watch (etcd#20221) may repeat old events.
                 continue;
@@ -470,7 +470,7 @@ impl Follower {
             batch_events.push(self.store.apply(t, kv));
             let boundary = iter
                 .peek()
-                .map_or(true, |(_, next)| next.mod_revision != rev);
+                .map_or(true, |(_, next)| next.0.mod_revision != rev);
             if boundary {
                 let batch = Batch::new(rev, std::mem::take(&mut batch_events));
                 shared.history.write().push(batch.clone());

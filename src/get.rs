@@ -226,11 +226,11 @@ impl GetResponse {
 
 fn sort_key_cmp(target: SortTarget, a: &KeyValue, b: &KeyValue) -> CmpOrdering {
     match target {
-        SortTarget::Key => a.key.cmp(&b.key),
-        SortTarget::Version => a.version.cmp(&b.version),
-        SortTarget::Create => a.create_revision.cmp(&b.create_revision),
-        SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
-        SortTarget::Value => a.value.cmp(&b.value),
+        SortTarget::Key => a.0.key.cmp(&b.0.key),
+        SortTarget::Version => a.0.version.cmp(&b.0.version),
+        SortTarget::Create => a.0.create_revision.cmp(&b.0.create_revision),
+        SortTarget::Mod => a.0.mod_revision.cmp(&b.0.mod_revision),
+        SortTarget::Value => a.0.value.cmp(&b.0.value),
     }
 }
 
@@ -248,10 +248,10 @@ fn shape_response<'a>(
     let sorted =
         order != SortOrder::None && !(target == SortTarget::Key && order == SortOrder::Ascend);
     let filter = |kv: &KeyValue| {
-        (opts.min_mod_revision == 0 || kv.mod_revision >= opts.min_mod_revision)
-            && (opts.max_mod_revision == 0 || kv.mod_revision <= opts.max_mod_revision)
-            && (opts.min_create_revision == 0 || kv.create_revision >= opts.min_create_revision)
-            && (opts.max_create_revision == 0 || kv.create_revision <= opts.max_create_revision)
+        (opts.min_mod_revision == 0 || kv.0.mod_revision >= opts.min_mod_revision)
+            && (opts.max_mod_revision == 0 || kv.0.mod_revision <= opts.max_mod_revision)
+            && (opts.min_create_revision == 0 || kv.0.create_revision >= opts.min_create_revision)
+            && (opts.max_create_revision == 0 || kv.0.create_revision <= opts.max_create_revision)
     };
     let limit = usize::try_from(opts.limit).unwrap_or(0);
     // As etcd: with an explicit sort order or revision filters everything is fetched,
@@ -380,10 +380,21 @@ impl Shared {
             && opts.limit >= 0
             && !key.is_empty()
             && self.range.contains(key)
-            && matches!(self.status(), Status { loaded: true, closed: false, .. })
+            && matches!(
+                self.status(),
+                Status {
+                    loaded: true,
+                    closed: false,
+                    ..
+                }
+            )
         {
             let snap = self.snapshot.load();
-            return Ok(shape_response(snap.revision, &opts, snap.map.get(key).into_iter()));
+            return Ok(shape_response(
+                snap.revision,
+                &opts,
+                snap.map.get(key).into_iter(),
+            ));
         }
         let range = KeyRange::new(key, &opts.spec)?;
         range.check_within(&self.range)?;

@@ -436,7 +436,7 @@ pub fn mem_cache(
     mut kvs: Vec<KeyValue>,
     revision: i64,
 ) -> Result<(Cache, MemFeed)> {
-    kvs.sort_by(|a, b| a.key.cmp(&b.key));
+    kvs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
     let (tx, rx) = mpsc::unbounded_channel();
     let upstream = MemUpstream {
         revision,

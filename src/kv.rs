@@ -1,14 +1,23 @@
 //! Key-values and events. Keys and values are [`Bytes`], so a clone is a reference-count
 //! increment and a delivery never copies them.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use etcd_client::proto::PbKeyValue;
 
 use crate::error::{Error, Result};
 
 /// A key and its value at one revision, as etcd stores it.
+///
+/// One shared allocation: a clone is one reference-count increment, whichever of the
+/// store, the history, a delivery or a read holds it.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct KeyValue {
+pub struct KeyValue(pub(crate) Arc<KvInner>);
+
+/// The fields of a [`KeyValue`].
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub(crate) struct KvInner {
     pub(crate) key: Bytes,
     pub(crate) value: Bytes,
     pub(crate) create_revision: i64,
@@ -20,12 +29,12 @@ pub struct KeyValue {
 impl std::fmt::Debug for KeyValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyValue")
-            .field("key", &String::from_utf8_lossy(&self.key))
-            .field("value_len", &self.value.len())
-            .field("create_revision", &self.create_revision)
-            .field("mod_revision", &self.mod_revision)
-            .field("version", &self.version)
-            .field("lease", &self.lease)
+            .field("key", &String::from_utf8_lossy(&self.0.key))
+            .field("value_len", &self.0.value.len())
+            .field("create_revision", &self.0.create_revision)
+            .field("mod_revision", &self.0.mod_revision)
+            .field("version", &self.0.version)
+            .field("lease", &self.0.lease)
             .finish()
     }
 }
@@ -40,20 +49,20 @@ impl KeyValue {
         version: i64,
         lease: i64,
     ) -> Self {
-        KeyValue {
+        KeyValue(Arc::new(KvInner {
             key: key.into(),
             value: value.into(),
             create_revision,
             mod_revision,
             version,
             lease,
-        }
+        }))
     }
 
     /// The key.
     #[inline]
     pub fn key(&self) -> &[u8] {
-        &self.key
+        &self.0.key
     }
 
     /// The key as `&str`.
@@ -61,13 +70,13 @@ impl KeyValue {
     /// # Errors
     /// [`Error::Utf8`] if the key is not UTF-8.
     pub fn key_str(&self) -> Result<&str> {
-        std::str::from_utf8(&self.key).map_err(Error::Utf8)
+        std::str::from_utf8(&self.0.key).map_err(Error::Utf8)
     }
 
     /// The value (empty for a delete event's key-value and for keys-only reads).
     #[inline]
     pub fn value(&self) -> &[u8] {
-        &self.value
+        &self.0.value
     }
 
     /// The value as `&str`.
@@ -75,75 +84,75 @@ impl KeyValue {
     /// # Errors
     /// [`Error::Utf8`] if the value is not UTF-8.
     pub fn value_str(&self) -> Result<&str> {
-        std::str::from_utf8(&self.value).map_err(Error::Utf8)
+        std::str::from_utf8(&self.0.value).map_err(Error::Utf8)
     }
 
     /// The key as shared [`Bytes`] (a clone costs a reference count).
     #[inline]
     pub fn key_bytes(&self) -> &Bytes {
-        &self.key
+        &self.0.key
     }
 
     /// The value as shared [`Bytes`].
     #[inline]
     pub fn value_bytes(&self) -> &Bytes {
-        &self.value
+        &self.0.value
     }
 
     /// The revision of the key's last creation.
     #[inline]
-    pub const fn create_revision(&self) -> i64 {
-        self.create_revision
+    pub fn create_revision(&self) -> i64 {
+        self.0.create_revision
     }
 
     /// The revision of the key's last modification.
     #[inline]
-    pub const fn mod_revision(&self) -> i64 {
-        self.mod_revision
+    pub fn mod_revision(&self) -> i64 {
+        self.0.mod_revision
     }
 
     /// The number of modifications since creation (a delete resets it to 0).
     #[inline]
-    pub const fn version(&self) -> i64 {
-        self.version
+    pub fn version(&self) -> i64 {
+        self.0.version
     }
 
     /// The lease attached to the key (0 for none).
     #[inline]
-    pub const fn lease(&self) -> i64 {
-        self.lease
+    pub fn lease(&self) -> i64 {
+        self.0.lease
     }
 
     /// Takes the key and value apart.
     pub fn into_key_value(self) -> (Bytes, Bytes) {
-        (self.key, self.value)
+        (self.0.key.clone(), self.0.value.clone())
     }
 
     /// The approximate number of bytes this key-value holds (key + value).
     pub(crate) fn payload_len(&self) -> usize {
-        self.key.len() + self.value.len()
+        self.0.key.len() + self.0.value.len()
     }
 
     /// This key-value without its value, for keys-only reads.
     pub(crate) fn without_value(&self) -> Self {
-        KeyValue {
+        KeyValue(Arc::new(KvInner {
             value: Bytes::new(),
-            ..self.clone()
-        }
+            ..(*self.0).clone()
+        }))
     }
 }
 
 impl From<PbKeyValue> for KeyValue {
     /// Moves the protobuf buffers into `Bytes` without copying them.
     fn from(kv: PbKeyValue) -> Self {
-        KeyValue {
+        KeyValue(Arc::new(KvInner {
             key: Bytes::from(kv.key),
             value: Bytes::from(kv.value),
             create_revision: kv.create_revision,
             mod_revision: kv.mod_revision,
             version: kv.version,
             lease: kv.lease,
-        }
+        }))
     }
 }
 
@@ -214,13 +223,13 @@ impl Event {
     /// The revision of the event.
     #[inline]
     pub fn revision(&self) -> i64 {
-        self.kv.mod_revision
+        self.kv.0.mod_revision
     }
 
     /// The key of the event.
     #[inline]
     pub(crate) fn key(&self) -> &[u8] {
-        &self.kv.key
+        &self.kv.0.key
     }
 
     /// This event without its previous key-value.

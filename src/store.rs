@@ -45,7 +45,7 @@ impl Snapshot {
             }
             for ev in batch.all() {
                 if range.contains(ev.key()) && !overrides.contains_key(ev.key()) {
-                    overrides.insert(ev.kv.key.clone(), ev.prev_kv.clone());
+                    overrides.insert(ev.kv.0.key.clone(), ev.prev_kv.clone());
                 }
             }
         }
@@ -54,7 +54,7 @@ impl Snapshot {
         }
         let mut merged: BTreeMap<Bytes, KeyValue> = self
             .range(range)
-            .map(|kv| (kv.key.clone(), kv.clone()))
+            .map(|kv| (kv.0.key.clone(), kv.clone()))
             .collect();
         for (key, old) in overrides {
             match old {
@@ -89,9 +89,9 @@ impl Store {
         let prev_kv = match event_type {
             EventType::Put => {
                 self.bytes += kv.payload_len();
-                self.map.insert(kv.key.clone(), kv.clone())
+                self.map.insert(kv.0.key.clone(), kv.clone())
             }
-            EventType::Delete => self.map.remove(&kv.key),
+            EventType::Delete => self.map.remove(&kv.0.key),
         };
         if let Some(p) = &prev_kv {
             self.bytes -= p.payload_len();
