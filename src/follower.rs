@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use imbl::OrdMap;
+use imbl::OrdSet;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn, Instrument};
@@ -27,7 +27,7 @@ use crate::dispatch::End;
 use crate::error::{Error, Result};
 use crate::history::Batch;
 use crate::kv::{EventType, KeyValue};
-use crate::store::{KvMap, Store};
+use crate::store::{Entry, KvMap, Store};
 use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
 
 /// A re-list sooner than this after the previous one backs off first.
@@ -246,7 +246,7 @@ impl Follower {
         let upstream = self.shared.upstream.clone();
         let page_size = self.shared.config.page_size;
         let started = Instant::now();
-        let mut map: KvMap = OrdMap::new();
+        let mut map: KvMap = OrdSet::new();
         let mut range = self.shared.range.clone();
         let mut revision = 0;
         loop {
@@ -258,7 +258,7 @@ impl Follower {
             }
             let last = page.kvs.last().map(|kv| kv.0.key.clone());
             for kv in page.kvs {
-                map.insert(kv.0.key.clone(), kv);
+                map.insert(Entry(kv));
             }
             match (page.more, last) {
                 (true, Some(last)) => {
@@ -294,8 +294,8 @@ impl Follower {
                 }
                 let unchanged = shape.range.is_single() && {
                     let key = &shape.range.start;
-                    match (self.store.get(key), map.get(key)) {
-                        (Some(old), Some(new)) => old.0.mod_revision == new.0.mod_revision,
+                    match (self.store.get(key), map.get(&key[..])) {
+                        (Some(old), Some(new)) => old.0.mod_revision == new.0 .0.mod_revision,
                         _ => false,
                     }
                 };

@@ -393,7 +393,7 @@ impl Shared {
             return Ok(shape_response(
                 snap.revision,
                 &opts,
-                snap.map.get(key).into_iter(),
+                snap.map.get(key).map(|e| &e.0).into_iter(),
             ));
         }
         let range = KeyRange::new(key, &opts.spec)?;

@@ -175,7 +175,20 @@ impl KeyRange {
         }
     }
 
+    /// `(start, end)` bounds over byte slices, for the store's range queries.
+    pub(crate) fn slice_bounds(&self) -> (std::ops::Bound<&[u8]>, std::ops::Bound<&[u8]>) {
+        use std::ops::Bound::*;
+        if self.is_single() {
+            (Included(&self.start[..]), Included(&self.start[..]))
+        } else if self.is_unbounded() {
+            (Included(&self.start[..]), Unbounded)
+        } else {
+            (Included(&self.start[..]), Excluded(&self.end[..]))
+        }
+    }
+
     /// `(start, end)` bounds for a `BTreeMap`/`OrdMap` range query.
+    #[cfg(test)]
     pub(crate) fn bounds(&self) -> (std::ops::Bound<Bytes>, std::ops::Bound<Bytes>) {
         use std::ops::Bound::*;
         if self.is_single() {

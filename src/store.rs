@@ -9,14 +9,46 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use imbl::OrdMap;
+use imbl::OrdSet;
 
 use crate::history::Batch;
 use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType, KeyValue};
 
-/// The map type of the store.
-pub(crate) type KvMap = OrdMap<Bytes, KeyValue>;
+/// A store entry: a key-value, ordered, compared and looked up by its key alone. The key
+/// is not stored a second time as a map key, and an entry is one pointer, so the
+/// persistent tree's nodes stay small and cheap to copy when a snapshot shares them.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry(pub(crate) KeyValue);
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 .0.key == other.0 .0.key
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0 .0.key.cmp(&other.0 .0.key)
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Entry {
+    fn borrow(&self) -> &[u8] {
+        &self.0 .0.key
+    }
+}
+
+/// The map type of the store: a persistent ordered set of entries keyed by key.
+pub(crate) type KvMap = OrdSet<Entry>;
 
 /// An immutable view of the keyspace at one revision.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +60,9 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     /// Key-values in `range` at the snapshot's revision, in key order.
     pub(crate) fn range<'a>(&'a self, range: &KeyRange) -> impl Iterator<Item = &'a KeyValue> + 'a {
-        self.map.range(range.bounds()).map(|(_, kv)| kv)
+        self.map
+            .range::<_, [u8]>(range.slice_bounds())
+            .map(|e| &e.0)
     }
 
     /// Key-values in `range` at `revision <= self.revision`, given every batch after
@@ -80,7 +114,7 @@ pub(crate) struct Store {
 impl Store {
     /// Replaces the content (after a full list).
     pub(crate) fn replace(&mut self, map: KvMap) {
-        self.bytes = map.values().map(KeyValue::payload_len).sum();
+        self.bytes = map.iter().map(|e| e.0.payload_len()).sum();
         self.map = map;
     }
 
@@ -89,9 +123,9 @@ impl Store {
         let prev_kv = match event_type {
             EventType::Put => {
                 self.bytes += kv.payload_len();
-                self.map.insert(kv.0.key.clone(), kv.clone())
+                self.map.insert(Entry(kv.clone())).map(|e| e.0)
             }
-            EventType::Delete => self.map.remove(&kv.0.key),
+            EventType::Delete => self.map.remove(&kv.0.key[..]).map(|e| e.0),
         };
         if let Some(p) = &prev_kv {
             self.bytes -= p.payload_len();
@@ -113,7 +147,7 @@ impl Store {
 
     /// The current value of `key`.
     pub(crate) fn get(&self, key: &[u8]) -> Option<&KeyValue> {
-        self.map.get(key)
+        self.map.get(key).map(|e| &e.0)
     }
 
     /// Number of keys held.
