@@ -59,7 +59,8 @@ fn bucket(v: u64) -> usize {
         v as usize
     } else {
         let shift = msb - SUB_BITS;
-        let idx = (((shift + 1) as usize) << SUB_BITS) + ((v >> shift) as usize & ((1 << SUB_BITS) - 1));
+        let idx =
+            (((shift + 1) as usize) << SUB_BITS) + ((v >> shift) as usize & ((1 << SUB_BITS) - 1));
         idx.min(BUCKETS - 1)
     }
 }
@@ -100,8 +101,10 @@ fn record(sent_ns: u64, now: u64, events: u64) {
     LOCAL.with(|l| {
         let b = &l.hist[bucket(now.saturating_sub(sent_ns))];
         b.store(b.load(Ordering::Relaxed) + events, Ordering::Relaxed);
-        l.deliveries
-            .store(l.deliveries.load(Ordering::Relaxed) + events, Ordering::Relaxed);
+        l.deliveries.store(
+            l.deliveries.load(Ordering::Relaxed) + events,
+            Ordering::Relaxed,
+        );
     });
 }
 
@@ -187,7 +190,11 @@ fn cpu_sample(pid: Option<u32>) -> ProcSample {
     // Fields after the ")" of the command name: state is field 3; utime 14, stime 15.
     let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     ProcSample {
         cpu_ticks: ticks(14) + ticks(15),
     }
@@ -283,7 +290,13 @@ async fn open_direct(
     prefix: &str,
     n: usize,
     puts: usize,
-) -> Result<(Vec<etcd_client::Client>, Vec<tokio::task::JoinHandle<Result<(), String>>>), String> {
+) -> Result<
+    (
+        Vec<etcd_client::Client>,
+        Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    ),
+    String,
+> {
     let client = connect(ep).await?;
     let mut tasks = Vec::new();
     let mut left = n;
@@ -294,7 +307,10 @@ async fn open_direct(
         let opts = || Some(etcd_client::WatchOptions::new().with_prefix());
         let mut stream = c.watch(prefix, opts()).await.map_err(|e| e.to_string())?;
         for _ in 1..k {
-            stream.watch(prefix, opts()).await.map_err(|e| e.to_string())?;
+            stream
+                .watch(prefix, opts())
+                .await
+                .map_err(|e| e.to_string())?;
         }
         let mut created = 0;
         while created < k {
@@ -388,18 +404,32 @@ async fn open_cache(
 /// The writers live on their own thread with their own single-threaded runtime and
 /// connection, like another service writing to etcd: they never queue behind the
 /// subscriber tasks of the runtime under test (their CPU still counts for this process).
+/// A burst to write: prefix, number of puts, where to send the elapsed time.
+type WriteJob = (
+    String,
+    usize,
+    std::sync::mpsc::Sender<Result<Duration, String>>,
+);
+
 struct Writer {
-    tx: std::sync::mpsc::Sender<(String, usize, std::sync::mpsc::Sender<Result<Duration, String>>)>,
+    tx: std::sync::mpsc::Sender<WriteJob>,
 }
 
 impl Writer {
     fn start(ep: String) -> Result<Writer, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<(String, usize, std::sync::mpsc::Sender<Result<Duration, String>>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<(
+            String,
+            usize,
+            std::sync::mpsc::Sender<Result<Duration, String>>,
+        )>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("fanout-writer".into())
             .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
                 rt.block_on(async move {
                     let client = match connect(&ep).await {
                         Ok(c) => {
@@ -424,7 +454,9 @@ impl Writer {
     /// Writes the burst and waits for it without blocking the caller's runtime.
     async fn write(&self, prefix: &str, puts: usize) -> Result<Duration, String> {
         let (reply_tx, reply_rx) = std::sync::mpsc::channel();
-        self.tx.send((prefix.to_string(), puts, reply_tx)).map_err(|e| e.to_string())?;
+        self.tx
+            .send((prefix.to_string(), puts, reply_tx))
+            .map_err(|e| e.to_string())?;
         tokio::task::spawn_blocking(move || reply_rx.recv().map_err(|e| e.to_string())?)
             .await
             .map_err(|e| e.to_string())?
@@ -432,7 +464,11 @@ impl Writer {
 }
 
 /// 16 writers, `puts` puts in total; returns the elapsed time.
-async fn write_burst(client: &etcd_client::Client, prefix: &str, puts: usize) -> Result<Duration, String> {
+async fn write_burst(
+    client: &etcd_client::Client,
+    prefix: &str,
+    puts: usize,
+) -> Result<Duration, String> {
     let next = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
     let mut ws = Vec::new();
@@ -448,9 +484,13 @@ async fn write_burst(client: &etcd_client::Client, prefix: &str, puts: usize) ->
                     return Ok::<(), String>(());
                 }
                 value[..8].copy_from_slice(&now_ns().to_le_bytes());
-                kv.put(format!("{prefix}k{:04}", i as usize % KEYS), value.clone(), None)
-                    .await
-                    .map_err(|e| format!("put: {e}"))?;
+                kv.put(
+                    format!("{prefix}k{:04}", i as usize % KEYS),
+                    value.clone(),
+                    None,
+                )
+                .await
+                .map_err(|e| format!("put: {e}"))?;
             }
         }));
     }
@@ -462,14 +502,23 @@ async fn write_burst(client: &etcd_client::Client, prefix: &str, puts: usize) ->
 
 async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<RunResult, String> {
     env.run_no += 1;
-    let prefix = format!("/fanout/{}/{}-{}/", std::process::id(), env.run_no, mode.name());
+    let prefix = format!(
+        "/fanout/{}/{}-{}/",
+        std::process::id(),
+        env.run_no,
+        mode.name()
+    );
     let setup_t = Instant::now();
     let mut cache = None;
     let mut clients = Vec::new();
     let tasks = match mode {
         Mode::None => Vec::new(),
         Mode::Direct | Mode::Proxy => {
-            let ep = if mode == Mode::Direct { &env.etcd_ep } else { &env.proxy_ep };
+            let ep = if mode == Mode::Direct {
+                &env.etcd_ep
+            } else {
+                &env.proxy_ep
+            };
             let (c, t) = open_direct(ep, &prefix, n, puts).await?;
             clients = c;
             t
@@ -490,7 +539,11 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
     if !peaks_reset {
         eprintln!("fanout: cannot reset peak RSS through /proc/*/clear_refs; peaks are since process start");
     }
-    let (c0, e0, p0) = (cpu_sample(None), cpu_sample(env.etcd_pid), cpu_sample(env.proxy_pid));
+    let (c0, e0, p0) = (
+        cpu_sample(None),
+        cpu_sample(env.etcd_pid),
+        cpu_sample(env.proxy_pid),
+    );
     let t0 = Instant::now();
     let write_time = env.writer.write(&prefix, puts).await?;
     // Wait for every subscriber; generous, and only a failure if nothing moves for 60 s.
@@ -524,7 +577,11 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
         }
     }
     let elapsed = t0.elapsed();
-    let (c1, e1, p1) = (cpu_sample(None), cpu_sample(env.etcd_pid), cpu_sample(env.proxy_pid));
+    let (c1, e1, p1) = (
+        cpu_sample(None),
+        cpu_sample(env.etcd_pid),
+        cpu_sample(env.proxy_pid),
+    );
     let deliveries = total_deliveries();
     let ps = percentiles(&[0.5, 0.99]);
     let tck = clk_tck();
@@ -539,10 +596,18 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
         p99: ps[1],
         client_cpu_s: (c1.cpu_ticks - c0.cpu_ticks) as f64 / tck,
         etcd_cpu_s: (e1.cpu_ticks - e0.cpu_ticks) as f64 / tck,
-        proxy_cpu_s: if mode == Mode::Proxy { (p1.cpu_ticks - p0.cpu_ticks) as f64 / tck } else { 0.0 },
+        proxy_cpu_s: if mode == Mode::Proxy {
+            (p1.cpu_ticks - p0.cpu_ticks) as f64 / tck
+        } else {
+            0.0
+        },
         client_peak_mib: peak_rss_mib(None),
         etcd_peak_mib: peak_rss_mib(env.etcd_pid),
-        proxy_peak_mib: if mode == Mode::Proxy { peak_rss_mib(env.proxy_pid) } else { 0.0 },
+        proxy_peak_mib: if mode == Mode::Proxy {
+            peak_rss_mib(env.proxy_pid)
+        } else {
+            0.0
+        },
         setup,
     };
     if let Some(c) = cache {
@@ -553,7 +618,10 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
         return Err(format!("{} N={n}: {e}", mode.name()));
     }
     if mode != Mode::None && deliveries != want {
-        return Err(format!("{} N={n}: {deliveries} deliveries, want {want}", mode.name()));
+        return Err(format!(
+            "{} N={n}: {deliveries} deliveries, want {want}",
+            mode.name()
+        ));
     }
     // Let etcd drop the closed watches before the next run.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -573,7 +641,10 @@ fn table(results: &[RunResult], baseline: f64, one_watch: Option<f64>) -> String
         s,
         "| mode | N | puts | deliveries | puts/s | vs none | vs 1 direct | deliveries/s | p50 ms | p99 ms | client CPU s | etcd CPU s | proxy CPU s | client peak MiB | etcd peak MiB | proxy peak MiB |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in results {
         let vs1 = one_watch.map_or("-".to_string(), |b| format!("{:.2}x", r.puts_per_s / b));
         let _ = writeln!(
@@ -602,9 +673,17 @@ fn table(results: &[RunResult], baseline: f64, one_watch: Option<f64>) -> String
 
 /// A small two-panel SVG (deliveries/s and p99 against N, log x), no dependencies.
 fn svg(results: &[RunResult]) -> String {
-    let modes = [(Mode::Direct, "#1f77b4"), (Mode::Proxy, "#ff7f0e"), (Mode::Cache, "#2ca02c")];
+    let modes = [
+        (Mode::Direct, "#1f77b4"),
+        (Mode::Proxy, "#ff7f0e"),
+        (Mode::Cache, "#2ca02c"),
+    ];
     let ns: Vec<usize> = {
-        let mut v: Vec<usize> = results.iter().filter(|r| r.mode != Mode::None).map(|r| r.n).collect();
+        let mut v: Vec<usize> = results
+            .iter()
+            .filter(|r| r.mode != Mode::None)
+            .map(|r| r.n)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -618,7 +697,8 @@ fn svg(results: &[RunResult]) -> String {
         h + 30.0
     );
     let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let panels: [(&str, fn(&RunResult) -> f64); 2] = [
+    type Panel<'a> = (&'a str, fn(&RunResult) -> f64);
+    let panels: [Panel<'_>; 2] = [
         ("deliveries/s (log)", |r| r.deliveries_per_s),
         ("p99 put->delivery ms (log)", |r| ms(r.p99)),
     ];
@@ -626,12 +706,34 @@ fn svg(results: &[RunResult]) -> String {
     let xmax = (*ns.last().unwrap_or(&10) as f64).log10().max(xmin + 1.0);
     for (pi, (title, f)) in panels.iter().enumerate() {
         let ox = pi as f64 * w;
-        let vals: Vec<f64> = results.iter().filter(|r| r.mode != Mode::None).map(f).filter(|v| *v > 0.0).collect();
-        let lo = vals.iter().cloned().fold(f64::MAX, f64::min).max(1e-3).log10().floor();
-        let hi = vals.iter().cloned().fold(0.0, f64::max).max(1e-3).log10().ceil().max(lo + 1.0);
+        let vals: Vec<f64> = results
+            .iter()
+            .filter(|r| r.mode != Mode::None)
+            .map(f)
+            .filter(|v| *v > 0.0)
+            .collect();
+        let lo = vals
+            .iter()
+            .cloned()
+            .fold(f64::MAX, f64::min)
+            .max(1e-3)
+            .log10()
+            .floor();
+        let hi = vals
+            .iter()
+            .cloned()
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            .log10()
+            .ceil()
+            .max(lo + 1.0);
         let x = |n: f64| ox + pad + (n.log10() - xmin) / (xmax - xmin) * (w - 2.0 * pad);
         let y = |v: f64| h - pad + 20.0 - (v.max(1e-9).log10() - lo) / (hi - lo) * (h - 2.0 * pad);
-        let _ = write!(s, r#"<text x="{}" y="18" font-size="13">{title}</text>"#, ox + pad);
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="18" font-size="13">{title}</text>"#,
+            ox + pad
+        );
         let _ = write!(
             s,
             r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
@@ -643,11 +745,22 @@ fn svg(results: &[RunResult]) -> String {
         let mut e = lo;
         while e <= hi {
             let yy = y(10f64.powf(e));
-            let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="end">1e{}</text>"#, ox + pad - 4.0, yy + 4.0, e);
+            let _ = write!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end">1e{}</text>"#,
+                ox + pad - 4.0,
+                yy + 4.0,
+                e
+            );
             e += 1.0;
         }
         for &n in &ns {
-            let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">N={n}</text>"#, x(n as f64), h - pad + 35.0);
+            let _ = write!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="middle">N={n}</text>"#,
+                x(n as f64),
+                h - pad + 35.0
+            );
         }
         for (li, (mode, color)) in modes.iter().enumerate() {
             let pts: Vec<(f64, f64)> = results
@@ -659,9 +772,16 @@ fn svg(results: &[RunResult]) -> String {
                 continue;
             }
             let path: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
-            let _ = write!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
+            let _ = write!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+                path.join(" ")
+            );
             for (a, b) in &pts {
-                let _ = write!(s, r#"<circle cx="{a:.1}" cy="{b:.1}" r="3" fill="{color}"/>"#);
+                let _ = write!(
+                    s,
+                    r#"<circle cx="{a:.1}" cy="{b:.1}" r="3" fill="{color}"/>"#
+                );
             }
             let _ = write!(
                 s,
@@ -685,11 +805,20 @@ struct Opts {
 }
 
 fn parse_opts() -> Result<Opts, String> {
-    let quick = std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
+    let quick =
+        std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
     let mut o = if quick {
-        Opts { ns: vec![1, 100, 1000, 10_000], puts: 2000, modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache] }
+        Opts {
+            ns: vec![1, 100, 1000, 10_000],
+            puts: 2000,
+            modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache],
+        }
     } else {
-        Opts { ns: vec![1, 100, 1000, 10_000], puts: 10_000, modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache] }
+        Opts {
+            ns: vec![1, 100, 1000, 10_000],
+            puts: 10_000,
+            modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache],
+        }
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -703,7 +832,12 @@ fn parse_opts() -> Result<Opts, String> {
                     .map(|v| v.trim().parse().map_err(|_| format!("bad N {v}")))
                     .collect::<Result<_, _>>()?
             }
-            "--puts" => o.puts = it.next().and_then(|v| v.parse().ok()).ok_or("--puts needs a number")?,
+            "--puts" => {
+                o.puts = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--puts needs a number")?
+            }
             "--modes" => {
                 o.modes = it
                     .next()
@@ -726,7 +860,9 @@ fn parse_opts() -> Result<Opts, String> {
 
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("fanout: skipped (needs `cargo bench --bench fanout` or `cargo xtask bench fanout`)");
+        println!(
+            "fanout: skipped (needs `cargo bench --bench fanout` or `cargo xtask bench fanout`)"
+        );
         return;
     }
     let opts = match parse_opts() {
@@ -746,7 +882,9 @@ fn main() {
     } else {
         None
     };
-    let version = etcd::member_status(server.client_addr()).map(|s| s.version).unwrap_or_default();
+    let version = etcd::member_status(server.client_addr())
+        .map(|s| s.version)
+        .unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -27,13 +27,13 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::FutureExt;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use etcd_cache::internals::{
     kv, mem_cache, BenchBatch, BenchHistory, BenchIndex, BenchMailbox, BenchStore, MemCacheOptions,
     Spec,
 };
 use etcd_cache::{GetOptions, WatchOptions};
+use futures::FutureExt;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]
@@ -96,7 +96,11 @@ fn time_dispatch(
         drop(batches);
         left -= n;
     }
-    assert_eq!(index.lagged(), 0, "no subscriber may lag in the dispatch benchmark");
+    assert_eq!(
+        index.lagged(),
+        0,
+        "no subscriber may lag in the dispatch benchmark"
+    );
     total
 }
 
@@ -118,7 +122,9 @@ fn bench_dispatch(c: &mut Criterion) {
             let hot: Vec<_> = (0..n)
                 .map(|_| index.subscribe(b"/b/", &Spec::Prefix, cap, 0))
                 .collect();
-            let keys: Vec<Bytes> = (0..64).map(|i| Bytes::from(format!("/b/{}", hex_key(i)))).collect();
+            let keys: Vec<Bytes> = (0..64)
+                .map(|i| Bytes::from(format!("/b/{}", hex_key(i))))
+                .collect();
             let mut rev = 0;
             g.throughput(Throughput::Elements(n as u64));
             g.bench_function(BenchmarkId::new("same_prefix", n), |b| {
@@ -149,17 +155,29 @@ fn bench_dispatch(c: &mut Criterion) {
                     index.subscribe(p.as_bytes(), &Spec::Prefix, cap, 0)
                 })
                 .collect();
-            let keys: Vec<Bytes> = (0..64).map(|i| Bytes::from(format!("/b/{}", hex_key(i)))).collect();
+            let keys: Vec<Bytes> = (0..64)
+                .map(|i| Bytes::from(format!("/b/{}", hex_key(i))))
+                .collect();
             // A dry run over the key cycle (64 events, fewer than a queue holds) finds who
             // matches, and how many per event.
             let mut rev = 0;
             let mut delivered = 0usize;
             for k in &keys {
                 rev += 1;
-                delivered += index.dispatch(&BenchBatch::put(rev, k.clone(), Bytes::from_static(&VALUE_256))).0;
+                delivered += index
+                    .dispatch(&BenchBatch::put(
+                        rev,
+                        k.clone(),
+                        Bytes::from_static(&VALUE_256),
+                    ))
+                    .0;
             }
             let hot: Vec<_> = all.iter().filter(|m| m.drain() > 0).cloned().collect();
-            let hot = if hot.is_empty() { vec![all[0].clone()] } else { hot };
+            let hot = if hot.is_empty() {
+                vec![all[0].clone()]
+            } else {
+                hot
+            };
             let per_event = (delivered as f64 / keys.len() as f64).max(1.0);
             g.throughput(Throughput::Elements(per_event.round() as u64));
             g.bench_function(BenchmarkId::new("nested_prefixes", n), |b| {
@@ -223,7 +241,9 @@ fn bench_get(c: &mut Criterion) {
     let mut g = c.benchmark_group("get");
     let mut x = 1u64;
     let mut next_key = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         format!("/b/{:08}", (x >> 33) as usize % STORE_KEYS)
     };
     let probe: Vec<String> = (0..1024).map(|_| next_key()).collect();
@@ -255,7 +275,8 @@ fn bench_get(c: &mut Criterion) {
         .map(|(i, (k, v))| kv(k, v, i as i64 + 2))
         .collect();
     let (cache, _feed) = rt.block_on(async {
-        let (cache, feed) = mem_cache(MemCacheOptions::default(), kvs, STORE_KEYS as i64 + 1).expect("cache");
+        let (cache, feed) =
+            mem_cache(MemCacheOptions::default(), kvs, STORE_KEYS as i64 + 1).expect("cache");
         cache.wait_ready().await.expect("ready");
         (cache, feed)
     });
@@ -267,7 +288,10 @@ fn bench_get(c: &mut Criterion) {
             // A serializable read of a loaded cache completes without waiting: poll it
             // once instead of paying for a runtime round trip per read.
             let r = cache
-                .get(probe[i].as_str(), Some(GetOptions::new().with_serializable()))
+                .get(
+                    probe[i].as_str(),
+                    Some(GetOptions::new().with_serializable()),
+                )
                 .now_or_never()
                 .expect("a serializable read does not wait")
                 .expect("get");
@@ -279,7 +303,10 @@ fn bench_get(c: &mut Criterion) {
     g.bench_function("cache_serializable_prefix_10000_of_100000", |b| {
         b.iter(|| {
             let r = cache
-                .get("/b/0001", Some(GetOptions::new().with_prefix().with_serializable()))
+                .get(
+                    "/b/0001",
+                    Some(GetOptions::new().with_prefix().with_serializable()),
+                )
                 .now_or_never()
                 .expect("a serializable read does not wait")
                 .expect("get");
@@ -304,18 +331,29 @@ fn memory_report() {
 
     let region = Region::new(GLOBAL);
     let mut index = BenchIndex::new();
-    let subs: Vec<_> = (0..n).map(|_| index.subscribe(b"/b/", &Spec::Prefix, 128, 0)).collect();
+    let subs: Vec<_> = (0..n)
+        .map(|_| index.subscribe(b"/b/", &Spec::Prefix, 128, 0))
+        .collect();
     let bytes = net_bytes(&region);
-    println!("  memory/index_same_prefix:  {:>7.0} B per idle subscriber (index entry + mailbox)", bytes as f64 / n as f64);
+    println!(
+        "  memory/index_same_prefix:  {:>7.0} B per idle subscriber (index entry + mailbox)",
+        bytes as f64 / n as f64
+    );
     drop(subs);
     drop(index);
 
     let keys: Vec<String> = (0..n).map(|i| format!("/b/{i:08}")).collect();
     let region = Region::new(GLOBAL);
     let mut index = BenchIndex::new();
-    let subs: Vec<_> = keys.iter().map(|k| index.subscribe(k.as_bytes(), &Spec::Single, 128, 0)).collect();
+    let subs: Vec<_> = keys
+        .iter()
+        .map(|k| index.subscribe(k.as_bytes(), &Spec::Single, 128, 0))
+        .collect();
     let bytes = net_bytes(&region);
-    println!("  memory/index_exact_keys:   {:>7.0} B per idle subscriber (own group per key)", bytes as f64 / n as f64);
+    println!(
+        "  memory/index_exact_keys:   {:>7.0} B per idle subscriber (own group per key)",
+        bytes as f64 / n as f64
+    );
     drop(subs);
     drop(index);
 

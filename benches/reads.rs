@@ -20,19 +20,19 @@
 //!   first (a linearizable count-only, limit-1 range over the cache's whole prefix).
 //!
 //! Three runs, each with a fresh `Cache` on the same etcd:
-//! - `quiet`:       nothing else writes; the cache's revision is the cluster's.
-//! - `busy`:        a writer (own thread, runtime and connection) puts keys *outside* the
-//!                  prefix at `--write-rate` puts/s, so the cluster revision moves while the
-//!                  prefix is quiet. On etcd < 3.4.31 / 3.5.13 (3.4.23 here) the cache cannot
-//!                  trust `RequestProgress` answers (etcd#15220), so a consistent read whose
-//!                  revision the cache has not applied is answered by etcd
-//!                  (`stats().fallback_reads`).
-//! - `busy+trust`:  the same writer, with `.progress_trust(ProgressTrust::Always)`: the fast
-//!                  path fixed etcd versions get (a progress request, then memory). Forcing
-//!                  trust on 3.4.23 is not safe in general (etcd#15220 shows after a resumed
-//!                  watch); it is here only to time that path.
-//!                  `--progress-request-interval-ms N` sets the cache's
-//!                  `progress_request_interval` for this run (default: the crate's, 100 ms).
+//! - `quiet`: nothing else writes; the cache's revision is the cluster's.
+//! - `busy`: a writer (own thread, runtime and connection) puts keys *outside* the
+//!   prefix at `--write-rate` puts/s, so the cluster revision moves while the
+//!   prefix is quiet. On etcd < 3.4.31 / 3.5.13 (3.4.23 here) the cache cannot
+//!   trust `RequestProgress` answers (etcd#15220), so a consistent read whose
+//!   revision the cache has not applied is answered by etcd
+//!   (`stats().fallback_reads`).
+//! - `busy+trust`: the same writer, with `.progress_trust(ProgressTrust::Always)`: the fast
+//!   path fixed etcd versions get (a progress request, then memory). Forcing
+//!   trust on 3.4.23 is not safe in general (etcd#15220 shows after a resumed
+//!   watch); it is here only to time that path.
+//!   `--progress-request-interval-ms N` sets the cache's
+//!   `progress_request_interval` for this run (default: the crate's, 100 ms).
 //!
 //! Each line reports p50 / p99 / mean and the ratio of p50 and p99 to the direct etcd read of
 //! the same target in the same run, plus the cache's fallback reads and progress requests

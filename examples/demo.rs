@@ -231,12 +231,25 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
     for (i, sub) in subs.iter().enumerate() {
         let (key, opts) = match sub {
             Sub::All => (prefix.clone(), WatchOptions::new().with_prefix()),
-            Sub::Group(d) => (format!("{prefix}key-{d}"), WatchOptions::new().with_prefix()),
-            Sub::Key(k) => (format!("{prefix}{}", key_name(*k, keys)), WatchOptions::new()),
+            Sub::Group(d) => (
+                format!("{prefix}key-{d}"),
+                WatchOptions::new().with_prefix(),
+            ),
+            Sub::Key(k) => (
+                format!("{prefix}{}", key_name(*k, keys)),
+                WatchOptions::new(),
+            ),
         };
         // Every fourth subscriber also asks for previous key-values.
-        let opts = if i % 4 == 3 { opts.with_prev_key() } else { opts };
-        let mut stream = cache.watch(key, Some(opts)).await.map_err(|e| e.to_string())?;
+        let opts = if i % 4 == 3 {
+            opts.with_prev_key()
+        } else {
+            opts
+        };
+        let mut stream = cache
+            .watch(key, Some(opts))
+            .await
+            .map_err(|e| e.to_string())?;
         let mut done = done_rx.clone();
         let key_prefix_len = prefix.len() + 4;
         tasks.push(tokio::spawn(async move {
@@ -376,9 +389,13 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
     cache.close().await;
 
     println!();
-    println!("wrote      {} puts in {:.2} s: {:.0} puts/s (revisions {}..={last_rev})",
-        written.len(), burst.as_secs_f64(), written.len() as f64 / burst.as_secs_f64(),
-        written.first().map_or(0, |w| w.0));
+    println!(
+        "wrote      {} puts in {:.2} s: {:.0} puts/s (revisions {}..={last_rev})",
+        written.len(),
+        burst.as_secs_f64(),
+        written.len() as f64 / burst.as_secs_f64(),
+        written.first().map_or(0, |w| w.0)
+    );
     println!(
         "delivered  {deliveries} events to {n} subscribers in {:.2} s: {:.0} deliveries/s",
         delivered_in.as_secs_f64(),
@@ -403,7 +420,10 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
         (c, d)
     };
     for (name, f) in [
-        ("whole prefix", (|s: &Sub| matches!(s, Sub::All)) as fn(&Sub) -> bool),
+        (
+            "whole prefix",
+            (|s: &Sub| matches!(s, Sub::All)) as fn(&Sub) -> bool,
+        ),
         ("key group", |s: &Sub| matches!(s, Sub::Group(_))),
         ("single key", |s: &Sub| matches!(s, Sub::Key(_))),
     ] {
@@ -414,7 +434,10 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
         println!("check      OK: every subscriber got exactly its matching revisions, in order, no gap, no duplicate");
         Ok(true)
     } else {
-        println!("check      FAILED for {} of {n} subscribers:", failures.len());
+        println!(
+            "check      FAILED for {} of {n} subscribers:",
+            failures.len()
+        );
         for f in failures.iter().take(20) {
             println!("  {f}");
         }

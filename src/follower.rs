@@ -199,33 +199,30 @@ impl Follower {
             Ok(w) => w,
             Err(e) => return SessionEnd::Broken(e),
         };
-        // Wait for the watch to be confirmed.
-        loop {
-            match self.bounded(watch.message()).await {
-                Ok(Some(WatchMsg::Created)) => break,
-                Ok(Some(WatchMsg::Canceled {
-                    compact_revision,
-                    reason,
-                })) => {
-                    if compact_revision > 0 {
-                        return SessionEnd::Compacted(compact_revision);
-                    }
-                    return SessionEnd::Broken(Error::invalid(format!("watch refused: {reason}")));
+        // Wait for the watch to be confirmed: etcd sends that first.
+        match self.bounded(watch.message()).await {
+            Ok(Some(WatchMsg::Created)) => {}
+            Ok(Some(WatchMsg::Canceled {
+                compact_revision,
+                reason,
+            })) => {
+                if compact_revision > 0 {
+                    return SessionEnd::Compacted(compact_revision);
                 }
-                Ok(Some(other)) => {
-                    // etcd confirms a watch before anything else; dropping this would
-                    // be a silent gap, so start over instead.
-                    return SessionEnd::Broken(Error::invalid(format!(
-                        "etcd sent {other:?} before confirming the watch"
-                    )));
-                }
-                Ok(None) => {
-                    return SessionEnd::Broken(Error::invalid(
-                        "watch stream ended before it was created",
-                    ))
-                }
-                Err(e) => return SessionEnd::Broken(e),
+                return SessionEnd::Broken(Error::invalid(format!("watch refused: {reason}")));
             }
+            Ok(Some(other)) => {
+                // Dropping this would be a silent gap, so start over instead.
+                return SessionEnd::Broken(Error::invalid(format!(
+                    "etcd sent {other:?} before confirming the watch"
+                )));
+            }
+            Ok(None) => {
+                return SessionEnd::Broken(Error::invalid(
+                    "watch stream ended before it was created",
+                ))
+            }
+            Err(e) => return SessionEnd::Broken(e),
         }
         self.shared.connects.fetch_add(1, Ordering::Relaxed);
         info!(

@@ -244,15 +244,65 @@ fn test(args: Vec<String>) -> i32 {
             return code;
         }
     }
+    if !selects_targets {
+        let code = lints();
+        if code != 0 {
+            println!(
+                "xtask test: FAILED in lints (exit code {code}) after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            return code;
+        }
+    }
     let what = if selects_targets {
         "selected targets"
     } else {
-        "all targets, doc tests"
+        "all targets, doc tests, lints"
     };
     println!(
         "xtask test: all tests passed ({what}) in {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    0
+}
+
+/// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
+/// the toolchain has those components; a toolchain without them only gets a note.
+fn lints() -> i32 {
+    let steps: [(&str, &[&str]); 2] = [
+        ("fmt", &["fmt", "--all", "--", "--check"]),
+        (
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                "bench-internals",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+    ];
+    for (name, args) in steps {
+        let available = cargo()
+            .args([name, "--version"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !available {
+            println!("xtask test: cargo {name} is not installed; skipping it");
+            continue;
+        }
+        let mut cmd = cargo();
+        cmd.args(args);
+        let code = run(cmd);
+        if code != 0 {
+            return code;
+        }
+    }
     0
 }
 
