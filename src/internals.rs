@@ -220,7 +220,14 @@ impl BenchHistory {
     pub fn replay(&self, key: &[u8], spec: &Spec, after: i64, capacity: usize) -> usize {
         let shape = spec.shape(key, false);
         let mailbox = Mailbox::new(capacity, after, true);
-        catch_up(&self.history, &mailbox, &shape);
+        // As a stream does: call again while it lags and its queue has room (one call
+        // scans a bounded number of batches).
+        while !catch_up(&self.history, &mailbox, &shape) {
+            let st = mailbox.state.lock();
+            if !st.lagging || st.queue.len() >= capacity {
+                break;
+            }
+        }
         let n = mailbox.state.lock().queue.len();
         n
     }
