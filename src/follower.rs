@@ -26,6 +26,7 @@ use crate::config::ProgressTrust;
 use crate::dispatch::End;
 use crate::error::{Error, Result};
 use crate::history::Batch;
+use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
 use crate::store::{Entry, KvMap, Store};
 use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
@@ -38,6 +39,15 @@ const DRAIN_READY: usize = 64;
 
 /// How long a liveness probe of a silent upstream may take.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A spawned page request that is cancelled if the list is abandoned.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Why a session ended.
 enum SessionEnd {
@@ -244,26 +254,40 @@ impl Follower {
         let page_size = self.shared.config.page_size;
         let started = Instant::now();
         let mut map: KvMap = OrdSet::new();
-        let mut range = self.shared.range.clone();
+        // The next page is requested before the current one is inserted, so etcd and
+        // the insertion work at the same time.
+        let fetch = |range: KeyRange, revision: i64| {
+            let up = upstream.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                up.list_page(range, revision, page_size).await
+            }))
+        };
+        let mut pending = Some(fetch(self.shared.range.clone(), 0));
         let mut revision = 0;
-        loop {
+        while let Some(mut task) = pending.take() {
             let page = self
-                .bounded(upstream.list_page(range.clone(), revision, page_size))
+                .bounded(async {
+                    (&mut task.0)
+                        .await
+                        .map_err(|e| Error::invalid(format!("list task failed: {e}")))?
+                })
                 .await?;
             if revision == 0 {
                 revision = page.revision;
             }
-            let last = page.kvs.last().map(|kv| kv.0.key.clone());
+            if page.more {
+                if let Some(last) = page.kvs.last() {
+                    let mut next = last.0.key.to_vec();
+                    next.push(0);
+                    let range = KeyRange {
+                        start: next.into(),
+                        end: self.shared.range.end.clone(),
+                    };
+                    pending = Some(fetch(range, revision));
+                }
+            }
             for kv in page.kvs {
                 map.insert(Entry(kv));
-            }
-            match (page.more, last) {
-                (true, Some(last)) => {
-                    let mut next = last.to_vec();
-                    next.push(0);
-                    range.start = next.into();
-                }
-                _ => break,
             }
         }
         self.shared.lists.fetch_add(1, Ordering::Relaxed);
