@@ -248,9 +248,71 @@ pub(crate) fn catch_up(history: &History, mailbox: &Mailbox, shape: &Shape) -> b
     true
 }
 
+/// The members of a group. Most exact-key groups have one member, which is kept inline;
+/// larger groups use an `IndexMap` for O(1) removal and a dense iteration.
+#[derive(Default)]
+enum Members {
+    #[default]
+    Empty,
+    One(SubId, Arc<Mailbox>),
+    Many(IndexMap<SubId, Arc<Mailbox>>),
+}
+
+impl Members {
+    fn insert(&mut self, id: SubId, mailbox: Arc<Mailbox>) {
+        match std::mem::take(self) {
+            Members::Empty => *self = Members::One(id, mailbox),
+            Members::One(first, first_mailbox) => {
+                let mut map = IndexMap::with_capacity(2);
+                map.insert(first, first_mailbox);
+                map.insert(id, mailbox);
+                *self = Members::Many(map);
+            }
+            Members::Many(mut map) => {
+                map.insert(id, mailbox);
+                *self = Members::Many(map);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
+        match self {
+            Members::One(first, _) if *first == id => match std::mem::take(self) {
+                Members::One(_, mailbox) => Some(mailbox),
+                _ => unreachable!("matched One above"),
+            },
+            Members::Many(map) => {
+                let mailbox = map.swap_remove(&id);
+                if map.is_empty() {
+                    *self = Members::Empty;
+                }
+                mailbox
+            }
+            _ => None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Members::Empty)
+    }
+
+    fn mailboxes(&self) -> impl Iterator<Item = &Arc<Mailbox>> + '_ {
+        self.iter().map(|(_, m)| m)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<Mailbox>)> + '_ {
+        let (one, many) = match self {
+            Members::Empty => (None, None),
+            Members::One(id, m) => (Some((*id, m)), None),
+            Members::Many(map) => (None, Some(map.iter().map(|(id, m)| (*id, m)))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
 struct Group {
     shape: Shape,
-    members: IndexMap<SubId, Arc<Mailbox>>,
+    members: Members,
 }
 
 /// The subscriber index. Guarded by a mutex in `Shared`; the upstream task holds it for
@@ -281,7 +343,7 @@ impl Index {
             None => {
                 let g = self.groups.insert(Group {
                     shape: shape.clone(),
-                    members: IndexMap::new(),
+                    members: Members::default(),
                 });
                 let range = &shape.range;
                 if range.is_single() {
@@ -311,7 +373,7 @@ impl Index {
     pub(crate) fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
         let gid = self.subs.remove(&id)?;
         let group = &mut self.groups[gid];
-        let mailbox = group.members.swap_remove(&id);
+        let mailbox = group.members.remove(id);
         if group.members.is_empty() {
             let group = self.groups.remove(gid);
             self.by_shape.remove(&group.shape);
@@ -383,7 +445,7 @@ impl Index {
             let Some(payload) = group.shape.select(batch) else {
                 continue;
             };
-            for mailbox in group.members.values() {
+            for mailbox in group.members.mailboxes() {
                 match mailbox.push(batch.revision, &payload, lagging, &mut self.wakers) {
                     Pushed::Queued => stats.delivered += 1,
                     Pushed::Skipped => {}
@@ -405,7 +467,7 @@ impl Index {
     pub(crate) fn all(&self) -> impl Iterator<Item = (SubId, &Shape, &Arc<Mailbox>)> + '_ {
         self.groups
             .iter()
-            .flat_map(|(_, g)| g.members.iter().map(move |(id, m)| (*id, &g.shape, m)))
+            .flat_map(|(_, g)| g.members.iter().map(move |(id, m)| (id, &g.shape, m)))
     }
 }
 
@@ -549,7 +611,7 @@ mod tests {
             }
             for key in keys {
                 let mut found = Vec::new();
-                index.for_groups(&key, |g| found.extend(index.groups[g].members.keys().copied()));
+                index.for_groups(&key, |g| found.extend(index.groups[g].members.iter().map(|(id, _)| id)));
                 found.sort_unstable();
                 let mut want: Vec<u64> = live.iter().filter(|(_, s)| s.range.contains(&key)).map(|(id, _)| *id).collect();
                 want.sort_unstable();
