@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-/// A `Result` whose error defaults to this crate's [`Error`].
+/// A `Result` whose error defaults to this crate's [`Error`](enum@Error).
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong when building, watching or reading through a [`Cache`].
