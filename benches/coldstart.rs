@@ -38,10 +38,12 @@
 #[path = "../tests/support/etcd.rs"]
 mod etcd;
 
+mod common;
+use common::{clk_tck, connect};
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_cache::Cache;
@@ -88,19 +90,6 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------
 // /proc
 
-fn clk_tck() -> f64 {
-    static TCK: OnceLock<f64> = OnceLock::new();
-    *TCK.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: Option<u32>) -> u64 {
     let path = match pid {
@@ -137,24 +126,6 @@ fn status_kib(field: &str) -> u64 {
 
 // ---------------------------------------------------------------------------------------
 // Loading
-
-async fn connect(ep: &str) -> Result<Client, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let err = match Client::connect([ep], None).await {
-            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => return Ok(c),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "timeout".into(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(format!("cannot connect to {ep}: {err}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn count(client: &Client, prefix: &str) -> Result<i64, String> {
     let opts = GetOptions::new()

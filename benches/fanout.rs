@@ -25,6 +25,8 @@
 #[path = "../tests/support/etcd.rs"]
 mod etcd;
 
+mod common;
+use common::{clk_tck, connect};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -165,19 +167,6 @@ struct ProcSample {
     cpu_ticks: u64,
 }
 
-fn clk_tck() -> f64 {
-    static TCK: OnceLock<f64> = OnceLock::new();
-    *TCK.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
 fn proc_path(pid: Option<u32>, file: &str) -> String {
     match pid {
         Some(p) => format!("/proc/{p}/{file}"),
@@ -263,24 +252,6 @@ struct Env {
     proxy_ep: String,
     writer: Writer,
     run_no: usize,
-}
-
-async fn connect(ep: &str) -> Result<etcd_client::Client, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let err = match etcd_client::Client::connect([ep], None).await {
-            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => return Ok(c),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "timeout".into(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(format!("cannot connect to {ep}: {err}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Opens N direct watches on `prefix` through `ep`, 100 per stream; each stream gets a

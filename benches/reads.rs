@@ -366,7 +366,9 @@ async fn one(ctx: &mut Ctx, target: Target, read: Read) -> Result<Duration, Stri
         Read::Probe => {
             // The cache's probe: a count-only, limit-1 read of one key (the prefix
             // itself); only its header revision matters.
-            let opts = etcd_client::GetOptions::new().with_count_only().with_limit(1);
+            let opts = etcd_client::GetOptions::new()
+                .with_count_only()
+                .with_limit(1);
             let r = bounded("etcd probe", ctx.client.get(PREFIX, Some(opts))).await?;
             let took = t0.elapsed();
             if r.header().map_or(0, |h| h.revision()) == 0 {
