@@ -187,6 +187,13 @@ impl Shared {
         let slot = Slot::acquire(self, scope)?;
         self.wait_loaded(self.config.consistent_read_timeout)
             .await?;
+        // "From now", as etcd means it: after every write that completed before this
+        // call, even those the cache has not applied yet.
+        let now = if options.start_revision == 0 {
+            self.cluster_revision_for_watch().await
+        } else {
+            0
+        };
         let shape = Shape {
             range,
             prev_kv: options.prev_kv,
@@ -200,7 +207,9 @@ impl Shared {
         }
         let current = self.revision();
         let (last_rev, lagging) = match options.start_revision {
-            0 => (current, false),
+            // A revision the cache has not reached makes a future-start subscriber:
+            // events up to it are skipped, the first one after it is delivered.
+            0 => (current.max(now), false),
             start => {
                 let history = self.history.read();
                 if start < history.floor() {
@@ -233,9 +242,23 @@ impl Shared {
             shape,
             mailbox,
             slot,
-            current,
+            current.max(now),
             options.progress_notify,
         ))
+    }
+
+    /// The cluster's current revision for a watch "from now" (one linearizable round
+    /// trip), or 0 when it is not wanted or cannot be had in time: then the watch starts
+    /// after the cache's own revision.
+    async fn cluster_revision_for_watch(&self) -> i64 {
+        if !self.config.linearizable_watch_start || !self.status().ready {
+            return 0;
+        }
+        let probe = self.upstream.current_revision(self.range.clone());
+        match tokio::time::timeout(self.config.consistent_read_timeout, probe).await {
+            Ok(Ok(rev)) => rev,
+            _ => 0,
+        }
     }
 
     /// Removes a subscriber from the index (idempotent).

@@ -75,6 +75,7 @@ pub(crate) struct Config {
     pub(crate) progress_request_interval: Duration,
     pub(crate) consistent_read_timeout: Duration,
     pub(crate) upstream_idle_timeout: Duration,
+    pub(crate) linearizable_watch_start: bool,
     pub(crate) read_fallback: ReadFallback,
     pub(crate) progress_trust: ProgressTrust,
 }
@@ -93,6 +94,7 @@ impl Default for Config {
             progress_request_interval: DEFAULT_PROGRESS_REQUEST_INTERVAL,
             consistent_read_timeout: DEFAULT_CONSISTENT_READ_TIMEOUT,
             upstream_idle_timeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+            linearizable_watch_start: true,
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
         }
@@ -245,6 +247,17 @@ impl CacheBuilder {
     /// keep-alive configured. Default [`DEFAULT_UPSTREAM_IDLE_TIMEOUT`].
     pub fn upstream_idle_timeout(mut self, silence: std::time::Duration) -> Self {
         self.config.upstream_idle_timeout = silence;
+        self
+    }
+
+    /// Whether a watch without a start revision starts after the *cluster's* current
+    /// revision (one count-only round trip per watch, as etcd itself starts it: no
+    /// write that completed before `watch()` is delivered), or after the cache's own
+    /// revision (no round trip; a write the cache had not applied yet when `watch()` was
+    /// called is delivered too). Default `true`. While the cache is not ready, or if the
+    /// round trip fails, the cache's revision is used.
+    pub fn linearizable_watch_start(mut self, enabled: bool) -> Self {
+        self.config.linearizable_watch_start = enabled;
         self
     }
 

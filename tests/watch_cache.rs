@@ -640,3 +640,44 @@ async fn get_equals_etcd_for_every_form() {
     })
     .await;
 }
+
+/// A write that completed before `watch()` is never delivered to a watch "from now",
+/// even when the cache has not applied it yet (etcd's semantics for start revision 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_now_skips_writes_completed_before_it() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = cache_on(&client, "/now/").await;
+        for i in 0..100 {
+            let before = client
+                .put("/now/k", format!("before-{i}"), None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            let mut w = cache.watch("/now/k", None).await.unwrap();
+            let after = client
+                .put("/now/k", format!("after-{i}"), None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            let r = next_events(&mut w).await;
+            assert!(
+                r.revision() > before,
+                "round {i}: got the write before watch()"
+            );
+            assert_eq!(r.revision(), after, "round {i}");
+            assert_eq!(
+                r.events()[0].kv().unwrap().value_str().unwrap(),
+                format!("after-{i}")
+            );
+        }
+        cache.close().await;
+    })
+    .await;
+}

@@ -716,3 +716,29 @@ async fn silent_dead_upstream_is_detected_by_the_idle_probe() {
     w.created();
     within(h.cache.wait_ready()).await.unwrap();
 }
+
+/// A watch "from now" starts after the cluster's revision, as etcd starts it: a write
+/// that completed before `watch()` but that the cache has not applied yet is not
+/// delivered. With `linearizable_watch_start` off it starts after the cache's revision.
+#[tokio::test(start_paused = true)]
+async fn watch_from_now_starts_after_the_cluster_revision() {
+    for linearizable in [true, false] {
+        let cfg = Config {
+            linearizable_watch_start: linearizable,
+            ..config()
+        };
+        let h = ready(cfg, &["3.4.23"], &[], 10).await;
+        // Revisions 11 and 12 are committed, but not yet sent to the cache.
+        h.up.set_current_revision(12);
+        let mut s = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+        assert_eq!(created(&mut s).await, if linearizable { 12 } else { 10 });
+        h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+        h.watch.events(vec![put(&k("a"), "2", 11, 12, 2)]);
+        h.watch.events(vec![put(&k("a"), "3", 11, 13, 3)]);
+        let want: &[i64] = if linearizable { &[13] } else { &[11, 12, 13] };
+        for &rev in want {
+            assert_eq!(next_rev(&mut s).await, rev);
+        }
+        h.cache.close().await;
+    }
+}
