@@ -333,8 +333,10 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
     .expect("test did not finish in time");
 }
 
-/// A whole-keyspace cache: the fallback read for `get("", with_prefix())` must send
-/// etcd the range's start ("\0"), not the empty key etcd refuses.
+/// A whole-keyspace cache: every range form with an empty key answers right after each
+/// write, whether memory or etcd answers it (on 3.4.23, etcd answers whenever the cache
+/// has not applied the write yet; the key such a fallback sends is pinned down by the
+/// unit test `fallback_reads_send_the_range_start`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
     support::init_tracing();
@@ -361,10 +363,6 @@ async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
                 .unwrap();
             assert_eq!((every.count(), every.kvs()[0].key()), (i, &b"k001"[..]));
         }
-        assert!(
-            cache.stats().fallback_reads > 0,
-            "on 3.4.23 a read right after a write is answered by etcd"
-        );
         cache.close().await;
     })
     .await

@@ -247,6 +247,39 @@ async fn consistent_get_falls_back_on_untrusted_server() {
     assert_eq!(h.up.requests(), 0);
 }
 
+/// 8b'. The fallback sends etcd the range's start, not the user's key: for an empty key
+/// with a prefix, from-key or all-keys form that is "\0" (etcd refuses an empty key).
+#[tokio::test(start_paused = true)]
+async fn fallback_reads_send_the_range_start() {
+    let cfg = Config {
+        prefix: Bytes::new(),
+        ..config()
+    };
+    let h = ready(cfg, &["3.4.23"], &[("/app/a", "a0")], 10).await;
+    h.up.set_current_revision(15);
+    for opts in [
+        GetOptions::new().with_prefix(),
+        GetOptions::new().with_from_key(),
+        GetOptions::new().with_all_keys(),
+    ] {
+        within(h.cache.get("", Some(opts))).await.unwrap();
+    }
+    within(h.cache.get("x", Some(GetOptions::new().with_all_keys())))
+        .await
+        .unwrap();
+    within(h.cache.get(key_a(), None)).await.unwrap();
+    assert_eq!(
+        h.up.fallback_keys(),
+        [
+            b"\0".to_vec(),
+            b"\0".to_vec(),
+            b"\0".to_vec(),
+            b"\0".to_vec(),
+            key_a().into_bytes()
+        ]
+    );
+}
+
 /// 8c. Cache current: served locally on both kinds of servers, without a fallback.
 #[tokio::test(start_paused = true)]
 async fn consistent_get_served_locally_when_current() {

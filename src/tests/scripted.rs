@@ -55,6 +55,8 @@ pub(crate) struct ScriptedUpstream {
     current_revision: AtomicI64,
     pub(crate) current_calls: AtomicUsize,
     pub(crate) fallback_gets: AtomicUsize,
+    /// The key of every fallback get, as sent to etcd.
+    fallback_keys: Mutex<Vec<Vec<u8>>>,
     stalled: std::sync::atomic::AtomicBool,
 }
 
@@ -166,6 +168,7 @@ impl ScriptedUpstream {
             current_revision: AtomicI64::new(revision),
             current_calls: AtomicUsize::new(0),
             fallback_gets: AtomicUsize::new(0),
+            fallback_keys: Mutex::new(Vec::new()),
             stalled: std::sync::atomic::AtomicBool::new(false),
         });
         up.set_data(keys, revision);
@@ -222,6 +225,11 @@ impl ScriptedUpstream {
 
     pub(crate) fn fallbacks(&self) -> usize {
         self.fallback_gets.load(Ordering::SeqCst)
+    }
+
+    /// The keys the fallback gets sent, in order.
+    pub(crate) fn fallback_keys(&self) -> Vec<Vec<u8>> {
+        self.fallback_keys.lock().clone()
     }
 
     pub(crate) fn lists(&self) -> Vec<ListCall> {
@@ -320,6 +328,7 @@ impl Upstream for ScriptedUpstream {
         _options: etcd_client::GetOptions,
     ) -> BoxFuture<'_, Result<GetResponse>> {
         self.fallback_gets.fetch_add(1, Ordering::SeqCst);
+        self.fallback_keys.lock().push(key.clone());
         // Answers the single key at the current revision, as etcd would.
         let revision = self.current_revision.load(Ordering::SeqCst);
         let found = self.data.lock().kvs.get(key.as_slice()).cloned();
