@@ -21,6 +21,7 @@ use crate::dispatch::{End, Index, Mailbox, Shape, SubId};
 use crate::error::{Error, Result};
 use crate::history::History;
 use crate::key_range::KeyRange;
+use crate::probe::RevisionProbe;
 use crate::progress::ProgressRequestor;
 use crate::store::Snapshot;
 use crate::upstream::{EtcdUpstream, Upstream};
@@ -87,6 +88,8 @@ pub(crate) struct Shared {
     pub(crate) lagging: AtomicUsize,
     next_id: AtomicU64,
     pub(crate) progress: ProgressRequestor,
+    /// Shared linearizable revision probes (consistent reads, watches from now).
+    pub(crate) probe: Arc<RevisionProbe>,
     /// True when `RequestProgress` answers may advance the cache (server fixed).
     pub(crate) trust_progress: AtomicBool,
     pub(crate) upstream: Arc<dyn Upstream>,
@@ -112,6 +115,7 @@ impl Shared {
             lagging: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             progress: ProgressRequestor::default(),
+            probe: Arc::default(),
             trust_progress: AtomicBool::new(false),
             upstream,
             connects: AtomicU64::new(0),
@@ -254,7 +258,7 @@ impl Shared {
         if !self.config.linearizable_watch_start || !self.status().ready {
             return 0;
         }
-        let probe = self.upstream.current_revision(self.range.clone());
+        let probe = self.probe.current(&self.upstream, &self.range);
         match tokio::time::timeout(self.config.consistent_read_timeout, probe).await {
             Ok(Ok(rev)) => rev,
             _ => 0,

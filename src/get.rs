@@ -467,7 +467,7 @@ impl Shared {
     /// The cluster's current revision (one linearizable round trip), bounded by `limit`
     /// so that a stalled connection cannot hang a read.
     async fn cluster_revision(&self, limit: std::time::Duration) -> Result<i64> {
-        tokio::time::timeout(limit, self.upstream.current_revision(self.range.clone()))
+        tokio::time::timeout(limit, self.probe.current(&self.upstream, &self.range))
             .await
             .map_err(|_| Error::timeout("etcd to report its current revision", limit))?
     }

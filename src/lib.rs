@@ -41,6 +41,7 @@ mod get;
 mod history;
 mod key_range;
 mod kv;
+mod probe;
 mod progress;
 mod store;
 mod upstream;

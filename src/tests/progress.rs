@@ -212,6 +212,9 @@ async fn consistent_get_fast_path_on_trusted_server() {
     let mut get = task::spawn(h.cache.get(key_a(), None));
     assert_pending!(get.poll());
     settle().await;
+    // The revision probe has answered; the read now waits for the cache.
+    assert_pending!(get.poll());
+    settle().await;
     assert_pending!(get.poll());
     assert!(h.up.requests() >= 1, "the waiting read asks for progress");
     assert_eq!(
@@ -333,6 +336,9 @@ async fn consistent_get_times_out_with_error_fallback() {
         let h = ready(cfg, versions, &[("/app/a", "a0")], 10).await;
         h.up.set_current_revision(15);
         let mut get = task::spawn(h.cache.get(key_a(), None));
+        assert_pending!(get.poll());
+        settle().await;
+        // The revision probe has answered; the read now waits for the cache.
         assert_pending!(get.poll());
         settle().await;
         advance(Duration::from_millis(999)).await;
@@ -509,4 +515,53 @@ async fn waiting_read_requests_progress_on_the_resumed_watch() {
     resumed.progress(12, true);
     settle().await;
     assert_ready!(w.poll()).unwrap();
+}
+
+/// Revision probes are shared by the callers that wait at the same time (one round trip
+/// for many consistent reads), but a caller never uses a probe sent before it asked: a
+/// read that starts while a probe is in flight waits for the next one.
+#[tokio::test(start_paused = true)]
+async fn revision_probes_are_shared_but_never_older_than_the_caller() {
+    let h = ready(config(), &["3.4.23"], &[("/app/a", "a0")], 10).await;
+    let calls = || h.up.current_calls.load(std::sync::atomic::Ordering::SeqCst);
+    let before = calls();
+    // 50 reads at once: one probe.
+    let reads: Vec<_> = (0..50)
+        .map(|_| task::spawn(h.cache.get(key_a(), None)))
+        .collect();
+    let mut reads = reads;
+    for r in &mut reads {
+        assert_pending!(r.poll());
+    }
+    settle().await;
+    for r in &mut reads {
+        let resp = assert_ready!(r.poll()).unwrap();
+        assert_eq!(resp.revision(), 10);
+    }
+    assert_eq!(calls() - before, 1, "one probe served 50 concurrent reads");
+
+    // A probe in flight (stalled); a write completes; a second read starts. It must not
+    // take the first probe's answer, which may predate the write.
+    h.up.set_stalled(true);
+    let mut first = task::spawn(h.cache.get(key_a(), None));
+    assert_pending!(first.poll());
+    settle().await;
+    let in_flight = calls();
+    h.up.set_current_revision(11); // the write, applied by etcd
+    let mut second = task::spawn(h.cache.get(key_a(), None));
+    assert_pending!(second.poll());
+    settle().await;
+    assert_eq!(calls(), in_flight, "no second probe while one is in flight");
+    h.up.set_stalled(false);
+    settle().await;
+    assert_eq!(
+        calls(),
+        in_flight + 1,
+        "the second read gets a probe of its own"
+    );
+    // Both see revision 11 (etcd answered both probes after the write), and since the
+    // cache is behind on an untrusted server, etcd answers them.
+    let r1 = assert_ready!(first.poll()).unwrap();
+    let r2 = assert_ready!(second.poll()).unwrap();
+    assert_eq!((r1.revision(), r2.revision()), (11, 11));
 }

@@ -57,7 +57,7 @@ pub(crate) struct ScriptedUpstream {
     pub(crate) fallback_gets: AtomicUsize,
     /// The key of every fallback get, as sent to etcd.
     fallback_keys: Mutex<Vec<Vec<u8>>>,
-    stalled: std::sync::atomic::AtomicBool,
+    stalled: watch::Sender<bool>,
 }
 
 /// The test's end of one upstream watch.
@@ -169,7 +169,7 @@ impl ScriptedUpstream {
             current_calls: AtomicUsize::new(0),
             fallback_gets: AtomicUsize::new(0),
             fallback_keys: Mutex::new(Vec::new()),
-            stalled: std::sync::atomic::AtomicBool::new(false),
+            stalled: watch::Sender::new(false),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -208,7 +208,7 @@ impl ScriptedUpstream {
 
     /// While set, unary calls (the current-revision probe) never answer.
     pub(crate) fn set_stalled(&self, stalled: bool) {
-        self.stalled.store(stalled, Ordering::SeqCst);
+        self.stalled.send_replace(stalled);
     }
 
     pub(crate) fn set_versions(&self, versions: &[&str]) {
@@ -311,14 +311,12 @@ impl Upstream for ScriptedUpstream {
 
     fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
         self.current_calls.fetch_add(1, Ordering::SeqCst);
-        let r = self.current_revision.load(Ordering::SeqCst);
-        let stalled = self.stalled.load(Ordering::SeqCst);
+        let mut stalled = self.stalled.subscribe();
         Box::pin(async move {
-            if stalled {
-                // A black-holed connection: no answer, no error.
-                std::future::pending::<()>().await;
-            }
-            Ok(r)
+            // While stalled (a black-holed connection) the probe does not answer; when
+            // released it answers with the revision etcd has then.
+            let _ = stalled.wait_for(|s| !*s).await;
+            Ok(self.current_revision.load(Ordering::SeqCst))
         })
     }
 
