@@ -311,7 +311,11 @@ impl Stream for WatchStream {
         if let Some(rev) = this.created.take() {
             return Poll::Ready(Some(Ok(this.response(Kind::Created, rev, None))));
         }
-        let mailbox = this.mailbox.clone().expect("live stream has a mailbox");
+        // Borrowed, not cloned: a clone per poll would touch the reference count that
+        // shares a cache line with the mailbox lock the producer takes.
+        let Some(mailbox) = this.mailbox.as_ref() else {
+            return Poll::Ready(None);
+        };
         loop {
             let mut st = mailbox.state.lock();
             if let Some(d) = st.queue.pop_front() {
@@ -326,7 +330,7 @@ impl Stream for WatchStream {
             if st.lagging {
                 drop(st);
                 let history = this.shared.history.read();
-                if catch_up(&history, &mailbox, &this.shape) {
+                if catch_up(&history, mailbox, &this.shape) {
                     this.shared.lagging.fetch_sub(1, Ordering::Relaxed);
                 }
                 continue;
