@@ -23,7 +23,7 @@ use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::EventType;
-use crate::watch::{WatchResponse, WatchStream};
+use crate::watch::{WatchOptions, WatchResponse, WatchStream};
 
 use scripted::{OpenedWatch, ScriptedUpstream};
 
@@ -81,6 +81,19 @@ async fn ready(cfg: Config, versions: &[&str], keys: &[(&str, &str)], revision: 
         watch,
         watches,
     }
+}
+
+/// Options for a watch on the whole test prefix.
+fn prefix_opts() -> Option<WatchOptions> {
+    Some(WatchOptions::new().with_prefix())
+}
+
+/// Opens a watch on the whole test prefix with `opts` (the prefix range is added).
+async fn watch_prefix(cache: &Cache, opts: WatchOptions) -> WatchStream {
+    cache
+        .watch(PREFIX, Some(opts.with_prefix()))
+        .await
+        .expect("watch")
 }
 
 /// The next response of a stream (fails the test if it never comes).

@@ -12,7 +12,11 @@ use etcd_client::Client;
 use support::etcd::{EtcdCluster, EtcdServer};
 
 /// Every revision (with its keys) of `prefix` in `(from, to]`, from a direct etcd watch.
+/// `to` must be the revision of an event in `prefix` (the writers only write there).
 async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, Vec<String>)> {
+    if to <= from {
+        return Vec::new();
+    }
     let mut w = client
         .watch_client()
         .watch(
@@ -43,9 +47,6 @@ async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, V
                 _ => out.push((rev, vec![kv.key_str().unwrap().to_owned()])),
             }
         }
-        if resp.events().is_empty() && out.is_empty() && to <= from {
-            break;
-        }
     }
     out
 }
@@ -70,6 +71,26 @@ async fn collect(s: &mut WatchStream, to: i64) -> Vec<(i64, Vec<String>)> {
         out.push((r.revision(), keys));
     }
     out
+}
+
+/// Every subscriber delivered exactly etcd's history of `prefix` in `(start, end]`.
+async fn each_matches_etcd(
+    client: &Client,
+    prefix: &str,
+    start: i64,
+    end: i64,
+    subs: &mut [WatchStream],
+) {
+    let want = truth(client, prefix, start, end).await;
+    assert!(!want.is_empty(), "the writers wrote nothing in {prefix}");
+    let last = want.last().expect("non-empty").0;
+    for s in subs {
+        assert_eq!(
+            collect(s, last).await,
+            want,
+            "a subscriber's history differs from etcd's"
+        );
+    }
 }
 
 /// Writes puts in a loop until stopped, retrying through failures.
@@ -142,13 +163,7 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         tokio::time::timeout(Duration::from_secs(30), cache.wait_for_revision(end))
             .await
             .ok();
-        let want = truth(&c, "/r/", start, end).await;
-        assert!(!want.is_empty());
-        let last = want.last().unwrap().0;
-        for s in &mut subs {
-            let got = collect(s, last).await;
-            assert_eq!(got, want, "a subscriber's history differs from etcd's");
-        }
+        each_matches_etcd(&c, "/r/", start, end, &mut subs).await;
         assert!(cache.stats().connects >= 2, "the cache reconnected");
         cache.close().await;
     })
@@ -207,11 +222,7 @@ async fn cluster_member_and_leader_failover() {
             .header()
             .unwrap()
             .revision();
-        let want = truth(&c, "/f/", start, end).await;
-        let last = want.last().unwrap().0;
-        for s in &mut subs {
-            assert_eq!(collect(s, last).await, want);
-        }
+        each_matches_etcd(&c, "/f/", start, end, &mut subs).await;
         cache.close().await;
     })
     .await

@@ -497,139 +497,52 @@ async fn get_equals_etcd_for_every_form() {
             .revision();
         cache.wait_for_revision(last).await.unwrap();
 
-        type Case = (
-            &'static str,
-            fn(GetOptions) -> GetOptions,
-            fn(etcd_client::GetOptions) -> etcd_client::GetOptions,
-        );
-        let cases: Vec<Case> = vec![
-            ("/g/03", |o| o, |o| o),
-            ("/g/07", |o| o, |o| o),
-            ("/g/", |o| o.with_prefix(), |o| o.with_prefix()),
-            (
-                "/g/",
-                |o| o.with_prefix().with_limit(5),
-                |o| o.with_prefix().with_limit(5),
-            ),
-            ("/g/1", |o| o.with_range("/g/2"), |o| o.with_range("/g/2")),
-            (
-                "/g/",
-                |o| o.with_prefix().with_keys_only(),
-                |o| o.with_prefix().with_keys_only(),
-            ),
-            (
-                "/g/",
-                |o| o.with_prefix().with_count_only(),
-                |o| o.with_prefix().with_count_only(),
-            ),
-            (
-                "/g/",
-                |o| {
-                    o.with_prefix()
-                        .with_sort(SortTarget::Value, SortOrder::Descend)
-                        .with_limit(7)
-                },
-                |o| {
-                    o.with_prefix()
-                        .with_sort(
-                            etcd_client::SortTarget::Value,
-                            etcd_client::SortOrder::Descend,
-                        )
-                        .with_limit(7)
-                },
-            ),
-            (
-                "/g/",
-                |o| {
-                    o.with_prefix()
-                        .with_sort(SortTarget::Key, SortOrder::Descend)
-                },
-                |o| {
-                    o.with_prefix().with_sort(
-                        etcd_client::SortTarget::Key,
-                        etcd_client::SortOrder::Descend,
-                    )
-                },
-            ),
-            (
-                "/g/",
-                |o| {
-                    o.with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::None)
-                        .with_limit(4)
-                },
-                |o| {
-                    o.with_prefix()
-                        .with_sort(
-                            etcd_client::SortTarget::Create,
-                            etcd_client::SortOrder::None,
-                        )
-                        .with_limit(4)
-                },
-            ),
-            (
-                "",
-                |o| o.with_prefix().with_limit(3),
-                |o| o.with_prefix().with_limit(3),
-            ),
-            (
-                "/g/",
-                |o| {
-                    o.with_prefix()
-                        .with_sort(SortTarget::Mod, SortOrder::Ascend)
-                        .with_limit(3)
-                },
-                |o| {
-                    o.with_prefix()
-                        .with_sort(etcd_client::SortTarget::Mod, etcd_client::SortOrder::Ascend)
-                        .with_limit(3)
-                },
-            ),
+        let cases = [
+            Form::key("/g/03"),
+            Form::key("/g/07"),
+            Form::prefix("/g/"),
+            Form::prefix("/g/").limit(5),
+            Form::range("/g/1", "/g/2"),
+            Form::prefix("/g/").keys_only(),
+            Form::prefix("/g/").count_only(),
+            Form::prefix("/g/")
+                .sort(SortTarget::Value, SortOrder::Descend)
+                .limit(7),
+            Form::prefix("/g/").sort(SortTarget::Key, SortOrder::Descend),
+            // etcd 3.4 sorts only the first limit + 1 keys when the order is None.
+            Form::prefix("/g/")
+                .sort(SortTarget::Create, SortOrder::None)
+                .limit(4),
+            Form::prefix("").limit(3),
+            Form::prefix("/g/")
+                .sort(SortTarget::Mod, SortOrder::Ascend)
+                .limit(3),
         ];
+        // The same fields of both crates' key-values (their types differ, the names not).
+        macro_rules! rows {
+            ($resp:expr) => {
+                $resp
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = (kv.key().to_vec(), kv.value().to_vec());
+                        (k, v, kv.mod_revision(), kv.create_revision(), kv.version())
+                    })
+                    .collect::<Vec<_>>()
+            };
+        }
         for rev in [0, mid, last] {
-            for (key, ours, theirs) in &cases {
+            for form in &cases {
                 for serializable in [false, true] {
-                    let mut o = ours(GetOptions::new()).with_revision(rev);
-                    if serializable {
-                        o = o.with_serializable();
-                    }
-                    let got = cache.get(*key, Some(o)).await.unwrap();
-                    let want = client
-                        .get(
-                            *key,
-                            Some(theirs(etcd_client::GetOptions::new()).with_revision(rev)),
-                        )
+                    let got = cache
+                        .get(form.key, Some(form.ours(rev, serializable)))
                         .await
                         .unwrap();
-                    let g: Vec<_> = got
-                        .kvs()
-                        .iter()
-                        .map(|kv| {
-                            (
-                                kv.key().to_vec(),
-                                kv.value().to_vec(),
-                                kv.mod_revision(),
-                                kv.create_revision(),
-                                kv.version(),
-                            )
-                        })
-                        .collect();
-                    let w: Vec<_> = want
-                        .kvs()
-                        .iter()
-                        .map(|kv| {
-                            (
-                                kv.key().to_vec(),
-                                kv.value().to_vec(),
-                                kv.mod_revision(),
-                                kv.create_revision(),
-                                kv.version(),
-                            )
-                        })
-                        .collect();
-                    assert_eq!(g, w, "{key} at {rev}");
-                    assert_eq!(got.count(), want.count(), "{key} at {rev}");
-                    assert_eq!(got.more(), want.more(), "{key} at {rev}");
+                    let want = client.get(form.key, Some(form.etcd(rev))).await.unwrap();
+                    let (g, w) = (rows!(got), rows!(want));
+                    assert_eq!(g, w, "{form:?} at {rev}");
+                    assert_eq!(got.count(), want.count(), "{form:?} at {rev}");
+                    assert_eq!(got.more(), want.more(), "{form:?} at {rev}");
                     if rev != 0 {
                         assert_eq!(got.revision(), rev);
                     }
@@ -680,4 +593,120 @@ async fn watch_from_now_skips_writes_completed_before_it() {
         cache.close().await;
     })
     .await;
+}
+
+/// One read request, described once and built for both the cache and etcd-client.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    key: &'static str,
+    prefix: bool,
+    end: Option<&'static str>,
+    limit: i64,
+    keys_only: bool,
+    count_only: bool,
+    sort: Option<(SortTarget, SortOrder)>,
+}
+
+impl Form {
+    fn key(key: &'static str) -> Self {
+        Form {
+            key,
+            prefix: false,
+            end: None,
+            limit: 0,
+            keys_only: false,
+            count_only: false,
+            sort: None,
+        }
+    }
+    fn prefix(key: &'static str) -> Self {
+        Form {
+            prefix: true,
+            ..Form::key(key)
+        }
+    }
+    fn range(key: &'static str, end: &'static str) -> Self {
+        Form {
+            end: Some(end),
+            ..Form::key(key)
+        }
+    }
+    fn limit(self, limit: i64) -> Self {
+        Form { limit, ..self }
+    }
+    fn keys_only(self) -> Self {
+        Form {
+            keys_only: true,
+            ..self
+        }
+    }
+    fn count_only(self) -> Self {
+        Form {
+            count_only: true,
+            ..self
+        }
+    }
+    fn sort(self, target: SortTarget, order: SortOrder) -> Self {
+        Form {
+            sort: Some((target, order)),
+            ..self
+        }
+    }
+
+    fn ours(&self, rev: i64, serializable: bool) -> GetOptions {
+        let mut o = GetOptions::new().with_revision(rev).with_limit(self.limit);
+        if self.prefix {
+            o = o.with_prefix();
+        }
+        if let Some(end) = self.end {
+            o = o.with_range(end);
+        }
+        if self.keys_only {
+            o = o.with_keys_only();
+        }
+        if self.count_only {
+            o = o.with_count_only();
+        }
+        if let Some((t, ord)) = self.sort {
+            o = o.with_sort(t, ord);
+        }
+        if serializable {
+            o = o.with_serializable();
+        }
+        o
+    }
+
+    fn etcd(&self, rev: i64) -> etcd_client::GetOptions {
+        let mut o = etcd_client::GetOptions::new()
+            .with_revision(rev)
+            .with_limit(self.limit);
+        if self.prefix {
+            o = o.with_prefix();
+        }
+        if let Some(end) = self.end {
+            o = o.with_range(end);
+        }
+        if self.keys_only {
+            o = o.with_keys_only();
+        }
+        if self.count_only {
+            o = o.with_count_only();
+        }
+        if let Some((t, ord)) = self.sort {
+            let t = match t {
+                SortTarget::Key => etcd_client::SortTarget::Key,
+                SortTarget::Version => etcd_client::SortTarget::Version,
+                SortTarget::Create => etcd_client::SortTarget::Create,
+                SortTarget::Mod => etcd_client::SortTarget::Mod,
+                SortTarget::Value => etcd_client::SortTarget::Value,
+            };
+            let ord = match ord {
+                SortOrder::None => etcd_client::SortOrder::None,
+                SortOrder::Ascend => etcd_client::SortOrder::Ascend,
+                SortOrder::Descend => etcd_client::SortOrder::Descend,
+            };
+            o = o.with_sort(t, ord);
+        }
+        o
+    }
 }

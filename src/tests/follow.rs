@@ -10,10 +10,6 @@ use crate::get::GetOptions;
 use crate::key_range::KeyRange;
 use crate::watch::WatchOptions;
 
-fn prefix_opts() -> Option<WatchOptions> {
-    Some(WatchOptions::new().with_prefix())
-}
-
 async fn values(cache: &Cache) -> Vec<(String, String)> {
     let r = cache
         .get(
@@ -107,14 +103,7 @@ async fn one_response_per_revision_with_synthesized_prev_kv() {
         10,
     )
     .await;
-    let mut with_prev = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_prev_key()),
-        )
-        .await
-        .unwrap();
+    let mut with_prev = watch_prefix(&h.cache, WatchOptions::new().with_prev_key()).await;
     let mut bare = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
     let mut only_a = h
         .cache
@@ -286,14 +275,7 @@ async fn replay_from_window_then_live() {
     h.watch.events(vec![put("/app/a", "v16", 11, 16, 6)]);
     assert_eq!(next_rev(&mut s).await, 16);
     // Below the window: Compacted, then the end.
-    let mut old = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_start_revision(10)),
-        )
-        .await
-        .unwrap();
+    let mut old = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(10)).await;
     assert_eq!(is_compacted(&next(&mut old).await), Some(11));
     assert!(next(&mut old).await.unwrap().is_none());
 }
@@ -302,14 +284,7 @@ async fn replay_from_window_then_live() {
 #[tokio::test(start_paused = true)]
 async fn old_and_duplicate_events_are_dropped() {
     let h = ready(config(), &["3.5.13"], &[("/app/a", "a0")], 10).await;
-    let mut s = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_prev_key()),
-        )
-        .await
-        .unwrap();
+    let mut s = watch_prefix(&h.cache, WatchOptions::new().with_prev_key()).await;
     created(&mut s).await;
     // etcd#20221: a watch from 11 returning events from before the list.
     h.watch.events(vec![
@@ -445,14 +420,7 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     )
     .await;
     let mut current = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-    let mut future = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_start_revision(30)),
-        )
-        .await
-        .unwrap();
+    let mut future = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(30)).await;
     let mut exactly_at = h
         .cache
         .watch(k("a"), Some(WatchOptions::new().with_start_revision(26)))
@@ -491,14 +459,7 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     assert_eq!(is_compacted(&next(&mut current).await), Some(26));
     assert!(next(&mut current).await.unwrap().is_none());
     // A new watch inside the lost span is compacted too.
-    let mut lost = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_start_revision(20)),
-        )
-        .await
-        .unwrap();
+    let mut lost = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(20)).await;
     assert_eq!(is_compacted(&next(&mut lost).await), Some(26));
 
     w.created();

@@ -448,14 +448,7 @@ async fn lagging_subscriber_progress_never_ahead_of_its_position() {
         ..config()
     };
     let h = ready(cfg, &["3.5.13"], &[], 10).await;
-    let mut s = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_progress_notify()),
-        )
-        .await
-        .unwrap();
+    let mut s = watch_prefix(&h.cache, WatchOptions::new().with_progress_notify()).await;
     created(&mut s).await;
     for rev in 11..=20 {
         h.watch.events(vec![put("/app/a", "x", 11, rev, rev - 10)]);

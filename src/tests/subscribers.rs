@@ -5,10 +5,6 @@ use super::*;
 use crate::get::GetOptions;
 use crate::watch::WatchOptions;
 
-fn prefix_opts() -> Option<WatchOptions> {
-    Some(WatchOptions::new().with_prefix())
-}
-
 /// Pushes revisions `from..=to` (a put of `/app/a` each, and of `/app/b` as well in
 /// every tenth), waiting for each to be delivered to `fast`.
 async fn burst(h: &Harness, fast: &mut WatchStream, from: i64, to: i64) {
@@ -33,14 +29,7 @@ async fn slow_subscriber_catches_up_in_order() {
         ..config()
     };
     let h = ready(cfg, &["3.5.13"], &[], 10).await;
-    let mut slow = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_prev_key()),
-        )
-        .await
-        .unwrap();
+    let mut slow = watch_prefix(&h.cache, WatchOptions::new().with_prev_key()).await;
     let mut fast = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
     let mut slow_b = h.cache.watch(k("b"), None).await.unwrap();
     created(&mut slow).await;
@@ -225,14 +214,7 @@ async fn close_ends_streams_after_delivered_items() {
     let h = ready(cfg, &["3.5.13"], &[("/app/a", "a0")], 10).await;
     let mut live = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
     let mut lagging = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-    let mut future = h
-        .cache
-        .watch(
-            PREFIX,
-            Some(WatchOptions::new().with_prefix().with_start_revision(100)),
-        )
-        .await
-        .unwrap();
+    let mut future = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(100)).await;
     created(&mut live).await;
     for rev in 11..=15 {
         h.watch.events(vec![put("/app/a", "x", 11, rev, rev - 10)]);
