@@ -298,7 +298,7 @@ impl Follower {
 
     /// Replaces the store with a fresh list at `revision`.
     fn install(&mut self, map: KvMap, revision: i64) {
-        let first = self.applied == 0 && !self.shared.status().loaded;
+        let first = !self.shared.status().loaded;
         let revision = revision.max(self.applied);
         let shared = self.shared.clone();
         let mut index = shared.index.lock();

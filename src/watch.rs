@@ -383,13 +383,9 @@ impl Stream for WatchStream {
 
 impl Drop for WatchStream {
     fn drop(&mut self) {
-        if let Some(mailbox) = self.mailbox.take() {
+        // Ending the mailbox as cancelled also clears (and uncounts) a lagging state.
+        if self.mailbox.take().is_some() {
             self.shared.unsubscribe(self.id, End::Cancelled);
-            let mut st = mailbox.state.lock();
-            if st.lagging {
-                st.lagging = false;
-                self.shared.lagging.fetch_sub(1, Ordering::Relaxed);
-            }
         }
         self.slot.forget(self.id);
     }
