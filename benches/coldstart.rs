@@ -385,8 +385,7 @@ struct Opts {
 }
 
 fn parse_opts() -> Result<Opts, String> {
-    let quick =
-        std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
+    let quick = common::quick();
     let mut o = if quick {
         Opts {
             keys: vec![100_000],

@@ -49,6 +49,7 @@
 #[path = "../tests/support/etcd.rs"]
 mod etcd;
 
+mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,8 +96,7 @@ struct Opts {
 
 fn parse_opts() -> Result<Opts, String> {
     let bench = std::env::args().any(|a| a == "--bench");
-    let quick =
-        std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0");
+    let quick = common::quick();
     let mut o = if !bench {
         Opts {
             smoke: true,

@@ -37,3 +37,9 @@ pub(crate) fn clk_tck() -> f64 {
             .unwrap_or(100.0)
     })
 }
+
+/// True when the benchmarks should run their short form (`ETCD_CACHE_BENCH_QUICK=1`, set
+/// by `cargo xtask bench --quick`).
+pub(crate) fn quick() -> bool {
+    std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0")
+}
