@@ -710,3 +710,120 @@ impl Form {
         o
     }
 }
+
+/// The range forms that need a whole-keyspace cache (all keys, from a key, explicit
+/// ranges) deliver exactly what a direct etcd watch of the same form delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
+    support::init_tracing();
+    bounded(async {
+        let etcd = support::blocking(EtcdServer::start).await;
+        let mut client = support::client(&[etcd.endpoint()]).await;
+        let cache = cache_on(&client, "").await;
+        let forms: Vec<(&str, WatchOptions, etcd_client::WatchOptions)> = vec![
+            (
+                "",
+                WatchOptions::new().with_all_keys(),
+                etcd_client::WatchOptions::new().with_all_keys(),
+            ),
+            (
+                "",
+                WatchOptions::new().with_prefix(),
+                etcd_client::WatchOptions::new().with_prefix(),
+            ),
+            (
+                "k5",
+                WatchOptions::new().with_from_key(),
+                etcd_client::WatchOptions::new().with_from_key(),
+            ),
+            (
+                "k2",
+                WatchOptions::new().with_range("k6"),
+                etcd_client::WatchOptions::new().with_range("k6"),
+            ),
+            (
+                "k",
+                WatchOptions::new().with_range("\0"),
+                etcd_client::WatchOptions::new().with_range("\0"),
+            ),
+            ("k3", WatchOptions::new(), etcd_client::WatchOptions::new()),
+        ];
+        let start = client
+            .get("k", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+            + 1;
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for (key, o, e) in &forms {
+            ours.push(
+                cache
+                    .watch(*key, Some(o.clone().with_start_revision(start)))
+                    .await
+                    .unwrap(),
+            );
+            let e = e.clone().with_start_revision(start);
+            theirs.push(client.watch_client().watch(*key, Some(e)).await.unwrap());
+        }
+        let mut last = 0;
+        for i in 0..40 {
+            let key = format!("{}{}", ["a", "k", "z"][i % 3], i % 9);
+            last = if i % 5 == 4 {
+                client
+                    .delete(key, None)
+                    .await
+                    .unwrap()
+                    .header()
+                    .unwrap()
+                    .revision()
+            } else {
+                client
+                    .put(key, format!("{i}"), None)
+                    .await
+                    .unwrap()
+                    .header()
+                    .unwrap()
+                    .revision()
+            };
+        }
+        // A sentinel revision every form matches (one transaction writes k3 and k5), so
+        // that each stream can be read to its end.
+        let txn =
+            Txn::new().and_then([TxnOp::put("k3", "end", None), TxnOp::put("k5", "end", None)]);
+        let sentinel = client.txn(txn).await.unwrap().header().unwrap().revision();
+        assert!(sentinel > last);
+        for (i, (s, w)) in ours.iter_mut().zip(theirs.iter_mut()).enumerate() {
+            let mut got = Vec::new();
+            while got
+                .last()
+                .map_or(true, |(r, _): &(i64, String)| *r < sentinel)
+            {
+                let r = next_events(s).await;
+                for ev in r.events() {
+                    got.push((r.revision(), ev.kv().unwrap().key_str().unwrap().to_owned()));
+                }
+            }
+            let mut want = Vec::new();
+            while want
+                .last()
+                .map_or(true, |(r, _): &(i64, String)| *r < sentinel)
+            {
+                let r = tokio::time::timeout(Duration::from_secs(20), w.message())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                for ev in r.events() {
+                    let kv = ev.kv().unwrap();
+                    want.push((kv.mod_revision(), kv.key_str().unwrap().to_owned()));
+                }
+            }
+            assert_eq!(got, want, "form {i}: {:?}", forms[i].0);
+        }
+        cache.close().await;
+    })
+    .await;
+}
