@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use etcd_client::proto::PbKeyValue;
 
 use crate::error::{Error, Result};
+
+pub use etcd_client::EventType;
 
 /// A key and its value at one revision, as etcd stores it.
 ///
@@ -139,44 +140,6 @@ impl KeyValue {
             value: Bytes::new(),
             ..(*self.0).clone()
         }))
-    }
-}
-
-impl From<PbKeyValue> for KeyValue {
-    /// Moves the protobuf buffers into `Bytes` without copying them.
-    fn from(kv: PbKeyValue) -> Self {
-        KeyValue(Arc::new(KvInner {
-            key: Bytes::from(kv.key),
-            value: Bytes::from(kv.value),
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            lease: kv.lease,
-        }))
-    }
-}
-
-impl From<etcd_client::KeyValue> for KeyValue {
-    fn from(kv: etcd_client::KeyValue) -> Self {
-        KeyValue::from(kv.0)
-    }
-}
-
-/// The kind of an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    /// The key was created or modified.
-    Put,
-    /// The key was deleted.
-    Delete,
-}
-
-impl From<etcd_client::EventType> for EventType {
-    fn from(t: etcd_client::EventType) -> Self {
-        match t {
-            etcd_client::EventType::Put => EventType::Put,
-            etcd_client::EventType::Delete => EventType::Delete,
-        }
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) type KvMap = OrdSet<Entry>;
 pub(crate) struct Snapshot {
     pub(crate) revision: i64,
     pub(crate) map: KvMap,
+    /// Key and value bytes held.
+    pub(crate) bytes: usize,
 }
 
 impl Snapshot {
@@ -142,6 +144,7 @@ impl Store {
         Snapshot {
             revision,
             map: self.map.clone(),
+            bytes: self.bytes,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Unit tests of the whole cache (follower task, dispatch, watch and read paths) driven
-//! by a scripted upstream: no etcd, virtual time, every answer chosen by the test.
+//! by the fake upstream: no etcd, virtual time, every answer chosen by the test.
 //!
-//! - `scripted`: the [`Upstream`](crate::upstream::Upstream) the tests control;
+//! The upstream is `upstream::fake`, the one fake of the crate.
+//!
 //! - `follow`: load, follow, batching, prev_kv, duplicates, reconnect, compaction;
 //! - `progress`: progress trust by version, the progress requestor, consistent reads,
 //!   local progress responses;
@@ -9,7 +10,6 @@
 
 mod follow;
 mod progress;
-mod scripted;
 mod subscribers;
 
 use std::future::Future;
@@ -23,9 +23,8 @@ use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::EventType;
+use crate::upstream::fake::{FakeUpstream, OpenedWatch};
 use crate::watch::{WatchOptions, WatchResponse, WatchStream};
-
-use scripted::{OpenedWatch, ScriptedUpstream};
 
 /// The prefix every test cache holds.
 const PREFIX: &str = "/app/";
@@ -61,7 +60,7 @@ async fn next_watch(watches: &mut mpsc::UnboundedReceiver<OpenedWatch>) -> Opene
 /// receiver of later watches.
 struct Harness {
     cache: Cache,
-    up: Arc<ScriptedUpstream>,
+    up: Arc<FakeUpstream>,
     watch: OpenedWatch,
     watches: mpsc::UnboundedReceiver<OpenedWatch>,
 }
@@ -69,7 +68,7 @@ struct Harness {
 /// Starts a cache over `keys` at `revision` on servers of `versions` and confirms its
 /// upstream watch; returns once the cache is ready.
 async fn ready(cfg: Config, versions: &[&str], keys: &[(&str, &str)], revision: i64) -> Harness {
-    let (up, mut watches) = ScriptedUpstream::new(versions, keys, revision);
+    let (up, mut watches) = FakeUpstream::new(versions, keys, revision);
     let cache = Cache::start(cfg, up.clone()).expect("valid config");
     let watch = next_watch(&mut watches).await;
     assert_eq!(watch.start, revision + 1);

@@ -13,27 +13,22 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
 use tokio::time::{Instant, Sleep};
 
-use crate::cache::{Shared, Slot};
-use crate::dispatch::{catch_up, End, Mailbox, Shape, SubId};
 use crate::error::{Error, Result};
-use crate::key_range::RangeSpec;
+use crate::key_range::{KeyRange, RangeSpec};
 use crate::kv::Event;
+use crate::shared::Shared;
+use crate::subscribers::filter::Filter;
+use crate::subscribers::mailbox::{End, Mailbox, Polled};
+use crate::subscribers::{Registered, Scope, Slot, SubId};
 
-/// Server-side style event filters, applied per subscriber.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WatchFilterType {
-    /// Drop put events.
-    NoPut,
-    /// Drop delete events.
-    NoDelete,
-}
+/// Server-side style event filters, applied per subscriber (etcd-client's type).
+pub use etcd_client::WatchFilterType;
 
 /// Options for [`Cache::watch`](crate::Cache::watch), as `etcd_client::WatchOptions`.
 #[derive(Debug, Clone, Default)]
@@ -171,7 +166,7 @@ impl WatchResponse {
 pub struct WatchStream {
     shared: Arc<Shared>,
     id: SubId,
-    shape: Shape,
+    filter: Filter,
     mailbox: Option<Arc<Mailbox>>,
     slot: Slot,
     created: Option<i64>,
@@ -193,10 +188,10 @@ impl std::fmt::Debug for WatchStream {
 }
 
 impl WatchStream {
-    pub(crate) fn new(
+    fn new(
         shared: Arc<Shared>,
         id: SubId,
-        shape: Shape,
+        filter: Filter,
         mailbox: Arc<Mailbox>,
         slot: Slot,
         revision: i64,
@@ -207,7 +202,7 @@ impl WatchStream {
         WatchStream {
             shared,
             id,
-            shape,
+            filter,
             mailbox: Some(mailbox),
             slot,
             created: Some(revision),
@@ -219,17 +214,11 @@ impl WatchStream {
         }
     }
 
-    pub(crate) fn compacted(
-        shared: Arc<Shared>,
-        id: SubId,
-        shape: Shape,
-        slot: Slot,
-        floor: i64,
-    ) -> Self {
+    fn compacted(shared: Arc<Shared>, filter: Filter, slot: Slot, floor: i64) -> Self {
         WatchStream {
             shared,
-            id,
-            shape,
+            id: 0,
+            filter,
             mailbox: None,
             slot,
             created: None,
@@ -271,7 +260,7 @@ impl WatchStream {
     /// # Errors
     /// None today; the `Result` mirrors `etcd-client`.
     pub async fn cancel(&mut self) -> Result<()> {
-        self.shared.unsubscribe(self.id, End::Cancelled);
+        self.shared.subscribers.unsubscribe(self.id, End::Cancelled);
         Ok(())
     }
 
@@ -291,7 +280,7 @@ impl WatchStream {
 
     fn finish(&mut self) {
         self.finished = true;
-        self.shared.unsubscribe(self.id, End::Cancelled);
+        self.shared.subscribers.unsubscribe(self.id, End::Cancelled);
         self.progress_timer = None;
     }
 }
@@ -316,61 +305,54 @@ impl Stream for WatchStream {
         let Some(mailbox) = this.mailbox.as_ref() else {
             return Poll::Ready(None);
         };
+        let shared = &this.shared;
         loop {
-            let mut st = mailbox.state.lock();
-            if let Some(d) = st.queue.pop_front() {
-                drop(st);
-                this.delivered = d.revision;
-                return Poll::Ready(Some(Ok(this.response(
-                    Kind::Events,
-                    d.revision,
-                    Some(d.events),
-                ))));
-            }
-            if st.lagging {
-                drop(st);
-                let history = this.shared.history.read();
-                if catch_up(&history, mailbox, &this.shape) {
-                    this.shared.lagging.fetch_sub(1, Ordering::Relaxed);
+            let polled = mailbox.poll(
+                cx.waker(),
+                &shared.history,
+                &this.filter,
+                shared.subscribers.lag(),
+                || shared.revision(),
+            );
+            match polled {
+                Polled::Delivery(d) => {
+                    this.delivered = d.revision;
+                    return Poll::Ready(Some(Ok(this.response(
+                        Kind::Events,
+                        d.revision,
+                        Some(d.events),
+                    ))));
                 }
-                continue;
-            }
-            match st.end {
-                Some(End::Closed | End::Cancelled) => {
-                    drop(st);
+                Polled::Ended(End::Closed | End::Cancelled) => {
                     this.finish();
                     return Poll::Ready(None);
                 }
-                Some(End::Compacted(compact_revision)) => {
-                    let position = st.last_rev;
-                    drop(st);
+                Polled::Ended(End::Compacted(compact_revision)) => {
                     tracing::debug!(
                         watch_id = this.id,
-                        position,
                         compact_revision,
-                        "watch left the history window; ending with Compacted"
+                        "the watch fell behind the history window; ending it as compacted"
                     );
                     this.finish();
                     return Poll::Ready(Some(Err(Error::Compacted { compact_revision })));
                 }
-                None => {}
+                Polled::Idle { revision } => {
+                    if this.progress_due {
+                        // Queue empty and not lagging: every matching event up to the
+                        // cache's revision has been delivered.
+                        this.progress_due = false;
+                        let revision = revision.max(this.delivered);
+                        return Poll::Ready(Some(Ok(this.response(
+                            Kind::Progress,
+                            revision,
+                            None,
+                        ))));
+                    }
+                }
             }
-            if this.progress_due {
-                // Queue empty and not lagging: every matching event up to the cache's
-                // revision (stored after its pushes) has been delivered.
-                let revision = this.shared.revision().max(this.delivered);
-                drop(st);
-                this.progress_due = false;
-                return Poll::Ready(Some(Ok(this.response(Kind::Progress, revision, None))));
-            }
-            match &st.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => st.waker = Some(cx.waker().clone()),
-            }
-            drop(st);
             if let Some(timer) = this.progress_timer.as_mut() {
                 if timer.as_mut().poll(cx).is_ready() {
-                    let next = Instant::now() + this.shared.config.progress_notify_interval;
+                    let next = Instant::now() + shared.config.progress_notify_interval;
                     timer.as_mut().reset(next);
                     this.progress_due = true;
                     continue;
@@ -385,8 +367,157 @@ impl Drop for WatchStream {
     fn drop(&mut self) {
         // Ending the mailbox as cancelled also clears (and uncounts) a lagging state.
         if self.mailbox.take().is_some() {
-            self.shared.unsubscribe(self.id, End::Cancelled);
+            self.shared.subscribers.unsubscribe(self.id, End::Cancelled);
         }
         self.slot.forget(self.id);
+    }
+}
+
+/// Opens a watch: validates the request, takes a slot, waits for the first snapshot,
+/// learns "now" for a watch without a start revision, and registers it.
+pub(crate) async fn open(
+    shared: &Arc<Shared>,
+    key: &[u8],
+    options: WatchOptions,
+    scope: Option<&Arc<Scope>>,
+) -> Result<WatchStream> {
+    let range = KeyRange::new(key, &options.spec)?;
+    range.check_within(&shared.range)?;
+    if options.start_revision < 0 {
+        return Err(Error::invalid(format!(
+            "negative start revision {}",
+            options.start_revision
+        )));
+    }
+    if shared.status().closed {
+        return Err(Error::Closed);
+    }
+    let slot = shared.subscribers.acquire(scope)?;
+    shared
+        .wait_loaded(shared.config.consistent_read_timeout)
+        .await?;
+    // "From now", as etcd means it: after every write that completed before this
+    // call, even those the cache has not applied yet.
+    let now = if options.start_revision == 0 {
+        cluster_revision_for_watch(shared).await
+    } else {
+        0
+    };
+    let filter = Filter {
+        range,
+        prev_kv: options.prev_kv,
+        no_put: options.no_put(),
+        no_delete: options.no_delete(),
+    };
+    let current = shared.revision();
+    match shared.subscribers.register(
+        filter.clone(),
+        options.start_revision,
+        now,
+        &shared.history,
+        || shared.revision(),
+        &slot,
+    )? {
+        Registered::Compacted { floor } => {
+            Ok(WatchStream::compacted(shared.clone(), filter, slot, floor))
+        }
+        Registered::Live { id, mailbox } => {
+            tracing::trace!(
+                watch_id = id,
+                start_revision = options.start_revision,
+                revision = current,
+                "watch opened"
+            );
+            Ok(WatchStream::new(
+                shared.clone(),
+                id,
+                filter,
+                mailbox,
+                slot,
+                current.max(now),
+                options.progress_notify,
+            ))
+        }
+    }
+}
+
+/// The cluster's current revision for a watch "from now" (one linearizable round
+/// trip), or 0 when it is not wanted or cannot be had in time: then the watch starts
+/// after the cache's own revision.
+async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
+    if !shared.config.linearizable_watch_start || !shared.status().ready {
+        return 0;
+    }
+    let probe = shared.probe.current(&shared.upstream, &shared.range);
+    match tokio::time::timeout(shared.config.consistent_read_timeout, probe).await {
+        Ok(Ok(rev)) => rev,
+        _ => 0,
+    }
+}
+
+/// A watch budget for one tenant or connection, made by
+/// [`Cache::scope`](crate::Cache::scope).
+///
+/// At most its limit of watches are open through it at once (one more fails with
+/// [`Error::WatchLimit`]), and they also count against the cache's own limit. Dropping
+/// the scope cancels every watch opened through it: their streams end with `None`
+/// after what was already delivered. A service that re-issues watches in a reconnect
+/// loop drops the old scope and makes a new one, and leaks nothing.
+pub struct WatchScope {
+    shared: Arc<Shared>,
+    scope: Arc<Scope>,
+}
+
+impl std::fmt::Debug for WatchScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchScope")
+            .field("limit", &self.scope.limit())
+            .field("open", &self.open())
+            .finish()
+    }
+}
+
+impl WatchScope {
+    pub(crate) fn new(shared: Arc<Shared>, max_watchers: usize) -> Self {
+        WatchScope {
+            shared,
+            scope: Scope::new(max_watchers),
+        }
+    }
+
+    /// Like [`Cache::watch`](crate::Cache::watch), counted against this scope.
+    ///
+    /// # Errors
+    /// As [`Cache::watch`](crate::Cache::watch); [`Error::WatchLimit`] names this
+    /// scope's limit.
+    pub async fn watch(
+        &self,
+        key: impl Into<Vec<u8>>,
+        options: Option<WatchOptions>,
+    ) -> Result<WatchStream> {
+        let key = key.into();
+        open(
+            &self.shared,
+            &key,
+            options.unwrap_or_default(),
+            Some(&self.scope),
+        )
+        .await
+    }
+
+    /// Watches open through this scope.
+    pub fn open(&self) -> usize {
+        self.scope.open()
+    }
+
+    /// This scope's limit.
+    pub fn limit(&self) -> usize {
+        self.scope.limit()
+    }
+}
+
+impl Drop for WatchScope {
+    fn drop(&mut self) {
+        self.scope.cancel_all(&self.shared.subscribers);
     }
 }

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use tokio_test::{assert_pending, assert_ready, task};
 
-use super::scripted::{del, put, ListCall, ScriptedUpstream};
 use super::*;
-use crate::get::GetOptions;
 use crate::key_range::KeyRange;
+use crate::read::GetOptions;
+use crate::upstream::fake::{del, put, FakeUpstream, ListCall};
 use crate::watch::WatchOptions;
 
 async fn values(cache: &Cache) -> Vec<(String, String)> {
@@ -29,7 +29,7 @@ async fn values(cache: &Cache) -> Vec<(String, String)> {
 #[tokio::test(start_paused = true)]
 async fn load_pages_at_first_revision_then_watch_from_next() {
     let data = keys(5);
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &refs(&data), 40);
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &refs(&data), 40);
     let cfg = Config {
         page_size: 2,
         ..config()
@@ -505,7 +505,7 @@ async fn not_ready_while_relisting() {
 /// created and deleted in the gap) and a prefix are compacted.
 #[tokio::test(start_paused = true)]
 async fn relist_keeps_single_keys_that_provably_did_not_change() {
-    use super::scripted::kv;
+    use crate::upstream::fake::kv;
     let mut h = ready(
         config(),
         &["3.5.13"],
@@ -550,7 +550,7 @@ async fn relist_keeps_single_keys_that_provably_did_not_change() {
 #[tokio::test(start_paused = true)]
 async fn failed_list_page_restarts_the_list() {
     let data = keys(5);
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &refs(&data), 40);
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &refs(&data), 40);
     up.failing_lists.lock().push(1);
     let cfg = Config {
         page_size: 2,
@@ -593,7 +593,7 @@ async fn failed_list_page_restarts_the_list() {
 /// revision; one that waits longer than the consistent-read timeout is refused.
 #[tokio::test(start_paused = true)]
 async fn watch_before_load_waits_for_the_snapshot() {
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &[], 40);
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[], 40);
     up.pause_lists(true);
     let cfg = Config {
         consistent_read_timeout: Duration::from_secs(1),

@@ -1,4 +1,6 @@
-//! A scripted [`Upstream`]: the test decides every answer the cache gets from "etcd".
+//! The fake [`Upstream`]: the test (or benchmark) decides every answer the cache gets
+//! from "etcd". The one fake of the crate, used by the unit tests and, through
+//! `internals`, by the micro-benchmarks.
 //!
 //! - `versions`, the keyspace served by `list_page` and `current_revision` are plain
 //!   state the test sets;
@@ -6,6 +8,11 @@
 //!   start revisions; progress requests; fallback reads);
 //! - each `watch()` hands the test an [`OpenedWatch`]: the sending half of the channel
 //!   the cache's [`UpstreamWatch`] reads from. Dropping it ends the stream (`Ok(None)`).
+//!   [`FakeUpstream::preset_watch`] makes the channel of the next watch in advance, for
+//!   callers that feed events without waiting for the cache to connect.
+
+// Test and benchmark support: not every helper is used by every build.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -16,11 +23,11 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
+use super::{RangeResponse, Upstream, UpstreamWatch, WatchMsg};
 use crate::error::{Error, Result};
-use crate::get::GetResponse;
 use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
-use crate::upstream::{Page, Upstream, UpstreamWatch, WatchMsg};
+use crate::range_request::{RangeRequest, RangeResult};
 
 /// One `list_page` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +45,8 @@ struct Data {
     kvs: BTreeMap<Bytes, KeyValue>,
 }
 
-/// The scripted etcd.
-pub(crate) struct ScriptedUpstream {
+/// The fake etcd.
+pub(crate) struct FakeUpstream {
     versions: Mutex<Vec<String>>,
     pub(crate) versions_calls: AtomicUsize,
     data: Mutex<Data>,
@@ -58,6 +65,8 @@ pub(crate) struct ScriptedUpstream {
     /// The key of every fallback get, as sent to etcd.
     fallback_keys: Mutex<Vec<Vec<u8>>>,
     stalled: watch::Sender<bool>,
+    /// The channel the next watch reads from, made in advance by `preset_watch`.
+    preset: Mutex<Option<mpsc::UnboundedReceiver<Result<WatchMsg>>>>,
 }
 
 /// The test's end of one upstream watch.
@@ -96,9 +105,14 @@ impl OpenedWatch {
         }));
     }
 
+    /// Sends any message (or error) as the upstream.
+    pub(crate) fn send_raw(&self, msg: Result<WatchMsg>) {
+        self.send(msg);
+    }
+
     /// The stream fails (transport error).
     pub(crate) fn fail(&self) {
-        self.send(Err(Error::invalid("scripted transport error")));
+        self.send(Err(Error::transport("scripted transport error")));
     }
 
     /// True once the cache dropped its end (the follower left this watch).
@@ -107,12 +121,12 @@ impl OpenedWatch {
     }
 }
 
-struct ScriptedWatch {
+struct FakeWatch {
     rx: mpsc::UnboundedReceiver<Result<WatchMsg>>,
     requests: Arc<AtomicUsize>,
 }
 
-impl UpstreamWatch for ScriptedWatch {
+impl UpstreamWatch for FakeWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
         Box::pin(async move { self.rx.recv().await.transpose() })
     }
@@ -146,7 +160,7 @@ pub(crate) fn del(key: &str, rev: i64) -> (EventType, KeyValue) {
     )
 }
 
-impl ScriptedUpstream {
+impl FakeUpstream {
     /// A scripted etcd with these server versions, serving `keys` (created at revision 2,
     /// one revision each) at list revision `revision`.
     pub(crate) fn new(
@@ -155,7 +169,7 @@ impl ScriptedUpstream {
         revision: i64,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<OpenedWatch>) {
         let (opened, opened_rx) = mpsc::unbounded_channel();
-        let up = Arc::new(ScriptedUpstream {
+        let up = Arc::new(FakeUpstream {
             versions: Mutex::new(versions.iter().map(|v| v.to_string()).collect()),
             versions_calls: AtomicUsize::new(0),
             data: Mutex::new(Data::default()),
@@ -170,6 +184,7 @@ impl ScriptedUpstream {
             fallback_gets: AtomicUsize::new(0),
             fallback_keys: Mutex::new(Vec::new()),
             stalled: watch::Sender::new(false),
+            preset: Mutex::new(None),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -235,16 +250,34 @@ impl ScriptedUpstream {
     pub(crate) fn lists(&self) -> Vec<ListCall> {
         self.list_calls.lock().clone()
     }
+
+    /// Makes the channel of the next watch now: what is sent through the returned end
+    /// is what that watch reads, whenever the cache opens it. (Its `start` and `range`
+    /// are unknown here and left empty.)
+    pub(crate) fn preset_watch(&self) -> OpenedWatch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.preset.lock() = Some(rx);
+        OpenedWatch {
+            start: 0,
+            range: KeyRange::for_prefix(b""),
+            tx,
+        }
+    }
 }
 
-impl Upstream for ScriptedUpstream {
+impl Upstream for FakeUpstream {
     fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         self.versions_calls.fetch_add(1, Ordering::SeqCst);
         let v = self.versions.lock().clone();
         Box::pin(async move { Ok(v) })
     }
 
-    fn list_page(&self, range: KeyRange, revision: i64, limit: i64) -> BoxFuture<'_, Result<Page>> {
+    fn list_page(
+        &self,
+        range: KeyRange,
+        revision: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<RangeResponse>> {
         Box::pin(async move {
             let mut paused = self.list_paused.subscribe();
             let _ = paused.wait_for(|p| !*p).await;
@@ -259,32 +292,37 @@ impl Upstream for ScriptedUpstream {
                 calls.len() - 1
             };
             if self.failing_lists.lock().contains(&call) {
-                return Err(Error::invalid(format!(
+                return Err(Error::transport(format!(
                     "scripted failure of list call {call}"
                 )));
             }
             let d = self.data.lock();
             if revision != 0 && revision != d.revision {
-                return Err(Error::invalid(format!(
+                return Err(Error::protocol(format!(
                     "scripted etcd only serves revision {}, asked {revision}",
                     d.revision
                 )));
             }
-            let all: Vec<KeyValue> = d
-                .kvs
-                .range(range.bounds())
-                .map(|(_, kv)| kv.clone())
-                .collect();
             let limit = if limit > 0 {
                 limit as usize
             } else {
                 usize::MAX
             };
-            let more = all.len() > limit;
-            Ok(Page {
+            let mut kvs: Vec<KeyValue> = d
+                .kvs
+                .range(range.bounds())
+                .map(|(_, kv)| kv.clone())
+                .take(limit.saturating_add(1))
+                .collect();
+            let more = kvs.len() > limit;
+            kvs.truncate(limit);
+            Ok(RangeResponse {
                 revision: d.revision,
-                kvs: all.into_iter().take(limit).collect(),
-                more,
+                result: RangeResult {
+                    count: kvs.len() as i64,
+                    kvs,
+                    more,
+                },
             })
         })
     }
@@ -296,13 +334,20 @@ impl Upstream for ScriptedUpstream {
     ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
         Box::pin(async move {
             self.watch_starts.lock().push(start_revision);
-            let (tx, rx) = mpsc::unbounded_channel();
-            let _ = self.opened.send(OpenedWatch {
-                start: start_revision,
-                range,
-                tx,
-            });
-            Ok(Box::new(ScriptedWatch {
+            let preset = self.preset.lock().take();
+            let rx = match preset {
+                Some(rx) => rx,
+                None => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let _ = self.opened.send(OpenedWatch {
+                        start: start_revision,
+                        range,
+                        tx,
+                    });
+                    rx
+                }
+            };
+            Ok(Box::new(FakeWatch {
                 rx,
                 requests: self.progress_requests.clone(),
             }) as Box<dyn UpstreamWatch>)
@@ -320,39 +365,15 @@ impl Upstream for ScriptedUpstream {
         })
     }
 
-    fn get(
-        &self,
-        key: Vec<u8>,
-        _options: etcd_client::GetOptions,
-    ) -> BoxFuture<'_, Result<GetResponse>> {
+    fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {
         self.fallback_gets.fetch_add(1, Ordering::SeqCst);
-        self.fallback_keys.lock().push(key.clone());
-        // Answers the single key at the current revision, as etcd would.
+        self.fallback_keys.lock().push(request.range.start.to_vec());
+        // Answers from the listed data at the current revision, as etcd would.
         let revision = self.current_revision.load(Ordering::SeqCst);
-        let found = self.data.lock().kvs.get(key.as_slice()).cloned();
-        Box::pin(async move {
-            use etcd_client::proto::{PbKeyValue, PbRangeResponse, PbResponseHeader};
-            let kvs: Vec<PbKeyValue> = found
-                .into_iter()
-                .map(|kv| PbKeyValue {
-                    key: kv.key().to_vec(),
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    mod_revision: kv.mod_revision(),
-                    version: kv.version(),
-                    lease: kv.lease(),
-                })
-                .collect();
-            let pb = PbRangeResponse {
-                header: Some(PbResponseHeader {
-                    revision,
-                    ..Default::default()
-                }),
-                count: kvs.len() as i64,
-                kvs,
-                more: false,
-            };
-            Ok(GetResponse::from_etcd(etcd_client::GetResponse(pb)))
-        })
+        let result = {
+            let d = self.data.lock();
+            request.answer(d.kvs.range(request.range.bounds()).map(|(_, kv)| kv))
+        };
+        Box::pin(async move { Ok(RangeResponse { revision, result }) })
     }
 }
