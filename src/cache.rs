@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::config::{CacheBuilder, Config};
 use crate::error::{Error, Result};
 use crate::read::{GetOptions, GetResponse};
-use crate::shared::{CacheStats, Shared};
+use crate::shared::{CacheStats, CacheStatus, Shared, StatusStream};
 use crate::upstream::etcd::EtcdUpstream;
 use crate::upstream::Upstream;
 use crate::watch::{WatchOptions, WatchScope, WatchStream};
@@ -78,9 +78,12 @@ impl Cache {
     }
 
     /// Waits until the first snapshot is loaded and the upstream watch is confirmed.
+    /// Transient failures are retried meanwhile (see [`status`](Self::status) for the
+    /// last one).
     ///
     /// # Errors
-    /// [`Error::Closed`] if the cache is closed first.
+    /// [`Error::Closed`] if the cache is closed first; [`Error::Failed`] if etcd
+    /// refused the cache for good (permission denied, authentication failed).
     pub async fn wait_ready(&self) -> Result<()> {
         self.shared.wait_ready().await
     }
@@ -88,16 +91,69 @@ impl Cache {
     /// [`wait_ready`](Self::wait_ready) with a time limit.
     ///
     /// # Errors
-    /// [`Error::Timeout`] after `limit`; [`Error::Closed`].
+    /// After `limit`: [`Error::Unavailable`] with the last upstream error if etcd kept
+    /// failing (the cache keeps retrying), else [`Error::Timeout`] (still loading, e.g.
+    /// a large prefix). [`Error::Closed`]; [`Error::Failed`] if etcd refused the cache
+    /// for good (permission denied, bad credentials).
     pub async fn wait_ready_timeout(&self, limit: Duration) -> Result<()> {
-        tokio::time::timeout(limit, self.wait_ready())
-            .await
-            .map_err(|_| Error::timeout("the cache to become ready", limit))?
+        match tokio::time::timeout(limit, self.wait_ready()).await {
+            Ok(result) => result,
+            Err(_) => match self.status() {
+                CacheStatus::Reconnecting { error, .. } => Err(Error::Unavailable {
+                    waited: limit,
+                    source: error,
+                }),
+                _ => Err(Error::timeout("the cache to become ready", limit)),
+            },
+        }
+    }
+
+    /// Where the cache is: loading, ready, reconnecting (with the error), re-listing,
+    /// closed or failed. See [`status_stream`](Self::status_stream) to follow changes.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) {
+    /// use etcd_cache::CacheStatus;
+    /// match cache.status() {
+    ///     CacheStatus::Ready => println!("serving"),
+    ///     CacheStatus::Reconnecting { error, attempts } => {
+    ///         println!("etcd unreachable ({attempts} attempts): {error}")
+    ///     }
+    ///     other => println!("{other:?}"),
+    /// }
+    /// # }
+    /// ```
+    pub fn status(&self) -> CacheStatus {
+        self.shared.status().state
+    }
+
+    /// The status now, then every change of it (see [`StatusStream`]): a health
+    /// endpoint or an alert can follow outages instead of polling
+    /// [`is_ready`](Self::is_ready). During an outage the cache's own
+    /// [`WatchStream`]s stay open and resume by themselves when etcd is back; this is
+    /// the difference from a direct etcd watch, whose stream breaks.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) {
+    /// let mut statuses = cache.status_stream();
+    /// while let Some(status) = statuses.next().await {
+    ///     println!("cache status: {status:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn status_stream(&self) -> StatusStream {
+        self.shared.status_stream()
+    }
+
+    /// The etcd server version of each member, as last probed (`unreachable:<url>`
+    /// for a member whose version could not be learned).
+    pub fn server_versions(&self) -> Vec<String> {
+        self.shared.counters.versions()
     }
 
     /// True while the cache can vouch for its data: loaded and following etcd.
     pub fn is_ready(&self) -> bool {
-        self.shared.status().ready
+        self.shared.is_ready()
     }
 
     /// Newest revision applied (0 before the first snapshot).
@@ -156,7 +212,7 @@ impl Cache {
     /// A handle with its own watch budget: at most `max_watchers` open watches through
     /// it, all cancelled when it is dropped. Give one to each tenant or connection.
     pub fn scope(&self, max_watchers: usize) -> WatchScope {
-        WatchScope::new(self.shared.clone(), max_watchers)
+        WatchScope::new(self.shared.clone(), self.handle.clone(), max_watchers)
     }
 
     /// Counters: revision, watchers, lagging, history span, store size, connections.

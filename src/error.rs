@@ -146,12 +146,32 @@ pub enum Error {
     },
 
     /// The cache stopped because etcd refused it for good (permission denied,
-    /// authentication failed, ...): retrying would not help.
+    /// authentication failed, ...), or because of an internal error: retrying would not
+    /// help. Its streams end with this error; its reads and waits return it.
     #[error("the cache stopped: {source}")]
     Failed {
         /// The permanent failure.
         #[source]
         source: std::sync::Arc<Error>,
+    },
+
+    /// The cache did not become ready within the time given to
+    /// [`Cache::wait_ready_timeout`](crate::Cache::wait_ready_timeout) because etcd
+    /// kept failing; the cache keeps retrying.
+    #[error("the cache did not become ready within {waited:?}; it keeps retrying; the last upstream error: {source}")]
+    Unavailable {
+        /// How long was waited.
+        waited: std::time::Duration,
+        /// The last failure of the upstream.
+        #[source]
+        source: std::sync::Arc<Error>,
+    },
+
+    /// A bug in the cache (its follower task panicked). Please report it.
+    #[error("internal error in etcd-cache: {reason}")]
+    Internal {
+        /// What went wrong.
+        reason: String,
     },
 }
 

@@ -65,7 +65,7 @@ pub use error::{Error, Result};
 pub use kv::{Event, EventType, KeyValue};
 pub use range_request::{SortOrder, SortTarget};
 pub use read::{GetOptions, GetResponse};
-pub use shared::CacheStats;
+pub use shared::{CacheStats, CacheStatus, StatusStream};
 pub use watch::{WatchFilterType, WatchOptions, WatchResponse, WatchScope, WatchStream};
 
 #[allow(dead_code)]

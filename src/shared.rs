@@ -7,12 +7,13 @@
 //! published value, so readers never see a revision without its data or a status from
 //! another moment.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -24,15 +25,153 @@ use crate::subscribers::Subscribers;
 use crate::upstream::probe::RevisionProbe;
 use crate::upstream::Upstream;
 
-/// Lifecycle flags.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Where the cache is in its life, as [`Cache::status`](crate::Cache::status) and
+/// [`Cache::status_stream`](crate::Cache::status_stream) report it.
+///
+/// ```
+/// use etcd_cache::CacheStatus;
+///
+/// fn describe(status: &CacheStatus) -> String {
+///     match status {
+///         CacheStatus::Ready => "serving".into(),
+///         CacheStatus::Reconnecting { error, .. } => format!("reconnecting: {error}"),
+///         other => format!("{other:?}"),
+///     }
+/// }
+/// assert_eq!(describe(&CacheStatus::Ready), "serving");
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum CacheStatus {
+    /// Connecting and listing the prefix for the first time.
+    #[default]
+    Loading,
+    /// Loaded and following etcd: reads and watches are current.
+    Ready,
+    /// The upstream broke and the cache is reconnecting. Watches resume on their own
+    /// once it is back (nothing is lost); consistent reads go to etcd meanwhile (with
+    /// `ReadFallback::Etcd`); serializable reads answer from what the cache holds.
+    Reconnecting {
+        /// The failure that broke the connection, or the last failed attempt.
+        error: Arc<Error>,
+        /// Failed attempts since the cache was last ready.
+        attempts: u32,
+    },
+    /// Listing the prefix again after etcd compacted the revision the cache had to
+    /// resume from (it was disconnected too long).
+    Relisting {
+        /// The revision etcd compacted.
+        compact_revision: i64,
+    },
+    /// Closed by [`Cache::close`](crate::Cache::close) or by dropping the last handle.
+    Closed,
+    /// Stopped for good: etcd refused the cache with an error that retrying cannot
+    /// change (permission denied, authentication failed, ...).
+    Failed {
+        /// That error.
+        error: Arc<Error>,
+    },
+}
+
+impl CacheStatus {
+    /// True while the cache serves current data.
+    pub fn is_ready(&self) -> bool {
+        matches!(self, CacheStatus::Ready)
+    }
+
+    /// True once the cache has stopped (closed or failed).
+    pub fn is_closed(&self) -> bool {
+        matches!(self, CacheStatus::Closed | CacheStatus::Failed { .. })
+    }
+
+    /// The error behind a `Reconnecting` or `Failed` status.
+    pub fn error(&self) -> Option<&Error> {
+        match self {
+            CacheStatus::Reconnecting { error, .. } | CacheStatus::Failed { error } => Some(error),
+            _ => None,
+        }
+    }
+
+    fn same(&self, other: &CacheStatus) -> bool {
+        match (self, other) {
+            (
+                CacheStatus::Reconnecting {
+                    error: a,
+                    attempts: x,
+                },
+                CacheStatus::Reconnecting {
+                    error: b,
+                    attempts: y,
+                },
+            ) => Arc::ptr_eq(a, b) && x == y,
+            (CacheStatus::Failed { error: a }, CacheStatus::Failed { error: b }) => {
+                Arc::ptr_eq(a, b)
+            }
+            (
+                CacheStatus::Relisting {
+                    compact_revision: a,
+                },
+                CacheStatus::Relisting {
+                    compact_revision: b,
+                },
+            ) => a == b,
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
+/// The status of a cache and every change of it, from
+/// [`Cache::status_stream`](crate::Cache::status_stream): a `Stream` of
+/// [`CacheStatus`] that yields the status at the call, then each new one, and ends once
+/// the cache has stopped (after yielding `Closed` or `Failed`).
+pub struct StatusStream {
+    inner: futures_util::stream::BoxStream<'static, CacheStatus>,
+}
+
+impl std::fmt::Debug for StatusStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusStream").finish_non_exhaustive()
+    }
+}
+
+impl StatusStream {
+    /// The next status: the current one on the first call, then each change; `None`
+    /// once the cache has stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn next(&mut self) -> Option<CacheStatus> {
+        futures_util::StreamExt::next(&mut self.inner).await
+    }
+}
+
+impl futures_core::Stream for StatusStream {
+    type Item = CacheStatus;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<CacheStatus>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+/// The lifecycle as the follower publishes it.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Status {
     /// A snapshot has been loaded at least once.
     pub(crate) loaded: bool,
-    /// Loaded and the upstream watch is confirmed: the data is current.
-    pub(crate) ready: bool,
-    /// The follower has stopped.
-    pub(crate) closed: bool,
+    pub(crate) state: CacheStatus,
+}
+
+impl Status {
+    pub(crate) fn ready(&self) -> bool {
+        self.state.is_ready()
+    }
+
+    pub(crate) fn closed(&self) -> bool {
+        self.state.is_closed()
+    }
 }
 
 /// What the follower publishes: the newest snapshot and the status, as one value.
@@ -73,19 +212,61 @@ pub struct CacheStats {
     /// True when every endpoint runs an etcd whose `RequestProgress` answers are
     /// trusted (>= 3.4.31 / 3.5.13, or forced with `ProgressTrust::Always`).
     pub progress_trusted: bool,
+    /// Members whose version the cache could not learn (unreachable, or refused the
+    /// Status call): while there are any, progress answers are not trusted. The
+    /// versions themselves: [`Cache::server_versions`](crate::Cache::server_versions).
+    pub unknown_versions: usize,
+    /// The newest revision of the cluster the cache has seen (from its upstream watch,
+    /// its revision probes and etcd's answers).
+    pub cluster_revision: i64,
+    /// How many revisions the cache is known to be behind the cluster
+    /// (`cluster_revision - revision`, at least 0). Revisions outside the prefix count
+    /// too until a progress notification covers them.
+    pub behind: i64,
+    /// How long ago the follower last heard from etcd (None before the first answer).
+    pub since_last_heard: Option<Duration>,
 }
 
-/// Counters with one writer each: the follower (connects, lists, trust) and the read
-/// path (fallback reads).
+/// Counters with one writer each: the follower (connects, lists, trust, what it heard)
+/// and the read path (fallback reads). The cluster revision is raised by whoever
+/// learns a newer one.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     connects: AtomicU64,
     lists: AtomicU64,
     fallback_reads: AtomicU64,
     progress_trusted: AtomicBool,
+    cluster_revision: AtomicI64,
+    /// When the follower last heard from etcd.
+    heard: Mutex<Option<Instant>>,
+    /// The server versions of the last probe (`unreachable:<url>` where unknown).
+    versions: Mutex<Vec<String>>,
 }
 
 impl Counters {
+    /// Records that etcd's revision is at least `revision`.
+    pub(crate) fn saw_cluster_revision(&self, revision: i64) {
+        self.cluster_revision.fetch_max(revision, Ordering::Relaxed);
+    }
+
+    /// The newest cluster revision seen.
+    pub(crate) fn cluster_revision(&self) -> i64 {
+        self.cluster_revision.load(Ordering::Relaxed)
+    }
+
+    /// Records that etcd answered just now.
+    pub(crate) fn heard(&self) {
+        *self.heard.lock() = Some(Instant::now());
+    }
+
+    pub(crate) fn set_versions(&self, versions: Vec<String>) {
+        *self.versions.lock() = versions;
+    }
+
+    pub(crate) fn versions(&self) -> Vec<String> {
+        self.versions.lock().clone()
+    }
+
     pub(crate) fn connected(&self) {
         self.connects.fetch_add(1, Ordering::Relaxed);
     }
@@ -154,8 +335,48 @@ impl Shared {
         f(&self.view.borrow().snapshot)
     }
 
+    /// The status now (a clone: cheap, but not for hot paths; see `is_*`).
     pub(crate) fn status(&self) -> Status {
-        self.view.borrow().status
+        self.view.borrow().status.clone()
+    }
+
+    pub(crate) fn is_ready(&self) -> bool {
+        self.view.borrow().status.ready()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.view.borrow().status.closed()
+    }
+
+    /// Loaded and not closed: serializable reads can be answered from memory.
+    pub(crate) fn is_serving(&self) -> bool {
+        let v = self.view.borrow();
+        v.status.loaded && !v.status.closed()
+    }
+
+    /// The status now, then every change of it; ends after the cache stopped.
+    pub(crate) fn status_stream(&self) -> StatusStream {
+        let rx = self.view.subscribe();
+        let inner =
+            futures_util::stream::unfold((rx, None::<CacheStatus>), |(mut rx, last)| async move {
+                loop {
+                    let current = rx.borrow_and_update().status.state.clone();
+                    match &last {
+                        Some(l) if l.same(&current) => {
+                            if l.is_closed() {
+                                return None;
+                            }
+                        }
+                        _ => return Some((current.clone(), (rx, Some(current)))),
+                    }
+                    if rx.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            });
+        StatusStream {
+            inner: Box::pin(inner),
+        }
     }
 
     /// Publishes a new snapshot (follower only, after its dispatch, under the index lock).
@@ -163,51 +384,74 @@ impl Shared {
         self.view.send_modify(|v| v.snapshot = Arc::new(snapshot));
     }
 
-    /// Changes the status (follower only); waiters wake only on a change.
-    pub(crate) fn update_status(&self, f: impl FnOnce(&mut Status)) {
+    /// Marks a snapshot as loaded (follower only).
+    pub(crate) fn set_loaded(&self) {
+        self.view
+            .send_if_modified(|v| !std::mem::replace(&mut v.status.loaded, true));
+    }
+
+    /// Moves to `state` (follower only); waiters wake only on a change. A closed or
+    /// failed cache stays so.
+    pub(crate) fn set_state(&self, state: CacheStatus) {
         self.view.send_if_modified(|v| {
-            let before = v.status;
-            f(&mut v.status);
-            v.status != before
+            if v.status.closed() || v.status.state.same(&state) {
+                return false;
+            }
+            v.status.state = state;
+            true
         });
     }
 
     /// Waits until the status satisfies `f`, or the follower is gone.
-    async fn wait_status(&self, f: impl Fn(&Status) -> bool) -> Result<Status> {
+    async fn wait_status(&self, f: impl Fn(&Status) -> bool) -> Status {
         let mut rx = self.view.subscribe();
-        let v = rx
-            .wait_for(|v| f(&v.status) || v.status.closed)
-            .await
-            .map_err(|_| Error::Closed)?;
-        Ok(v.status)
+        let result = rx.wait_for(|v| f(&v.status) || v.status.closed()).await;
+        match result {
+            Ok(v) => v.status.clone(),
+            // The sender lives in `self`: it cannot be gone while we borrow it.
+            Err(_) => Status {
+                loaded: false,
+                state: CacheStatus::Closed,
+            },
+        }
+    }
+
+    /// The error a stopped cache reports.
+    pub(crate) fn closed_error(status: &Status) -> Error {
+        match &status.state {
+            CacheStatus::Failed { error } => Error::Failed {
+                source: error.clone(),
+            },
+            _ => Error::Closed,
+        }
     }
 
     /// Waits until the cache is ready (loaded and following).
     ///
     /// # Errors
-    /// [`Error::Closed`] if the cache closes first.
+    /// [`Error::Closed`] if the cache closes first; [`Error::Failed`] if it stopped on a
+    /// permanent failure.
     pub(crate) async fn wait_ready(&self) -> Result<()> {
-        let s = self.wait_status(|s| s.ready).await?;
-        if s.closed {
-            return Err(Error::Closed);
+        let s = self.wait_status(|s| s.ready()).await;
+        if s.closed() {
+            return Err(Self::closed_error(&s));
         }
         Ok(())
     }
 
     /// Waits until the follower has stopped.
     pub(crate) async fn wait_closed(&self) {
-        let _ = self.wait_status(|s| s.closed).await;
+        self.wait_status(|s| s.closed()).await;
     }
 
     /// Waits until a snapshot is loaded, up to `limit`.
     ///
     /// # Errors
-    /// [`Error::NotReady`] after `limit`; [`Error::Closed`].
+    /// [`Error::NotReady`] after `limit`; [`Error::Closed`] / [`Error::Failed`].
     pub(crate) async fn wait_loaded(&self, limit: Duration) -> Result<()> {
         match tokio::time::timeout(limit, self.wait_status(|s| s.loaded)).await {
-            Ok(Ok(s)) if s.closed => Err(Error::Closed),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e),
+            Ok(s) if s.closed() => Err(Self::closed_error(&s)),
+            Ok(_) => Ok(()),
             Err(_) => Err(Error::NotReady),
         }
     }
@@ -216,7 +460,7 @@ impl Shared {
     /// while it waits.
     ///
     /// # Errors
-    /// [`Error::Closed`] if the cache closes first.
+    /// [`Error::Closed`] / [`Error::Failed`] if the cache stops first.
     pub(crate) async fn wait_for_revision(&self, rev: i64) -> Result<()> {
         if self.revision() >= rev {
             return Ok(());
@@ -224,13 +468,13 @@ impl Shared {
         let _guard = self.progress.wait();
         let mut rx = self.view.subscribe();
         let v = rx
-            .wait_for(|v| v.snapshot.revision >= rev || v.status.closed)
+            .wait_for(|v| v.snapshot.revision >= rev || v.status.closed())
             .await
             .map_err(|_| Error::Closed)?;
         if v.snapshot.revision >= rev {
             Ok(())
         } else {
-            Err(Error::Closed)
+            Err(Self::closed_error(&v.status))
         }
     }
 
@@ -252,6 +496,16 @@ impl Shared {
             progress_requests: self.progress.sent(),
             fallback_reads: self.counters.fallback_reads.load(Ordering::Relaxed),
             progress_trusted: self.counters.progress_trusted(),
+            unknown_versions: self
+                .counters
+                .versions
+                .lock()
+                .iter()
+                .filter(|v| v.starts_with("unreachable:"))
+                .count(),
+            cluster_revision: self.counters.cluster_revision().max(revision),
+            behind: (self.counters.cluster_revision() - revision).max(0),
+            since_last_heard: self.counters.heard.lock().map(|t| t.elapsed()),
         }
     }
 }

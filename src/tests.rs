@@ -10,6 +10,7 @@
 
 mod follow;
 mod progress;
+mod review;
 mod subscribers;
 
 use std::future::Future;

@@ -174,8 +174,8 @@ pub struct WatchStream {
     finished: bool,
     progress_timer: Option<Pin<Box<Sleep>>>,
     progress_due: bool,
-    /// Revision of the last events returned (progress never goes below it).
-    delivered: i64,
+    /// The highest revision reported on this stream: no response goes below it.
+    reported: i64,
 }
 
 impl std::fmt::Debug for WatchStream {
@@ -210,7 +210,7 @@ impl WatchStream {
             finished: false,
             progress_timer,
             progress_due: false,
-            delivered: 0,
+            reported: revision,
         }
     }
 
@@ -226,7 +226,7 @@ impl WatchStream {
             finished: false,
             progress_timer: None,
             progress_due: false,
-            delivered: 0,
+            reported: 0,
         }
     }
 
@@ -316,7 +316,7 @@ impl Stream for WatchStream {
             );
             match polled {
                 Polled::Delivery(d) => {
-                    this.delivered = d.revision;
+                    this.reported = d.revision;
                     return Poll::Ready(Some(Ok(this.response(
                         Kind::Events,
                         d.revision,
@@ -326,6 +326,10 @@ impl Stream for WatchStream {
                 Polled::Ended(End::Closed | End::Cancelled) => {
                     this.finish();
                     return Poll::Ready(None);
+                }
+                Polled::Ended(End::Failed(source)) => {
+                    this.finish();
+                    return Poll::Ready(Some(Err(Error::Failed { source })));
                 }
                 Polled::Ended(End::Compacted(compact_revision)) => {
                     tracing::debug!(
@@ -341,7 +345,8 @@ impl Stream for WatchStream {
                         // Queue empty and not lagging: every matching event up to the
                         // cache's revision has been delivered.
                         this.progress_due = false;
-                        let revision = revision.max(this.delivered);
+                        let revision = revision.max(this.reported);
+                        this.reported = revision;
                         return Poll::Ready(Some(Ok(this.response(
                             Kind::Progress,
                             revision,
@@ -389,7 +394,7 @@ pub(crate) async fn open(
             options.start_revision
         )));
     }
-    if shared.status().closed {
+    if shared.is_closed() {
         return Err(Error::Closed);
     }
     let slot = shared.subscribers.acquire(scope)?;
@@ -409,7 +414,6 @@ pub(crate) async fn open(
         no_put: options.no_put(),
         no_delete: options.no_delete(),
     };
-    let current = shared.revision();
     match shared.subscribers.register(
         filter.clone(),
         options.start_revision,
@@ -421,7 +425,19 @@ pub(crate) async fn open(
         Registered::Compacted { floor } => {
             Ok(WatchStream::compacted(shared.clone(), filter, slot, floor))
         }
-        Registered::Live { id, mailbox } => {
+        Registered::Live {
+            id,
+            mailbox,
+            position,
+        } => {
+            // The created response reports the revision the watch is current at: for
+            // a watch from now, the one it starts after, read under the index lock
+            // (the cache may have applied more since `now` was learned).
+            let current = if options.start_revision == 0 {
+                position
+            } else {
+                shared.revision()
+            };
             tracing::trace!(
                 watch_id = id,
                 start_revision = options.start_revision,
@@ -434,7 +450,7 @@ pub(crate) async fn open(
                 filter,
                 mailbox,
                 slot,
-                current.max(now),
+                current,
                 options.progress_notify,
             ))
         }
@@ -445,13 +461,23 @@ pub(crate) async fn open(
 /// trip), or 0 when it is not wanted or cannot be had in time: then the watch starts
 /// after the cache's own revision.
 async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
-    if !shared.config.linearizable_watch_start || !shared.status().ready {
+    if !shared.config.linearizable_watch_start || !shared.is_ready() {
         return 0;
     }
-    let probe = shared.probe.current(&shared.upstream, &shared.range);
-    match tokio::time::timeout(shared.config.consistent_read_timeout, probe).await {
-        Ok(Ok(rev)) => rev,
-        _ => 0,
+    let limit = shared.config.consistent_read_timeout;
+    match shared
+        .probe
+        .current(&shared.upstream, &shared.range, limit)
+        .await
+    {
+        Ok(rev) => {
+            shared.counters.saw_cluster_revision(rev);
+            rev
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, revision = shared.revision(), "could not learn the cluster's revision for a watch from now; it starts after the cache's revision");
+            0
+        }
     }
 }
 
@@ -466,6 +492,8 @@ async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
 pub struct WatchScope {
     shared: Arc<Shared>,
     scope: Arc<Scope>,
+    /// Keeps the cache running while the scope exists (the cache's handle).
+    _cache: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for WatchScope {
@@ -478,10 +506,15 @@ impl std::fmt::Debug for WatchScope {
 }
 
 impl WatchScope {
-    pub(crate) fn new(shared: Arc<Shared>, max_watchers: usize) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        cache: Arc<dyn std::any::Any + Send + Sync>,
+        max_watchers: usize,
+    ) -> Self {
         WatchScope {
             shared,
             scope: Scope::new(max_watchers),
+            _cache: cache,
         }
     }
 

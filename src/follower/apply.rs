@@ -8,6 +8,7 @@ use std::task::Waker;
 
 use tracing::{debug, warn};
 
+use crate::error::{Error, Result};
 use crate::history::Batch;
 use crate::kv::{EventType, KeyValue};
 use crate::shared::Shared;
@@ -70,11 +71,26 @@ impl Writer {
         shared.history.write().reset(revision);
         self.publish(&mut index, revision);
         drop(index);
-        shared.update_status(|s| s.loaded = true);
+        shared.set_loaded();
     }
 
     /// Applies one upstream message: one batch per revision, dispatched in order.
-    pub(super) fn apply(&mut self, events: Vec<(EventType, KeyValue)>) {
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] if the message's revisions go backwards (etcd never sends
+    /// that; a buggy proxy could): nothing of it is applied, and the follower
+    /// reconnects from its last applied revision.
+    pub(super) fn apply(&mut self, events: Vec<(EventType, KeyValue)>) -> Result<()> {
+        if let Some(w) = events
+            .windows(2)
+            .find(|w| w[1].1.mod_revision() < w[0].1.mod_revision())
+        {
+            return Err(Error::protocol(format!(
+                "an upstream message whose revisions go backwards ({} after {})",
+                w[1].1.mod_revision(),
+                w[0].1.mod_revision()
+            )));
+        }
         let shared = self.shared.clone();
         let mut index = shared.subscribers.lock();
         let mut last = self.applied;
@@ -109,6 +125,7 @@ impl Writer {
             self.publish(&mut index, last);
         }
         index.take_wakers(&mut self.wakers);
+        Ok(())
     }
 
     /// A trusted progress notification: nothing happened in the prefix up to `revision`.

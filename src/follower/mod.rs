@@ -18,6 +18,7 @@
 
 mod apply;
 mod list;
+mod versions;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,15 +27,16 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
-use crate::config::{Config, ProgressTrust};
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::shared::Shared;
+use crate::shared::{CacheStatus, Shared};
 use crate::subscribers::mailbox::End;
-use crate::upstream::{version_trusts_progress, UpstreamWatch, WatchMsg};
+use crate::upstream::{UpstreamWatch, WatchMsg};
 use apply::Writer;
+use versions::VersionProbe;
 
 /// A re-list sooner than this after the previous one backs off first.
 const RELIST_QUIET: Duration = Duration::from_secs(1);
@@ -44,6 +46,12 @@ const DRAIN_READY: usize = 64;
 
 /// How long a liveness probe of a silent upstream may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A session that stayed up this long resets the reconnect backoff (at least; the
+/// configured longest backoff if that is longer). A session that breaks sooner (a
+/// flapping upstream, a watch that is compacted right after it is created) makes the
+/// next delay grow.
+const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 
 /// An upstream call that must answer within `upstream_idle_timeout`: a connection that
 /// died without a reset must not stall the cache forever.
@@ -70,30 +78,38 @@ enum SessionEnd {
 }
 
 /// Ends every stream and marks the cache closed when the task ends, also by a panic,
-/// so that no waiter and no stream is left hanging.
+/// so that no waiter and no stream is left hanging. After a panic the streams end with
+/// [`Error::Internal`], so that a consumer can tell the cache died.
 struct CloseOnExit(Arc<Shared>);
 
 impl Drop for CloseOnExit {
     fn drop(&mut self) {
-        self.0.subscribers.end_all(End::Closed);
-        self.0.update_status(|s| {
-            s.ready = false;
-            s.closed = true;
-        });
+        if std::thread::panicking() {
+            let error = Arc::new(Error::Internal {
+                reason: "the follower task panicked; the cache is closed".into(),
+            });
+            self.0.subscribers.end_all(End::Failed(error.clone()));
+            self.0.set_state(CacheStatus::Failed { error });
+        } else {
+            self.0.subscribers.end_all(End::Closed);
+            self.0.set_state(CacheStatus::Closed);
+        }
     }
 }
 
-/// Runs until shutdown.
+/// Runs until shutdown, or until etcd refuses the cache for good.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
     let _close = CloseOnExit(shared.clone());
     let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
     let span = info_span!("etcd_cache", prefix = %prefix);
     Follower {
         writer: Writer::new(shared.clone()),
+        versions: VersionProbe::start(shared.clone()),
         shared,
         need_list: true,
         shutdown,
-        request_sent: None,
+        last_request: None,
+        outstanding: false,
     }
     .run()
     .instrument(span)
@@ -103,19 +119,30 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
 struct Follower {
     shared: Arc<Shared>,
     writer: Writer,
+    versions: VersionProbe,
     need_list: bool,
     shutdown: watch::Receiver<bool>,
-    /// When the unanswered `RequestProgress` was sent, if one is outstanding.
-    request_sent: Option<Instant>,
+    /// When the last `RequestProgress` was sent.
+    last_request: Option<Instant>,
+    /// A `RequestProgress` is unanswered.
+    outstanding: bool,
 }
 
 impl Follower {
     async fn run(mut self) {
         let cfg = &self.shared.config;
         let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
+        let healthy_after = HEALTHY_AFTER.max(cfg.backoff_max);
         let mut last_relist: Option<Instant> = None;
+        let mut attempts = 0u32;
         loop {
-            match self.session(&mut backoff).await {
+            let started = Instant::now();
+            let (end, confirmed) = self.session().await;
+            if confirmed.is_some_and(|t| t.elapsed() >= healthy_after) {
+                backoff.reset();
+                attempts = 0;
+            }
+            match end {
                 SessionEnd::Shutdown => break,
                 SessionEnd::Compacted(compact_revision) => {
                     warn!(
@@ -123,10 +150,11 @@ impl Follower {
                         compact_revision, "resume revision compacted; re-listing"
                     );
                     // Behind a gap: the data cannot be vouched for until the re-list.
-                    self.set_ready(false);
+                    self.shared
+                        .set_state(CacheStatus::Relisting { compact_revision });
                     self.need_list = true;
-                    // Re-listing again right after a re-list (aggressive compaction): back
-                    // off instead of listing the prefix in a tight loop.
+                    // Re-listing again right after a re-list (compaction outruns the
+                    // list and the watch): back off instead of listing in a loop.
                     if last_relist.is_some_and(|t| t.elapsed() < RELIST_QUIET) {
                         let delay = backoff.next_delay();
                         if self.sleep(delay).await {
@@ -135,10 +163,28 @@ impl Follower {
                     }
                     last_relist = Some(Instant::now());
                 }
+                SessionEnd::Broken(e) if e.is_permanent_upstream_failure() => {
+                    error!(error = %e, "etcd refused the cache; it stops (retrying would not help)");
+                    let error = Arc::new(e);
+                    self.shared.subscribers.end_all(End::Failed(error.clone()));
+                    self.shared.set_state(CacheStatus::Failed { error });
+                    break;
+                }
                 SessionEnd::Broken(e) => {
+                    attempts += 1;
                     let delay = backoff.next_delay();
-                    warn!(revision = self.writer.applied(), error = %e, ?delay, "upstream disconnected; reconnecting");
-                    self.set_ready(false);
+                    warn!(
+                        revision = self.writer.applied(),
+                        error = %e,
+                        attempts,
+                        session = ?started.elapsed(),
+                        ?delay,
+                        "upstream disconnected; reconnecting"
+                    );
+                    self.shared.set_state(CacheStatus::Reconnecting {
+                        error: Arc::new(e),
+                        attempts,
+                    });
                     if self.sleep(delay).await {
                         break;
                     }
@@ -160,51 +206,31 @@ impl Follower {
         }
     }
 
-    fn set_ready(&self, ready: bool) {
-        self.shared.update_status(|s| s.ready = ready);
-    }
-
-    async fn session(&mut self, backoff: &mut Backoff) -> SessionEnd {
+    /// One session: (re-)list if needed, watch, follow. Returns how it ended and when
+    /// its watch was confirmed, if it was.
+    async fn session(&mut self) -> (SessionEnd, Option<Instant>) {
         let mut sd = self.shutdown.clone();
-        tokio::select! {
+        let mut confirmed = None;
+        let end = tokio::select! {
             biased;
             _ = sd.wait_for(|s| *s) => SessionEnd::Shutdown,
-            end = self.connect_and_follow(backoff) => end,
-        }
+            end = self.connect_and_follow(&mut confirmed) => end,
+        };
+        (end, confirmed)
     }
 
-    /// Whether the servers' answers to `RequestProgress` may be trusted.
-    async fn progress_trust(&self) -> Result<bool> {
-        Ok(match self.shared.config.progress_trust {
-            ProgressTrust::Always => true,
-            ProgressTrust::Never => false,
-            _ => {
-                let versions = bounded(
-                    &self.shared.config,
-                    "the version probe",
-                    self.shared.upstream.versions(),
-                )
-                .await?;
-                let ok =
-                    !versions.is_empty() && versions.iter().all(|v| version_trusts_progress(v));
-                debug!(?versions, trusted = ok, "server versions");
-                ok
-            }
-        })
-    }
-
-    async fn connect_and_follow(&mut self, backoff: &mut Backoff) -> SessionEnd {
+    async fn connect_and_follow(&mut self, confirmed: &mut Option<Instant>) -> SessionEnd {
         let config = &self.shared.config;
         let upstream = self.shared.upstream.clone();
-        let trusted = match self.progress_trust().await {
-            Ok(t) => t,
-            Err(e) => return SessionEnd::Broken(e),
-        };
-        self.shared.counters.set_progress_trusted(trusted);
+        // A new connection may reach other members: trust progress answers again only
+        // once the versions have been probed anew (in the background).
+        self.versions.recheck();
 
         if self.need_list {
             match list::list(&self.shared).await {
                 Ok((map, revision)) => {
+                    self.shared.counters.heard();
+                    self.shared.counters.saw_cluster_revision(revision);
                     self.writer.install(map, revision);
                     self.need_list = false;
                 }
@@ -247,41 +273,50 @@ impl Follower {
             }
             Err(e) => return SessionEnd::Broken(e),
         }
+        *confirmed = Some(Instant::now());
         self.shared.counters.connected();
+        self.shared.counters.heard();
         info!(
             revision = self.writer.applied(),
             start_revision = start,
-            trusted,
             "upstream watch confirmed"
         );
-        self.set_ready(true);
-        backoff.reset();
-        let end = self.follow(watch.as_mut(), trusted).await;
+        self.shared.set_state(CacheStatus::Ready);
+        let end = self.follow(watch.as_mut()).await;
         self.writer.wake_consumers();
         end
     }
 
-    async fn follow(&mut self, watch: &mut dyn UpstreamWatch, trusted: bool) -> SessionEnd {
+    /// When the next `RequestProgress` may go out, if one is wanted (see `progress`).
+    fn next_request(&self) -> Option<Instant> {
+        let progress = &self.shared.progress;
+        if progress.waiting() == 0 || !self.shared.counters.progress_trusted() {
+            return None;
+        }
         let interval = self.shared.config.progress_request_interval;
+        match self.last_request {
+            None => Some(Instant::now()),
+            Some(_) if progress.fresh() && !self.outstanding => Some(Instant::now()),
+            Some(sent) => Some(sent + interval),
+        }
+    }
+
+    async fn follow(&mut self, watch: &mut dyn UpstreamWatch) -> SessionEnd {
         let idle = self.shared.config.upstream_idle_timeout;
-        self.request_sent = None;
+        self.outstanding = false;
         let mut last_heard = Instant::now();
         let shared = self.shared.clone();
+        let mut trust_changes = self.versions.subscribe();
         loop {
             // Consumers are woken once per burst of upstream messages, not per revision.
             self.writer.wake_consumers();
-            let want_progress = trusted && shared.progress.waiting() > 0;
-            // One request at a time serves every waiting read: send at once when none
-            // is outstanding; re-send an unanswered one after the interval (etcd#17507).
-            let next_request = match self.request_sent {
-                None => Instant::now(),
-                Some(sent) => sent + interval,
-            };
+            let next_request = self.next_request();
             tokio::select! {
                 biased;
                 msg = watch.message() => {
                     last_heard = Instant::now();
-                    if let Some(end) = self.handle(msg, trusted) {
+                    shared.counters.heard();
+                    if let Some(end) = self.handle(msg) {
                         return end;
                     }
                     // Take what is already here before waking anyone.
@@ -289,7 +324,7 @@ impl Follower {
                         let Some(msg) = watch.message().now_or_never() else {
                             break;
                         };
-                        if let Some(end) = self.handle(msg, trusted) {
+                        if let Some(end) = self.handle(msg) {
                             return end;
                         }
                     }
@@ -299,7 +334,11 @@ impl Follower {
                     // nothing reported (no keep-alive): one cheap unary call tells.
                     let probe = shared.upstream.current_revision(shared.range.clone());
                     match tokio::time::timeout(idle.min(PROBE_TIMEOUT), probe).await {
-                        Ok(Ok(_)) => last_heard = Instant::now(),
+                        Ok(Ok(revision)) => {
+                            last_heard = Instant::now();
+                            shared.counters.heard();
+                            shared.counters.saw_cluster_revision(revision);
+                        }
                         Ok(Err(e)) => return SessionEnd::Broken(e),
                         Err(_) => return SessionEnd::Broken(Error::transport(format!(
                             "the upstream watch was silent for {idle:?} (upstream_idle_timeout) and a liveness probe did not answer within {:?}",
@@ -307,7 +346,7 @@ impl Follower {
                         ))),
                     }
                 }
-                _ = tokio::time::sleep_until(next_request), if want_progress => {
+                _ = async { tokio::time::sleep_until(next_request.unwrap_or_else(Instant::now)).await }, if next_request.is_some() => {
                     if shared.progress.waiting() == 0 {
                         // The reads finished while the timer ran.
                         continue;
@@ -316,27 +355,36 @@ impl Follower {
                         return SessionEnd::Broken(e);
                     }
                     shared.progress.record_sent();
-                    self.request_sent = Some(Instant::now());
+                    self.last_request = Some(Instant::now());
+                    self.outstanding = true;
                 }
-                _ = shared.progress.wake.notified(), if !want_progress => {
+                _ = shared.progress.wake.notified() => {
                     // A read started waiting: look again.
+                }
+                _ = trust_changes.changed() => {
+                    // The trust in progress answers changed: look again.
                 }
             }
         }
     }
 
     /// Handles one upstream message; `Some` ends the session.
-    fn handle(&mut self, msg: Result<Option<WatchMsg>>, trusted: bool) -> Option<SessionEnd> {
+    fn handle(&mut self, msg: Result<Option<WatchMsg>>) -> Option<SessionEnd> {
         match msg {
-            Ok(Some(WatchMsg::Events(events))) => self.writer.apply(events),
+            Ok(Some(WatchMsg::Events(events))) => {
+                if let Err(e) = self.writer.apply(events) {
+                    return Some(SessionEnd::Broken(e));
+                }
+            }
             Ok(Some(WatchMsg::Progress {
                 revision,
                 requested,
             })) => {
+                self.shared.counters.saw_cluster_revision(revision);
                 if requested {
-                    self.request_sent = None;
+                    self.outstanding = false;
                 }
-                if requested && !trusted {
+                if requested && !self.shared.counters.progress_trusted() {
                     debug!(
                         revision,
                         "ignoring RequestProgress answer from a server with etcd#15220"

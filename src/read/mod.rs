@@ -14,7 +14,6 @@
 pub(crate) mod options;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::config::ReadFallback;
 use crate::error::{Error, Result};
@@ -58,9 +57,19 @@ fn read_local(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
 
 /// Answers `request` by etcd itself.
 async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
+    if shared.is_closed() {
+        return Err(Shared::closed_error(&shared.status()));
+    }
     shared.counters.read_from_etcd();
     tracing::debug!(revision = shared.revision(), "read answered by etcd");
+    // Linearizable at etcd: a serializable read there could reach a member that has
+    // not applied the revision yet.
+    let request = RangeRequest {
+        serializable: false,
+        ..request.clone()
+    };
     let resp = shared.upstream.range(request.clone()).await?;
+    shared.counters.saw_cluster_revision(resp.revision);
     // As from memory: the revision the answer reflects.
     let revision = if request.revision > 0 {
         request.revision
@@ -70,77 +79,100 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
     Ok(GetResponse::new(revision, resp.result))
 }
 
-/// What a consistent read does when the cache cannot answer in time.
+/// What a read does when the cache cannot answer it in time: etcd answers, or the
+/// error is returned, as `read_fallback` says. A closed cache answers nothing.
 async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result<GetResponse> {
+    if matches!(err, Error::Closed | Error::Failed { .. }) {
+        return Err(err);
+    }
     match shared.config.read_fallback {
         ReadFallback::Etcd => read_from_etcd(shared, request).await,
         _ => Err(err),
     }
 }
 
-/// The cluster's current revision (one linearizable round trip), bounded by `limit`
-/// so that a stalled connection cannot hang a read.
-async fn cluster_revision(shared: &Shared, limit: Duration) -> Result<i64> {
-    tokio::time::timeout(limit, shared.probe.current(&shared.upstream, &shared.range))
-        .await
-        .map_err(|_| Error::timeout("etcd to report its current revision", limit))?
+/// The cluster's current revision (one linearizable round trip, shared with
+/// concurrent callers), within the consistent-read timeout.
+async fn cluster_revision(shared: &Shared) -> Result<i64> {
+    let limit = shared.config.consistent_read_timeout;
+    let revision = shared
+        .probe
+        .current(&shared.upstream, &shared.range, limit)
+        .await?;
+    shared.counters.saw_cluster_revision(revision);
+    Ok(revision)
 }
 
-async fn wait_applied(shared: &Shared, rev: i64, limit: Duration) -> Result<()> {
-    tokio::time::timeout(limit, shared.wait_for_revision(rev))
-        .await
-        .map_err(|_| Error::timeout("the cache to reach the read's revision", limit))?
+/// Answers `request` once the cache has applied `need` — from memory when the cache
+/// gets there in time, else as `read_fallback` says. On a server whose progress
+/// answers cannot be trusted the cache cannot prove it will get there (a quiet prefix
+/// is only advanced by events or the periodic notification), so etcd answers at once.
+async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result<GetResponse> {
+    if shared.revision() < need {
+        let can_wait = shared.counters.progress_trusted()
+            || shared.config.read_fallback == ReadFallback::Error;
+        if !can_wait {
+            // etcd#15220: without trustworthy progress answers the cache cannot prove
+            // it is current, so etcd answers.
+            return read_from_etcd(shared, request).await;
+        }
+        let limit = shared.config.consistent_read_timeout;
+        let waited = tokio::time::timeout(limit, shared.wait_for_revision(need))
+            .await
+            .map_err(|_| Error::timeout("the cache to reach the read's revision", limit))
+            .and_then(|r| r);
+        if let Err(e) = waited {
+            return fallback(shared, request, e).await;
+        }
+    }
+    read_local(shared, request)
 }
 
 /// The read path of [`Cache::get`](crate::Cache::get).
 pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
     // Fast path: a serializable read of one key at the latest revision is one map
     // lookup in the current snapshot, without building a range.
-    if opts.is_plain_serializable_get(key) && shared.range.contains(key) {
-        let status = shared.status();
-        if status.loaded && !status.closed {
-            let request = opts.shaping()?;
-            return Ok(shared.with_snapshot(|snap| {
-                GetResponse::new(
-                    snap.revision,
-                    request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
-                )
-            }));
-        }
+    if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {
+        let request = opts.shaping()?;
+        return Ok(shared.with_snapshot(|snap| {
+            GetResponse::new(
+                snap.revision,
+                request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
+            )
+        }));
     }
     let request = opts.request(key)?;
     request.range.check_within(&shared.range)?;
     let status = shared.status();
-    if status.closed {
-        return Err(Error::Closed);
+    if status.closed() {
+        return Err(Shared::closed_error(&status));
     }
-    let timeout = shared.config.consistent_read_timeout;
-    if opts.serializable() {
-        if !status.loaded {
-            shared.wait_loaded(timeout).await?;
+    if !status.loaded {
+        if opts.serializable() {
+            shared
+                .wait_loaded(shared.config.consistent_read_timeout)
+                .await?;
+        } else {
+            return fallback(shared, &request, Error::NotReady).await;
         }
-        if request.revision > shared.revision() {
-            // Wait for it if the cluster has it; refuse it if the cluster does not.
-            let current = cluster_revision(shared, timeout).await?;
-            if request.revision > current {
-                return Err(Error::FutureRevision {
-                    requested: request.revision,
-                    current,
-                });
-            }
-            wait_applied(shared, request.revision, timeout).await?;
-        }
-        return read_local(shared, &request);
     }
-    // Consistent read. Data at a revision the cache has applied never changes, so a
-    // read at such a revision needs no round trip.
+    // Data at a revision the cache has applied never changes: a read at such a
+    // revision needs no round trip, serializable or not.
     if request.revision > 0 && request.revision <= shared.revision() {
         return read_local(shared, &request);
     }
-    if !status.ready {
+    if opts.serializable() && request.revision == 0 {
+        return read_local(shared, &request);
+    }
+    if !opts.serializable() && !shared.is_ready() {
         return fallback(shared, &request, Error::NotReady).await;
     }
-    let current = cluster_revision(shared, timeout).await?;
+    // A consistent read, or a read at a revision the cache has not applied: learn how
+    // far the cluster is.
+    let current = match cluster_revision(shared).await {
+        Ok(current) => current,
+        Err(e) => return fallback(shared, &request, e).await,
+    };
     if request.revision > current {
         return Err(Error::FutureRevision {
             requested: request.revision,
@@ -152,17 +184,5 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
     } else {
         current
     };
-    if shared.revision() < need {
-        let can_wait = shared.counters.progress_trusted()
-            || shared.config.read_fallback == ReadFallback::Error;
-        if !can_wait {
-            // etcd#15220: without trustworthy progress answers the cache cannot prove
-            // it is current, so etcd answers.
-            return read_from_etcd(shared, &request).await;
-        }
-        if let Err(e) = wait_applied(shared, need, timeout).await {
-            return fallback(shared, &request, e).await;
-        }
-    }
-    read_local(shared, &request)
+    answer_at(shared, &request, need).await
 }

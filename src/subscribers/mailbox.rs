@@ -29,6 +29,7 @@ use std::task::Waker;
 use parking_lot::{Mutex, RwLock};
 
 use super::filter::Filter;
+use crate::error::Error;
 use crate::history::History;
 use crate::kv::Event;
 
@@ -40,10 +41,13 @@ pub(crate) struct Delivery {
 }
 
 /// Why a subscription ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum End {
     /// The cache was closed: deliver what is queued (and caught up), then end.
     Closed,
+    /// The cache stopped on this failure (a permanent upstream error, or its follower
+    /// panicked): deliver what is queued (and caught up), then the error.
+    Failed(Arc<Error>),
     /// The watch was cancelled: end after what is queued.
     Cancelled,
     /// The position left the window: deliver what is queued, then the compaction
@@ -149,6 +153,11 @@ impl Mailbox {
         }
         if s.queue.len() >= s.cap {
             s.lagging = true;
+            // Pushes come in revision order to every matching subscriber that is not
+            // lagging, so every matching revision below this one is queued already:
+            // the catch-up starts here, not at the last queued revision (which may be
+            // far behind when the revisions in between did not match).
+            s.last_rev = revision - 1;
             // Counted under the lock, before the consumer can clear it.
             lag.enter();
             return Pushed::BecameLagging;
@@ -168,10 +177,11 @@ impl Mailbox {
     /// A cancelled or compacted subscription stops lagging: it is owed nothing more.
     pub(crate) fn end(&self, why: End, lag: &LagCount) {
         let mut s = self.state.lock();
+        let owed_nothing = matches!(why, End::Compacted(_) | End::Cancelled);
         if s.end.is_none() {
             s.end = Some(why);
         }
-        if s.lagging && matches!(why, End::Compacted(_) | End::Cancelled) {
+        if s.lagging && owed_nothing {
             s.lagging = false;
             lag.leave();
         }
@@ -224,8 +234,8 @@ impl Mailbox {
                 self.catch_up(&history, filter, lag);
                 continue;
             }
-            if let Some(end) = s.end {
-                return Polled::Ended(end);
+            if let Some(end) = &s.end {
+                return Polled::Ended(end.clone());
             }
             match &s.waker {
                 Some(w) if w.will_wake(waker) => {}
@@ -248,7 +258,7 @@ impl Mailbox {
         if s.last_rev + 1 < history.floor() {
             s.lagging = false;
             lag.leave();
-            if s.end.is_none() || s.end == Some(End::Closed) {
+            if matches!(s.end, None | Some(End::Closed) | Some(End::Failed(_))) {
                 s.end = Some(End::Compacted(history.floor()));
             }
             return;
@@ -341,7 +351,7 @@ mod tests {
         assert_eq!(lag.get(), 1);
         let (got, end) = drain(&mb, &history, &f, &lag);
         assert_eq!(got, (2..10).collect::<Vec<_>>());
-        assert_eq!(end, None);
+        assert!(end.is_none());
         assert_eq!(lag.get(), 0);
         // Live again: the next batch is pushed, not skipped.
         let b = Batch::new(10, vec![put(b"k1", 10)]);
@@ -363,7 +373,7 @@ mod tests {
         }
         let (got, end) = drain(&mb, &history, &f, &lag);
         assert!(got.is_empty());
-        assert_eq!(end, Some(End::Compacted(history.read().floor())));
+        assert!(matches!(end, Some(End::Compacted(f)) if f == history.read().floor()));
         assert_eq!(lag.get(), 0);
     }
 }

@@ -51,8 +51,14 @@ pub(crate) struct Subscribers {
 /// The outcome of a registration.
 #[derive(Debug)]
 pub(crate) enum Registered {
-    /// Live (or catching up from the history): deliveries arrive in `mailbox`.
-    Live { id: SubId, mailbox: Arc<Mailbox> },
+    /// Live (or catching up from the history): deliveries arrive in `mailbox`, every
+    /// matching revision after `position` (for a watch from now: the revision it
+    /// starts after, which its `created` response must report).
+    Live {
+        id: SubId,
+        mailbox: Arc<Mailbox>,
+        position: i64,
+    },
     /// The start revision is below the window: the watch gets the compaction signal.
     Compacted { floor: i64 },
 }
@@ -146,7 +152,11 @@ impl Subscribers {
             scope.ids.lock().insert(id);
         }
         index.insert(id, filter, mailbox.clone());
-        Ok(Registered::Live { id, mailbox })
+        Ok(Registered::Live {
+            id,
+            mailbox,
+            position: last_rev,
+        })
     }
 
     /// Removes a subscriber from the index and ends its mailbox (idempotent).
@@ -162,7 +172,7 @@ impl Subscribers {
         let mut index = self.index.lock();
         index.closed = true;
         for (_, _, mailbox) in index.all() {
-            mailbox.end(why, &self.lag);
+            mailbox.end(why.clone(), &self.lag);
         }
     }
 

@@ -67,7 +67,16 @@ pub(crate) struct FakeUpstream {
     stalled: watch::Sender<bool>,
     /// The channel the next watch reads from, made in advance by `preset_watch`.
     preset: Mutex<Option<mpsc::UnboundedReceiver<Result<WatchMsg>>>>,
+    /// The next this many revision probes never answer.
+    hung_probes: AtomicUsize,
+    /// How long `versions` takes.
+    versions_delay: Mutex<std::time::Duration>,
+    /// Every list fails with this gRPC code (a permanent failure), while set.
+    list_refusal: Mutex<Option<tonic::Code>>,
 }
+
+/// The reason of the scripted error that makes the fake watch panic.
+const PANIC: &str = "fake: panic in the upstream watch";
 
 /// The test's end of one upstream watch.
 pub(crate) struct OpenedWatch {
@@ -110,6 +119,13 @@ impl OpenedWatch {
         self.send(msg);
     }
 
+    /// Makes the follower's poll of this watch panic (a bug in the cache, simulated).
+    pub(crate) fn panic(&self) {
+        self.send(Err(Error::Internal {
+            reason: PANIC.into(),
+        }));
+    }
+
     /// The stream fails (transport error).
     pub(crate) fn fail(&self) {
         self.send(Err(Error::transport("scripted transport error")));
@@ -128,7 +144,13 @@ struct FakeWatch {
 
 impl UpstreamWatch for FakeWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
-        Box::pin(async move { self.rx.recv().await.transpose() })
+        Box::pin(async move {
+            let msg = self.rx.recv().await.transpose();
+            if let Err(Error::Internal { reason }) = &msg {
+                assert_ne!(reason, PANIC, "{PANIC}");
+            }
+            msg
+        })
     }
 
     fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
@@ -185,6 +207,9 @@ impl FakeUpstream {
             fallback_keys: Mutex::new(Vec::new()),
             stalled: watch::Sender::new(false),
             preset: Mutex::new(None),
+            hung_probes: AtomicUsize::new(0),
+            versions_delay: Mutex::new(std::time::Duration::ZERO),
+            list_refusal: Mutex::new(None),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -219,6 +244,21 @@ impl FakeUpstream {
 
     pub(crate) fn set_current_revision(&self, revision: i64) {
         self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    /// The next `n` revision probes never answer (a half-open connection).
+    pub(crate) fn hang_next_probes(&self, n: usize) {
+        self.hung_probes.store(n, Ordering::SeqCst);
+    }
+
+    /// `versions` takes this long (black-holed members).
+    pub(crate) fn set_versions_delay(&self, delay: std::time::Duration) {
+        *self.versions_delay.lock() = delay;
+    }
+
+    /// While `Some`, every list fails with this gRPC code.
+    pub(crate) fn refuse_lists(&self, code: Option<tonic::Code>) {
+        *self.list_refusal.lock() = code;
     }
 
     /// While set, unary calls (the current-revision probe) never answer.
@@ -269,7 +309,11 @@ impl Upstream for FakeUpstream {
     fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         self.versions_calls.fetch_add(1, Ordering::SeqCst);
         let v = self.versions.lock().clone();
-        Box::pin(async move { Ok(v) })
+        let delay = *self.versions_delay.lock();
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Ok(v)
+        })
     }
 
     fn list_page(
@@ -291,6 +335,11 @@ impl Upstream for FakeUpstream {
                 });
                 calls.len() - 1
             };
+            if let Some(code) = *self.list_refusal.lock() {
+                return Err(Error::Upstream(etcd_client::Error::GRpcStatus(
+                    tonic::Status::new(code, "etcdserver: scripted refusal"),
+                )));
+            }
             if self.failing_lists.lock().contains(&call) {
                 return Err(Error::transport(format!(
                     "scripted failure of list call {call}"
@@ -357,7 +406,14 @@ impl Upstream for FakeUpstream {
     fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
         self.current_calls.fetch_add(1, Ordering::SeqCst);
         let mut stalled = self.stalled.subscribe();
+        let hung = self
+            .hung_probes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
         Box::pin(async move {
+            if hung {
+                std::future::pending::<()>().await;
+            }
             // While stalled (a black-holed connection) the probe does not answer; when
             // released it answers with the revision etcd has then.
             let _ = stalled.wait_for(|s| !*s).await;
