@@ -35,9 +35,6 @@
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 mod common;
 use common::{clk_tck, connect};
 use std::fmt::Write as _;
@@ -591,12 +588,12 @@ fn main() {
     let started = Instant::now();
     // 1M keys of 16 + 16 bytes are about 100-200 MB of backend; a larger quota keeps etcd
     // far from its 2 GiB default alarm whatever else runs.
-    let server = etcd::EtcdServer::start_with(
-        etcd::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
+    let server = testkit::EtcdServer::start_with(
+        testkit::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
     );
     let ep = server.endpoint();
     let etcd_pid = server.pid();
-    let version = etcd::member_status(server.client_addr())
+    let version = testkit::member_status(server.client_addr())
         .map(|s| s.version)
         .unwrap_or_default();
     println!(

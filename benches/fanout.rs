@@ -22,9 +22,6 @@
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 mod common;
 use common::{clk_tck, connect};
 use std::fmt::Write as _;
@@ -844,15 +841,15 @@ fn main() {
     };
     now_ns();
     let started = Instant::now();
-    let server = etcd::EtcdServer::start_with(
-        etcd::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
+    let server = testkit::EtcdServer::start_with(
+        testkit::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
     );
     let proxy = if opts.modes.contains(&Mode::Proxy) {
-        Some(etcd::grpc_proxy(&[server.endpoint()]))
+        Some(testkit::grpc_proxy(&[server.endpoint()]))
     } else {
         None
     };
-    let version = etcd::member_status(server.client_addr())
+    let version = testkit::member_status(server.client_addr())
         .map(|s| s.version)
         .unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -46,9 +46,6 @@
 //! Run by `cargo test --all-targets` (no `--bench` argument) it does a smoke run of a few
 //! iterations per measurement and exits.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -602,8 +599,8 @@ fn main() {
         }
     };
     let started = Instant::now();
-    let server = etcd::EtcdServer::start();
-    let version = etcd::member_status(server.client_addr())
+    let server = testkit::EtcdServer::start();
+    let version = testkit::member_status(server.client_addr())
         .map(|s| s.version)
         .unwrap_or_default();
     let form = if opts.smoke {

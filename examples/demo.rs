@@ -12,9 +12,6 @@
 //! matched it, in order. It prints what was delivered and how fast, and exits with 1 if any
 //! subscriber missed, repeated or reordered anything.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -136,7 +133,7 @@ fn main() -> ExitCode {
         Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
         _ => {
             let started = Instant::now();
-            let server = etcd::EtcdServer::start();
+            let server = testkit::EtcdServer::start();
             println!(
                 "started a throwaway etcd at {} in {:.1} s (set ETCD_ENDPOINTS to use your own)",
                 server.endpoint(),

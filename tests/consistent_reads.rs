@@ -1,20 +1,17 @@
 //! Consistent (linearizable) reads from the cache against real etcd 3.4.23, which has
 //! etcd#15220: the cache must stay correct, only slower.
 
-mod support;
-
 use std::time::Duration;
 
 use etcd_cache::{Cache, Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
-use support::etcd::{EtcdOptions, EtcdServer};
-use support::proxy::TcpProxy;
+use testkit::{EtcdOptions, EtcdServer, TcpProxy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(120), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
             .prefix("/c/")
             .build()
@@ -75,12 +72,12 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
 /// every revision the cache reports must match etcd's data at that revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(120), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut direct = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut direct = testkit::client(&[etcd.endpoint()]).await;
         let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let via_proxy = support::client(&[proxy.endpoint()]).await;
+        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
         let cache = Cache::builder(via_proxy)
             .prefix("/p/")
             .backoff(Duration::from_millis(10), Duration::from_millis(50))
@@ -168,10 +165,10 @@ async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_only_while_reads_wait() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         // Forced trust, so the requestor runs against the real server.
         let cache = Cache::builder(client.clone())
             .prefix("/q/")
@@ -227,10 +224,10 @@ async fn progress_requests_only_while_reads_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_timeout_as_configured() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         client.put("/t/a", "1", None).await.unwrap();
         let strict = Cache::builder(client.clone())
             .prefix("/t/")
@@ -280,15 +277,15 @@ async fn fallback_and_timeout_as_configured() {
 /// consistent reads on a quiet prefix from memory, and local progress responses flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_progress_serves_reads_on_buggy_servers() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(|| {
+        let etcd = testkit::blocking(|| {
             EtcdServer::start_with(
                 EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
             )
         })
         .await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         client.put("/s/a", "1", None).await.unwrap();
         let cache = Cache::builder(client.clone())
             .prefix("/s/")
@@ -339,10 +336,10 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
 /// unit test `fallback_reads_send_the_range_start`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone()).build().await.unwrap();
         cache.wait_ready().await.unwrap();
         for i in 1..=300i64 {

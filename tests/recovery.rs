@@ -1,15 +1,13 @@
 //! Recovery against real etcd: a restart in the middle of a write burst, and member
 //! failover in a three-member cluster. Every subscriber must see exactly etcd's history.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_cache::{Cache, WatchOptions, WatchStream};
 use etcd_client::Client;
-use support::etcd::{EtcdCluster, EtcdServer};
+use testkit::{EtcdCluster, EtcdServer};
 
 /// Every revision (with its keys) of `prefix` in `(from, to]`, from a direct etcd watch.
 /// `to` must be the revision of an event in `prefix` (the writers only write there).
@@ -115,10 +113,10 @@ fn writer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(120), async {
-        let mut etcd = support::blocking(EtcdServer::start).await;
-        let client = support::client(&[etcd.endpoint()]).await;
+        let mut etcd = testkit::blocking(EtcdServer::start).await;
+        let client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
             .prefix("/r/")
             .backoff(Duration::from_millis(20), Duration::from_millis(200))
@@ -140,7 +138,7 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         let stop = Arc::new(AtomicBool::new(false));
         let w = writer(client.clone(), "/r/", stop.clone());
         tokio::time::sleep(Duration::from_millis(300)).await;
-        etcd = support::blocking(move || {
+        etcd = testkit::blocking(move || {
             etcd.kill();
             std::thread::sleep(Duration::from_millis(300));
             etcd.restart();
@@ -151,7 +149,7 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         stop.store(true, Ordering::Relaxed);
         let written = w.await.unwrap();
         assert!(written > 0);
-        let mut c = support::client(&[etcd.endpoint()]).await;
+        let mut c = testkit::client(&[etcd.endpoint()]).await;
         let end = c
             .get("/r/", None)
             .await
@@ -173,13 +171,13 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_member_and_leader_failover() {
-    support::init_tracing();
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(150), async {
-        let mut cluster = support::blocking(EtcdCluster::start).await;
+        let mut cluster = testkit::blocking(EtcdCluster::start).await;
         let endpoints = cluster.endpoints();
         // The cache talks to member 0 first; the writers to all of them.
-        let cache_client = support::client(&endpoints).await;
-        let writer_client = support::client(&endpoints).await;
+        let cache_client = testkit::client(&endpoints).await;
+        let writer_client = testkit::client(&endpoints).await;
         let cache = Cache::builder(cache_client)
             .prefix("/f/")
             .backoff(Duration::from_millis(20), Duration::from_millis(300))
@@ -202,7 +200,7 @@ async fn cluster_member_and_leader_failover() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         // Kill members one at a time (keeping quorum), the leader among them, then restart.
         for round in 0..2 {
-            cluster = support::blocking(move || {
+            cluster = testkit::blocking(move || {
                 let victim = if round == 0 { 0 } else { cluster.leader() };
                 cluster.kill(victim);
                 std::thread::sleep(Duration::from_millis(800));
@@ -214,7 +212,7 @@ async fn cluster_member_and_leader_failover() {
         }
         stop.store(true, Ordering::Relaxed);
         assert!(w.await.unwrap() > 0);
-        let mut c = support::client(&cluster.endpoints()).await;
+        let mut c = testkit::client(&cluster.endpoints()).await;
         let end = c
             .get("/f/", None)
             .await
@@ -233,15 +231,15 @@ async fn cluster_member_and_leader_failover() {
 /// missed events get `Compacted`; those that provably missed nothing continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_disconnected_relists() {
-    use support::proxy::TcpProxy;
-    support::init_tracing();
+    use testkit::TcpProxy;
+    testkit::init_tracing();
     tokio::time::timeout(Duration::from_secs(90), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut direct = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut direct = testkit::client(&[etcd.endpoint()]).await;
         direct.put("/c/stable", "s", None).await.unwrap();
         direct.put("/c/changes", "1", None).await.unwrap();
         let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let cache = Cache::builder(support::client(&[proxy.endpoint()]).await)
+        let cache = Cache::builder(testkit::client(&[proxy.endpoint()]).await)
             .prefix("/c/")
             .backoff(Duration::from_millis(20), Duration::from_millis(100))
             .build()

@@ -1,7 +1,5 @@
 //! Integration tests of the watch cache against a real etcd (issue: the watch cache).
 
-mod support;
-
 use std::future::Future;
 use std::time::Duration;
 
@@ -10,7 +8,7 @@ use etcd_cache::{
     WatchResponse, WatchStream,
 };
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use support::etcd::EtcdServer;
+use testkit::EtcdServer;
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -56,10 +54,10 @@ fn keys(r: &WatchResponse) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_follow_replay_txn_prevkv_filters() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         for i in 0..25 {
             client
                 .put(format!("/app/pre{i:02}"), format!("v{i}"), None)
@@ -240,10 +238,10 @@ async fn load_follow_replay_txn_prevkv_filters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compacted_start_revision_and_bad_input() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
             .prefix("/app/")
             .history_window(4)
@@ -403,10 +401,10 @@ async fn compacted_start_revision_and_bad_input() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
             .prefix("/burst/")
             .subscriber_buffer(1)
@@ -458,10 +456,10 @@ async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_equals_etcd_for_every_form() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "").await;
         for i in 0..40 {
             client
@@ -558,10 +556,10 @@ async fn get_equals_etcd_for_every_form() {
 /// even when the cache has not applied it yet (etcd's semantics for start revision 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_now_skips_writes_completed_before_it() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "/now/").await;
         for i in 0..100 {
             let before = client
@@ -715,10 +713,10 @@ impl Form {
 /// ranges) deliver exactly what a direct etcd watch of the same form delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
-    support::init_tracing();
+    testkit::init_tracing();
     bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let etcd = testkit::blocking(EtcdServer::start).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "").await;
         let forms: Vec<(&str, WatchOptions, etcd_client::WatchOptions)> = vec![
             (
