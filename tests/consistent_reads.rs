@@ -9,7 +9,7 @@ use testkit::{EtcdOptions, EtcdServer, TcpProxy};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(120), async {
+    testkit::bounded(Duration::from_secs(120), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
@@ -63,8 +63,7 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
         );
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// etcd#15220: on 3.4.23 the first `RequestProgress` after a watch resumed from an old
@@ -73,7 +72,7 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(120), async {
+    testkit::bounded(Duration::from_secs(120), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut direct = testkit::client(&[etcd.endpoint()]).await;
         let proxy = TcpProxy::start(etcd.client_addr()).await;
@@ -159,14 +158,13 @@ async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
         }
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_only_while_reads_wait() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
+    testkit::bounded(Duration::from_secs(60), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         // Forced trust, so the requestor runs against the real server.
@@ -218,14 +216,13 @@ async fn progress_requests_only_while_reads_wait() {
         );
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_timeout_as_configured() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
+    testkit::bounded(Duration::from_secs(60), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         client.put("/t/a", "1", None).await.unwrap();
@@ -268,8 +265,7 @@ async fn fallback_and_timeout_as_configured() {
         strict.close().await;
         lenient.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// Per-watch periodic progress notifications travel in order with the events and are
@@ -278,7 +274,7 @@ async fn fallback_and_timeout_as_configured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_progress_serves_reads_on_buggy_servers() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
+    testkit::bounded(Duration::from_secs(60), async {
         let etcd = testkit::blocking(|| {
             EtcdServer::start_with(
                 EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
@@ -326,8 +322,7 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
         assert!(r.is_progress_notify() && r.revision() >= rev);
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// A whole-keyspace cache: every range form with an empty key answers right after each
@@ -337,7 +332,7 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
+    testkit::bounded(Duration::from_secs(60), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone()).build().await.unwrap();
@@ -362,6 +357,5 @@ async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
         }
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }

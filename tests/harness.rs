@@ -1,7 +1,6 @@
 //! Tests of the test harness itself: real etcd processes, a three-member cluster, the
 //! fault-injecting TCP proxy and etcd's gRPC proxy.
 
-use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, WatchOptions};
@@ -9,12 +8,6 @@ use testkit::{grpc_proxy, EtcdCluster, EtcdOptions, EtcdServer, TcpProxy};
 
 /// Every test ends within this, even when something hangs.
 const TEST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(TEST_TIMEOUT, test)
-        .await
-        .expect("test did not finish in time");
-}
 
 async fn get_value(client: &mut Client, key: &str) -> Option<String> {
     let resp = client.get(key, None).await.expect("get");
@@ -26,7 +19,7 @@ async fn get_value(client: &mut Client, key: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_server_put_get() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
         let mut client = testkit::client(&[etcd.endpoint()]).await;
@@ -50,7 +43,7 @@ async fn single_server_put_get() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_restart_keep_data_and_ports() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let mut etcd = EtcdServer::start_with(
             EtcdOptions::default().progress_notify_interval(Duration::from_millis(200)),
         );
@@ -87,7 +80,7 @@ async fn kill_and_restart_keep_data_and_ports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_survives_leader_kill() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let mut cluster = EtcdCluster::start();
         let endpoints = cluster.endpoints();
         assert_eq!(endpoints.len(), 3);
@@ -166,7 +159,7 @@ async fn cluster_survives_leader_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_drop_all_connections_ends_watch() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.client_addr()).await;
         let mut client = testkit::client(&[proxy.endpoint()]).await;
@@ -219,7 +212,7 @@ async fn proxy_drop_all_connections_ends_watch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_blackhole_stalls_then_resumes() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.endpoint()).await;
         let mut client = testkit::client(&[proxy.endpoint()]).await;
@@ -251,7 +244,7 @@ async fn proxy_blackhole_stalls_then_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuse_rejects_new_connections_only() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.endpoint()).await;
         let mut client = testkit::client(&[proxy.endpoint()]).await;
@@ -290,7 +283,7 @@ async fn proxy_refuse_rejects_new_connections_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_proxy_forwards() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = grpc_proxy(&[etcd.endpoint()]);
         assert!(proxy.pid().is_some());

@@ -114,7 +114,7 @@ fn writer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(120), async {
+    testkit::bounded(Duration::from_secs(120), async {
         let mut etcd = testkit::blocking(EtcdServer::start).await;
         let client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
@@ -165,14 +165,13 @@ async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
         assert!(cache.stats().connects >= 2, "the cache reconnected");
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_member_and_leader_failover() {
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(150), async {
+    testkit::bounded(Duration::from_secs(150), async {
         let mut cluster = testkit::blocking(EtcdCluster::start).await;
         let endpoints = cluster.endpoints();
         // The cache talks to member 0 first; the writers to all of them.
@@ -223,8 +222,7 @@ async fn cluster_member_and_leader_failover() {
         each_matches_etcd(&c, "/f/", start, end, &mut subs).await;
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// Compaction while the cache is cut off: it must re-list. Subscribers that may have
@@ -233,7 +231,7 @@ async fn cluster_member_and_leader_failover() {
 async fn compaction_while_disconnected_relists() {
     use testkit::TcpProxy;
     testkit::init_tracing();
-    tokio::time::timeout(Duration::from_secs(90), async {
+    testkit::bounded(Duration::from_secs(90), async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut direct = testkit::client(&[etcd.endpoint()]).await;
         direct.put("/c/stable", "s", None).await.unwrap();
@@ -331,6 +329,5 @@ async fn compaction_while_disconnected_relists() {
         );
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }

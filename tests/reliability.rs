@@ -17,7 +17,6 @@ mod checker;
 #[path = "reliability/run.rs"]
 mod run;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,12 +33,6 @@ use testkit::{EtcdCluster, EtcdOptions, EtcdServer, TcpProxy};
 const SHORT: Duration = Duration::from_secs(12);
 /// Slack on top of the workload for start, heal, drain and check.
 const SLACK: Duration = Duration::from_secs(150);
-
-async fn bounded<F: Future<Output = Summary>>(dur: Duration, f: F) -> Summary {
-    tokio::time::timeout(dur + SLACK, f)
-        .await
-        .expect("reliability test did not finish in time")
-}
 
 fn etcd_options() -> EtcdOptions {
     EtcdOptions::default().progress_notify_interval(Duration::from_millis(500))
@@ -620,37 +613,37 @@ async fn bad_input(seed: u64, dur: Duration) -> Summary {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_single_etcd_mid_write_burst() {
     testkit::init_tracing();
-    bounded(SHORT, kill9_single(seed(), SHORT)).await;
+    testkit::bounded(SHORT + SLACK, kill9_single(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_kill_watched_member_then_leader() {
     testkit::init_tracing();
-    bounded(SHORT, cluster_failover(seed(), SHORT)).await;
+    testkit::bounded(SHORT + SLACK, cluster_failover(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_connection_drops_and_blackholes() {
     testkit::init_tracing();
-    bounded(SHORT, proxy_faults(seed(), SHORT)).await;
+    testkit::bounded(SHORT + SLACK, proxy_faults(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_cache_disconnected() {
     testkit::init_tracing();
-    bounded(SHORT, compaction_while_disconnected(seed(), SHORT)).await;
+    testkit::bounded(SHORT + SLACK, compaction_while_disconnected(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_stuck_subscribers_next_to_fast_ones() {
     testkit::init_tracing();
-    bounded(SHORT, slow_and_stuck(seed(), SHORT)).await;
+    testkit::bounded(SHORT + SLACK, slow_and_stuck(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_at_a_live_cache() {
     testkit::init_tracing();
-    bounded(SHORT, bad_input(seed(), Duration::from_secs(5))).await;
+    testkit::bounded(SHORT + SLACK, bad_input(seed(), Duration::from_secs(5))).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -678,13 +671,14 @@ async fn soak() {
             .min(Duration::from_secs(60))
             .max(Duration::from_secs(5));
         let seed = base.wrapping_add(round);
+        let limit = dur + SLACK;
         let s = match round % 6 {
-            0 => bounded(dur, kill9_single(seed, dur)).await,
-            1 => bounded(dur, cluster_failover(seed, dur)).await,
-            2 => bounded(dur, proxy_faults(seed, dur)).await,
-            3 => bounded(dur, compaction_while_disconnected(seed, dur)).await,
-            4 => bounded(dur, slow_and_stuck(seed, dur)).await,
-            _ => bounded(dur, bad_input(seed, dur.min(Duration::from_secs(20)))).await,
+            0 => testkit::bounded(limit, kill9_single(seed, dur)).await,
+            1 => testkit::bounded(limit, cluster_failover(seed, dur)).await,
+            2 => testkit::bounded(limit, proxy_faults(seed, dur)).await,
+            3 => testkit::bounded(limit, compaction_while_disconnected(seed, dur)).await,
+            4 => testkit::bounded(limit, slow_and_stuck(seed, dur)).await,
+            _ => testkit::bounded(limit, bad_input(seed, dur.min(Duration::from_secs(20)))).await,
         };
         summaries.push(s);
         round += 1;

@@ -1,6 +1,5 @@
 //! Integration tests of the watch cache against a real etcd (issue: the watch cache).
 
-use std::future::Future;
 use std::time::Duration;
 
 use etcd_cache::{
@@ -11,12 +10,6 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use testkit::EtcdServer;
 
 const LIMIT: Duration = Duration::from_secs(90);
-
-async fn bounded<F: Future<Output = ()>>(f: F) {
-    tokio::time::timeout(LIMIT, f)
-        .await
-        .expect("test did not finish in time");
-}
 
 async fn cache_on(client: &Client, prefix: &str) -> Cache {
     let cache = Cache::builder(client.clone())
@@ -55,7 +48,7 @@ fn keys(r: &WatchResponse) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_follow_replay_txn_prevkv_filters() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         for i in 0..25 {
@@ -239,7 +232,7 @@ async fn load_follow_replay_txn_prevkv_filters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compacted_start_revision_and_bad_input() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
@@ -402,7 +395,7 @@ async fn compacted_start_revision_and_bad_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let client = testkit::client(&[etcd.endpoint()]).await;
         let cache = Cache::builder(client.clone())
@@ -457,7 +450,7 @@ async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_equals_etcd_for_every_form() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "").await;
@@ -557,7 +550,7 @@ async fn get_equals_etcd_for_every_form() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_now_skips_writes_completed_before_it() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "/now/").await;
@@ -714,7 +707,7 @@ impl Form {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
     testkit::init_tracing();
-    bounded(async {
+    testkit::bounded(LIMIT, async {
         let etcd = testkit::blocking(EtcdServer::start).await;
         let mut client = testkit::client(&[etcd.endpoint()]).await;
         let cache = cache_on(&client, "").await;
