@@ -36,7 +36,7 @@
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
 mod common;
-use common::{clk_tck, connect};
+use common::clk_tck;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -264,7 +264,7 @@ fn child(args: &[String]) -> i32 {
         .build()
         .expect("runtime");
     let r = rt.block_on(async move {
-        let client = connect(&ep).await?;
+        let client = testkit::Connect::plain().try_client(&[&ep]).await?;
         let base_kib = status_kib("VmRSS");
         let cpu0 = cpu_ticks(None);
         let t0 = Instant::now();
@@ -612,7 +612,7 @@ fn main() {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let client = connect(&ep).await?;
+            let client = testkit::Connect::plain().try_client(&[&ep]).await?;
             for &n in &opts.keys {
                 let prefix = prefix_for(n);
                 let took = load(&client, &prefix, n).await?;

@@ -23,7 +23,7 @@
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
 mod common;
-use common::{clk_tck, connect};
+use common::clk_tck;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -265,7 +265,7 @@ async fn open_direct(
     ),
     String,
 > {
-    let client = connect(ep).await?;
+    let client = testkit::Connect::plain().try_client(&[ep]).await?;
     let mut tasks = Vec::new();
     let mut left = n;
     while left > 0 {
@@ -323,7 +323,7 @@ async fn open_cache(
     n: usize,
     puts: usize,
 ) -> Result<(Cache, Vec<tokio::task::JoinHandle<Result<(), String>>>), String> {
-    let client = connect(ep).await?;
+    let client = testkit::Connect::plain().try_client(&[ep]).await?;
     let cache = Cache::builder(client)
         .prefix(prefix)
         .history_window(puts.max(2048) + 1024)
@@ -399,13 +399,13 @@ impl Writer {
                     .build()
                     .expect("runtime");
                 rt.block_on(async move {
-                    let client = match connect(&ep).await {
+                    let client = match testkit::Connect::plain().try_client(&[&ep]).await {
                         Ok(c) => {
                             let _ = ready_tx.send(Ok(()));
                             c
                         }
                         Err(e) => {
-                            let _ = ready_tx.send(Err(e));
+                            let _ = ready_tx.send(Err(e.to_string()));
                             return;
                         }
                     };

@@ -210,14 +210,15 @@ impl Writer {
                         .build()
                         .map_err(|e| e.to_string())?;
                     rt.block_on(async move {
-                        let mut client = match Client::connect([endpoint], None).await {
-                            Ok(c) => c,
-                            Err(e) => {
-                                let e = format!("writer connect: {e}");
-                                let _ = first_tx.send(Err(e.clone()));
-                                return Err(e);
-                            }
-                        };
+                        let mut client =
+                            match testkit::Connect::plain().try_client(&[endpoint]).await {
+                                Ok(c) => c,
+                                Err(e) => {
+                                    let e = format!("writer connect: {e}");
+                                    let _ = first_tx.send(Err(e.clone()));
+                                    return Err(e);
+                                }
+                            };
                         let mut tick = (rate > 0).then(|| {
                             let mut t =
                                 tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
@@ -484,7 +485,7 @@ fn print_row(r: &Row) {
 }
 
 async fn load(endpoint: &str) -> Result<(), String> {
-    let mut client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let mut client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     for start in (0..KEYS).step_by(LOAD_BATCH) {
         let ops: Vec<TxnOp> = (start..(start + LOAD_BATCH).min(KEYS))
             .map(|i| TxnOp::put(key(i), value(i), None))
@@ -502,7 +503,7 @@ async fn run_mode(
     trust: ProgressTrust,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    let cache_client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let cache_client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     let mut builder = Cache::builder(cache_client)
         .prefix(PREFIX)
         .progress_trust(trust);
@@ -511,7 +512,7 @@ async fn run_mode(
     }
     let cache = bounded("build the cache", builder.build()).await?;
     bounded("wait_ready", cache.wait_ready()).await?;
-    let client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     let mut ctx = Ctx {
         cache,
         client,

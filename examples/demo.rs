@@ -158,27 +158,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
-        let err = match etcd_client::Client::connect(endpoints, Some(opts)).await {
-            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => return Ok(c),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "status timed out".to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(format!("cannot reach etcd at {endpoints:?}: {err}"));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
-    let client = connect(&endpoints).await?;
+    let client = testkit::Connect::new()
+        .options(etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)))
+        .try_client(&endpoints)
+        .await?;
     let prefix = format!(
         "/etcd-cache-demo/{}-{}/",
         std::process::id(),
