@@ -3,21 +3,14 @@
 
 use std::time::Duration;
 
-use etcd_cache::{Cache, Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
-use testkit::{EtcdOptions, EtcdServer, TcpProxy};
+use etcd_cache::{Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
+use testkit::{EtcdOptions, TcpProxy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(120), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/c/")
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/c/")).await;
         assert!(
             !cache.stats().progress_trusted,
             "3.4.23 has etcd#15220 and must be detected"
@@ -73,18 +66,15 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
 async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(120), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut direct = testkit::client(&[etcd.endpoint()]).await;
+        let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
         let proxy = TcpProxy::start(etcd.client_addr()).await;
         let via_proxy = testkit::client(&[proxy.endpoint()]).await;
-        let cache = Cache::builder(via_proxy)
-            .prefix("/p/")
-            .backoff(Duration::from_millis(10), Duration::from_millis(50))
-            .progress_request_interval(Duration::from_millis(5))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let cache = testkit::ready_cache(via_proxy, |b| {
+            b.prefix("/p/")
+                .backoff(Duration::from_millis(10), Duration::from_millis(50))
+                .progress_request_interval(Duration::from_millis(5))
+        })
+        .await;
         for round in 0..3 {
             // Cut the cache off, write a lot, let it resume from its old revision.
             proxy.set_refuse(true);
@@ -165,17 +155,13 @@ async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
 async fn progress_requests_only_while_reads_wait() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(60), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
         // Forced trust, so the requestor runs against the real server.
-        let cache = Cache::builder(client.clone())
-            .prefix("/q/")
-            .progress_trust(ProgressTrust::Always)
-            .progress_request_interval(Duration::from_millis(20))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| {
+            b.prefix("/q/")
+                .progress_trust(ProgressTrust::Always)
+                .progress_request_interval(Duration::from_millis(20))
+        })
+        .await;
         client.put("/q/a", "1", None).await.unwrap();
         for _ in 0..20 {
             client.put("/outside", "x", None).await.unwrap();
@@ -223,23 +209,15 @@ async fn progress_requests_only_while_reads_wait() {
 async fn fallback_and_timeout_as_configured() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(60), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
+        let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
         client.put("/t/a", "1", None).await.unwrap();
-        let strict = Cache::builder(client.clone())
-            .prefix("/t/")
-            .read_fallback(ReadFallback::Error)
-            .consistent_read_timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap();
-        let lenient = Cache::builder(client.clone())
-            .prefix("/t/")
-            .build()
-            .await
-            .unwrap();
-        strict.wait_ready().await.unwrap();
-        lenient.wait_ready().await.unwrap();
+        let strict = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/t/")
+                .read_fallback(ReadFallback::Error)
+                .consistent_read_timeout(Duration::from_millis(200))
+        })
+        .await;
+        let lenient = testkit::ready_cache(client.clone(), |b| b.prefix("/t/")).await;
         client
             .put("/outside", "moves the revision", None)
             .await
@@ -275,22 +253,17 @@ async fn fallback_and_timeout_as_configured() {
 async fn periodic_progress_serves_reads_on_buggy_servers() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(60), async {
-        let etcd = testkit::blocking(|| {
-            EtcdServer::start_with(
-                EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
-            )
+        let (_etcd, mut client) = testkit::etcd_with_client(
+            EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
+        )
+        .await;
+        client.put("/s/a", "1", None).await.unwrap();
+        let cache = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/s/")
+                .read_fallback(ReadFallback::Error)
+                .progress_notify_interval(Duration::from_millis(50))
         })
         .await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        client.put("/s/a", "1", None).await.unwrap();
-        let cache = Cache::builder(client.clone())
-            .prefix("/s/")
-            .read_fallback(ReadFallback::Error)
-            .progress_notify_interval(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
         let mut w = cache
             .watch(
                 "/s/",
@@ -333,10 +306,7 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
 async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(60), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone()).build().await.unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         for i in 1..=300i64 {
             client.put(format!("k{i:03}"), "v", None).await.unwrap();
             let all = cache

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_cache::{Cache, WatchOptions, WatchStream};
+use etcd_cache::{WatchOptions, WatchStream};
 use etcd_client::Client;
-use testkit::{EtcdCluster, EtcdServer};
+use testkit::{EtcdCluster, EtcdOptions, TcpProxy};
 
 /// Every revision (with its keys) of `prefix` in `(from, to]`, from a direct etcd watch.
 /// `to` must be the revision of an event in `prefix` (the writers only write there).
@@ -115,16 +115,12 @@ fn writer(
 async fn etcd_restart_mid_burst_no_gap_no_duplicate() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(120), async {
-        let mut etcd = testkit::blocking(EtcdServer::start).await;
-        let client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/r/")
-            .backoff(Duration::from_millis(20), Duration::from_millis(200))
-            .subscriber_buffer(4)
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (mut etcd, client, cache) = testkit::cache_on_etcd(|b| {
+            b.prefix("/r/")
+                .backoff(Duration::from_millis(20), Duration::from_millis(200))
+                .subscriber_buffer(4)
+        })
+        .await;
         let start = cache.revision();
         let mut subs = Vec::new();
         for i in 0..20 {
@@ -177,13 +173,11 @@ async fn cluster_member_and_leader_failover() {
         // The cache talks to member 0 first; the writers to all of them.
         let cache_client = testkit::client(&endpoints).await;
         let writer_client = testkit::client(&endpoints).await;
-        let cache = Cache::builder(cache_client)
-            .prefix("/f/")
-            .backoff(Duration::from_millis(20), Duration::from_millis(300))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let cache = testkit::ready_cache(cache_client, |b| {
+            b.prefix("/f/")
+                .backoff(Duration::from_millis(20), Duration::from_millis(300))
+        })
+        .await;
         let start = cache.revision();
         let mut subs = Vec::new();
         for _ in 0..10 {
@@ -229,21 +223,18 @@ async fn cluster_member_and_leader_failover() {
 /// missed events get `Compacted`; those that provably missed nothing continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_disconnected_relists() {
-    use testkit::TcpProxy;
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(90), async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut direct = testkit::client(&[etcd.endpoint()]).await;
+        let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
         direct.put("/c/stable", "s", None).await.unwrap();
         direct.put("/c/changes", "1", None).await.unwrap();
         let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let cache = Cache::builder(testkit::client(&[proxy.endpoint()]).await)
-            .prefix("/c/")
-            .backoff(Duration::from_millis(20), Duration::from_millis(100))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
+        let cache = testkit::ready_cache(via_proxy, |b| {
+            b.prefix("/c/")
+                .backoff(Duration::from_millis(20), Duration::from_millis(100))
+        })
+        .await;
         let before = cache.revision();
         let mut prefix = cache
             .watch("/c/", Some(WatchOptions::new().with_prefix()))

@@ -6,23 +6,10 @@ use etcd_cache::{
     Cache, Error, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
     WatchResponse, WatchStream,
 };
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use testkit::EtcdServer;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use testkit::EtcdOptions;
 
 const LIMIT: Duration = Duration::from_secs(90);
-
-async fn cache_on(client: &Client, prefix: &str) -> Cache {
-    let cache = Cache::builder(client.clone())
-        .prefix(prefix)
-        .build()
-        .await
-        .unwrap();
-    cache
-        .wait_ready_timeout(Duration::from_secs(20))
-        .await
-        .unwrap();
-    cache
-}
 
 /// The next response with events (skipping `created` and progress).
 async fn next_events(s: &mut WatchStream) -> WatchResponse {
@@ -49,8 +36,7 @@ fn keys(r: &WatchResponse) -> Vec<String> {
 async fn load_follow_replay_txn_prevkv_filters() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
+        let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
         for i in 0..25 {
             client
                 .put(format!("/app/pre{i:02}"), format!("v{i}"), None)
@@ -233,16 +219,8 @@ async fn load_follow_replay_txn_prevkv_filters() {
 async fn compacted_start_revision_and_bad_input() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/app/")
-            .history_window(4)
-            .max_watchers(3)
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, mut client, cache) =
+            testkit::cache_on_etcd(|b| b.prefix("/app/").history_window(4).max_watchers(3)).await;
         let mut live = cache
             .watch("/app/", Some(WatchOptions::new().with_prefix()))
             .await
@@ -396,16 +374,12 @@ async fn compacted_start_revision_and_bad_input() {
 async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/burst/")
-            .subscriber_buffer(1)
-            .history_window(20_000)
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, client, cache) = testkit::cache_on_etcd(|b| {
+            b.prefix("/burst/")
+                .subscriber_buffer(1)
+                .history_window(20_000)
+        })
+        .await;
         let start = cache.revision();
         let mut slow = cache
             .watch("/burst/", Some(WatchOptions::new().with_prefix()))
@@ -451,9 +425,7 @@ async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
 async fn get_equals_etcd_for_every_form() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "").await;
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         for i in 0..40 {
             client
                 .put(
@@ -551,9 +523,7 @@ async fn get_equals_etcd_for_every_form() {
 async fn watch_from_now_skips_writes_completed_before_it() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "/now/").await;
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/now/")).await;
         for i in 0..100 {
             let before = client
                 .put("/now/k", format!("before-{i}"), None)
@@ -708,9 +678,7 @@ impl Form {
 async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
     testkit::init_tracing();
     testkit::bounded(LIMIT, async {
-        let etcd = testkit::blocking(EtcdServer::start).await;
-        let mut client = testkit::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "").await;
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         let forms: Vec<(&str, WatchOptions, etcd_client::WatchOptions)> = vec![
             (
                 "",

@@ -11,70 +11,36 @@ use crate::{blocking, client, EtcdOptions, EtcdServer};
 /// How long [`ready_cache`] waits for the first snapshot and the watch.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// One etcd, a plain etcd-client for writes and direct reads, and a ready [`Cache`] built on
-/// a clone of that client.
+/// The start of most cache tests: an etcd with default options, a plain etcd-client for the
+/// test's own writes and direct reads, and a [`Cache`] on a clone of that client, configured
+/// by `configure` and ready.
 ///
-/// Destructure it with a named binding for the server, `etcd: _etcd`: the pattern `etcd: _`
-/// binds nothing, so the server would be dropped (killed) at the end of the statement.
+/// Bind the server to a name, `_etcd`, not to `_`: the pattern `_` binds nothing, so the
+/// server would be dropped (killed) at the end of the statement.
 ///
 /// ```no_run
 /// # async fn example() {
-/// use testkit::CacheOnEtcd;
-/// let CacheOnEtcd { etcd: _etcd, mut client, cache } =
-///     CacheOnEtcd::start(|builder| builder.prefix("/app/").history_window(64)).await;
+/// let (_etcd, mut client, cache) =
+///     testkit::cache_on_etcd(|builder| builder.prefix("/app/").history_window(64)).await;
 /// let rev = client.put("/app/k", "v", None).await.unwrap().header().unwrap().revision();
 /// cache.wait_for_revision(rev).await.unwrap();
 /// # }
 /// ```
-pub struct CacheOnEtcd {
-    /// The server, killed when dropped.
-    pub etcd: EtcdServer,
-    /// A client of its own for the test (the cache holds a clone, so they share a channel).
-    pub client: Client,
-    /// The cache, ready.
-    pub cache: Cache,
+///
+/// # Panics
+/// When etcd does not start, the client cannot connect, or the cache fails to build or to
+/// become ready within [`READY_TIMEOUT`].
+pub async fn cache_on_etcd(
+    configure: impl FnOnce(CacheBuilder) -> CacheBuilder,
+) -> (EtcdServer, Client, Cache) {
+    let (etcd, client) = etcd_with_client(EtcdOptions::default()).await;
+    let cache = ready_cache(client.clone(), configure).await;
+    (etcd, client, cache)
 }
 
-impl CacheOnEtcd {
-    /// Starts an etcd with default options, connects, and builds a cache configured by
-    /// `configure`, waiting until it is ready.
-    ///
-    /// # Panics
-    /// When etcd does not start, the client cannot connect, or the cache fails to build or
-    /// to become ready within [`READY_TIMEOUT`].
-    pub async fn start(configure: impl FnOnce(CacheBuilder) -> CacheBuilder) -> CacheOnEtcd {
-        Self::start_with(EtcdOptions::default(), configure).await
-    }
-
-    /// [`start`](Self::start) with an etcd started with `options`.
-    ///
-    /// # Panics
-    /// As [`start`](Self::start).
-    pub async fn start_with(
-        options: EtcdOptions,
-        configure: impl FnOnce(CacheBuilder) -> CacheBuilder,
-    ) -> CacheOnEtcd {
-        let (etcd, client) = etcd_with_client(options).await;
-        let cache = ready_cache(client.clone(), configure).await;
-        CacheOnEtcd {
-            etcd,
-            client,
-            cache,
-        }
-    }
-}
-
-impl std::fmt::Debug for CacheOnEtcd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CacheOnEtcd")
-            .field("etcd", &self.etcd)
-            .field("cache", &self.cache)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An etcd started with `options` (off the runtime's threads) and a client connected to it,
-/// for a test that writes before its cache exists or puts something between the two.
+/// An etcd started with `options` (off the runtime's threads) and a client connected to it:
+/// the first half of [`cache_on_etcd`], for a test that writes before its cache exists, puts
+/// a [`TcpProxy`](crate::TcpProxy) in between, or needs other etcd options.
 ///
 /// # Panics
 /// When etcd does not start or the client cannot connect.
@@ -84,7 +50,8 @@ pub async fn etcd_with_client(options: EtcdOptions) -> (EtcdServer, Client) {
     (etcd, client)
 }
 
-/// A cache on `client`, configured by `configure`, once it is ready.
+/// A cache on `client`, configured by `configure`, once it is ready: the second half of
+/// [`cache_on_etcd`].
 ///
 /// # Panics
 /// When the cache fails to build or to become ready within [`READY_TIMEOUT`].

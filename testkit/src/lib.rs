@@ -10,7 +10,7 @@
 //!   [`blocking`].
 //! - Faults: [`TcpProxy`], a forwarder that drops, black-holes or refuses connections.
 //! - Clients: [`client`] and [`Connect`], connect and retry until `status` answers.
-//! - Fixtures: [`CacheOnEtcd`] (an etcd, a client and a ready cache), or its two halves
+//! - Fixtures: [`cache_on_etcd`] (an etcd, a client and a ready cache), or its two halves
 //!   [`etcd_with_client`] and [`ready_cache`].
 //! - Test bodies: [`bounded`] (a time limit that fails instead of hanging) and
 //!   [`init_tracing`].
@@ -19,14 +19,13 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use testkit::CacheOnEtcd;
 //!
 //! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 //! async fn a_put_reaches_the_cache() {
 //!     testkit::init_tracing();
 //!     testkit::bounded(Duration::from_secs(60), async {
-//!         let CacheOnEtcd { etcd: _etcd, mut client, cache } =
-//!             CacheOnEtcd::start(|builder| builder.prefix("/app/")).await;
+//!         let (_etcd, mut client, cache) =
+//!             testkit::cache_on_etcd(|builder| builder.prefix("/app/")).await;
 //!         let put = client.put("/app/a", "1", None).await.unwrap();
 //!         cache.wait_for_revision(put.header().unwrap().revision()).await.unwrap();
 //!         assert_eq!(cache.get("/app/a", None).await.unwrap().kvs().len(), 1);
@@ -48,7 +47,7 @@ mod tcp_proxy;
 pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
 pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
-pub use fixture::{etcd_with_client, ready_cache, CacheOnEtcd, READY_TIMEOUT};
+pub use fixture::{cache_on_etcd, etcd_with_client, ready_cache, READY_TIMEOUT};
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{http_request, is_healthy, member_status, MemberStatus};
 pub use run::{blocking, bounded, init_tracing};
