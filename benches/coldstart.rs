@@ -593,9 +593,7 @@ fn main() {
     );
     let ep = server.endpoint();
     let etcd_pid = server.pid();
-    let version = testkit::member_status(server.client_addr())
-        .map(|s| s.version)
-        .unwrap_or_default();
+    let version = server.status().map(|s| s.version).unwrap_or_default();
     println!(
         "coldstart: etcd {version}, {} CPUs, keys {:?}, page sizes {:?}, {} repetitions, {KEY_SIZE}-byte keys, {VALUE_SIZE}-byte values",
         std::thread::available_parallelism().map_or(0, |n| n.get()),

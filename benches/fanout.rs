@@ -849,9 +849,7 @@ fn main() {
     } else {
         None
     };
-    let version = testkit::member_status(server.client_addr())
-        .map(|s| s.version)
-        .unwrap_or_default();
+    let version = server.status().map(|s| s.version).unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

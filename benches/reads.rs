@@ -601,9 +601,7 @@ fn main() {
     };
     let started = Instant::now();
     let server = testkit::EtcdServer::start();
-    let version = testkit::member_status(server.client_addr())
-        .map(|s| s.version)
-        .unwrap_or_default();
+    let version = server.status().map(|s| s.version).unwrap_or_default();
     let form = if opts.smoke {
         "smoke run (no --bench argument)"
     } else if opts.quick {
