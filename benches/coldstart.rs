@@ -1,5 +1,5 @@
 //! Cold start: time to ready and peak RSS of a `Cache` against a plain paged etcd range read
-//! of the same keys (issue "Performance", part 3).
+//! of the same keys.
 //!
 //! ```text
 //! cargo bench --bench coldstart                              # 100,000 and 1,000,000 keys
@@ -9,7 +9,7 @@
 //! COLDSTART_LOG=etcd_cache=debug cargo bench --bench coldstart   # the children's cache log
 //! ```
 //!
-//! One etcd on loopback (started here, through `tests/support/etcd.rs`). For each key count
+//! One etcd on loopback (started here, through `testkit`). For each key count
 //! a prefix of that many keys is loaded: 16-byte keys, 16-byte values, in txns of 128 puts
 //! (etcd's default `--max-txn-ops`) with 8 txns in flight. Then, against the same etcd and
 //! interleaved (the order alternates every repetition), each of

@@ -1,4 +1,4 @@
-//! Read latency: cache vs. etcd, against one real etcd in the same run (issue 3).
+//! Read latency: cache vs. etcd, against one real etcd in the same run .
 //!
 //! ```text
 //! cargo bench --bench reads                              # full run (about 3-4 minutes)
@@ -6,7 +6,7 @@
 //! cargo bench --bench reads -- --key-iters 20000 --prefix-iters 1000 --write-rate 500
 //! ```
 //!
-//! One etcd on loopback (started here, through `tests/support/etcd.rs`), 10,000 keys with
+//! One etcd on loopback (started here, through `testkit`), 10,000 keys with
 //! 100-byte values under `/bench/reads/`, one `Cache` on that prefix. For two targets,
 //! - `key`:    one key (`/bench/reads/k05000`),
 //! - `prefix`: the whole 10,000-key prefix,

@@ -1,4 +1,5 @@
-//! Integration tests of the watch cache against a real etcd (issue: the watch cache).
+//! Integration tests of the watch cache against a real etcd: the paged load, following,
+//! replay, filters, limits and bad input, and reads and watches of every form against etcd's.
 
 use std::time::Duration;
 
