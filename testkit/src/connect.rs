@@ -184,3 +184,23 @@ impl From<ConnectError> for String {
         e.to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn no_server_is_an_error_that_names_the_endpoint() {
+        let endpoint = format!("http://127.0.0.1:{}", crate::free_port());
+        let Err(e) = Connect::new()
+            .retry_for(Duration::ZERO)
+            .try_client(&[endpoint.as_str()])
+            .await
+        else {
+            panic!("connected to {endpoint}, where nothing listens");
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("could not connect to etcd at"), "{text}");
+        assert!(text.contains(&endpoint), "{text}");
+    }
+}

@@ -41,6 +41,11 @@ pub fn member_status(addr: SocketAddr) -> Option<MemberStatus> {
     if code != 200 {
         return None;
     }
+    parse_member_status(&body)
+}
+
+/// A status response body, parsed by hand (etcd 3.4 writes 64-bit numbers as strings).
+fn parse_member_status(body: &str) -> Option<MemberStatus> {
     // {"header":{"cluster_id":"..","member_id":"..","revision":"..","raft_term":".."},
     //  "version":"3.4.23",..,"leader":"..",..}
     let header_start = body.find(r#""header""#)?;
@@ -137,4 +142,46 @@ fn dechunk(mut s: &str) -> String {
         s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_body_of_etcd_3_4() {
+        let body = r#"{"header":{"cluster_id":"14841639068965178418","member_id":"10276657743932975437","revision":"7","raft_term":"2"},"version":"3.4.23","dbSize":"20480","leader":"10276657743932975437","raftIndex":"8","raftTerm":"2","raftAppliedIndex":"8","dbSizeInUse":"20480"}"#;
+        assert_eq!(
+            parse_member_status(body),
+            Some(MemberStatus {
+                member_id: 10276657743932975437,
+                leader: 10276657743932975437,
+                revision: 7,
+                raft_term: 2,
+                version: "3.4.23".to_string(),
+            })
+        );
+        assert_eq!(
+            parse_member_status(r#"{"error":"etcdserver: no leader"}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn json_fields_quoted_and_bare() {
+        let json = r#"{"health": "true", "n": 42,"last":7}"#;
+        assert_eq!(json_field(json, "health").as_deref(), Some("true"));
+        assert_eq!(json_field(json, "n").as_deref(), Some("42"));
+        assert_eq!(json_field(json, "last").as_deref(), Some("7"));
+        assert_eq!(json_field(json, "missing"), None);
+    }
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(
+            dechunk("4\r\n{\"he\r\nd;ext=1\r\nalth\":\"true\"}\r\n0\r\n\r\n"),
+            r#"{"health":"true"}"#
+        );
+        assert_eq!(dechunk("zz\r\n"), "");
+    }
 }

@@ -28,7 +28,9 @@ pub fn bounded<F: Future>(limit: Duration, f: F) -> impl Future<Output = F::Outp
     async move {
         match tokio::time::timeout(limit, f).await {
             Ok(output) => output,
-            Err(_) => panic!("test did not finish in time: {caller} took over {limit:?}"),
+            Err(_) => panic!(
+                "test did not finish in time: the body bounded at {caller} took over {limit:?}"
+            ),
         }
     }
 }
@@ -52,4 +54,20 @@ pub fn init_tracing() {
         .with_env_filter(filter)
         .with_test_writer()
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_passes_the_output_through() {
+        assert_eq!(bounded(Duration::from_secs(1), async { 7 }).await, 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "did not finish in time")]
+    async fn bounded_fails_a_body_that_hangs() {
+        bounded(Duration::from_secs(1), std::future::pending::<()>()).await;
+    }
 }
