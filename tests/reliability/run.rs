@@ -43,27 +43,17 @@ pub fn seed() -> u64 {
 }
 
 /// A client with short keep-alives (so a stalled connection is noticed in ~2 s),
-/// retried until a status call answers.
+/// retried for up to 20 s until a status call answers.
 pub async fn connect(endpoints: &[String]) -> etcd_client::Client {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(1))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
-            .with_keep_alive_while_idle(true);
-        if let Ok(Ok(mut c)) = timeout(
-            Duration::from_secs(3),
-            etcd_client::Client::connect(endpoints, Some(opts)),
-        )
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .with_keep_alive_while_idle(true);
+    testkit::Connect::new()
+        .options(options)
+        .retry_for(Duration::from_secs(20))
+        .client(endpoints)
         .await
-        {
-            if let Ok(Ok(_)) = timeout(Duration::from_secs(2), c.status()).await {
-                return c;
-            }
-        }
-        assert!(Instant::now() < deadline, "cannot connect to {endpoints:?}");
-        sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The knobs of one run.
