@@ -172,22 +172,44 @@ impl Cache {
     }
 
     /// Watches `key` (and, with the options, a range) from the cache. Mirrors
-    /// `etcd_client::Client::watch`; see [`WatchOptions`] for the forms.
+    /// `etcd_client::Client::watch`; see [`WatchOptions`] for the forms. More watches
+    /// can be added to the stream with [`WatchStream::watch`].
     ///
-    /// The first response has `created() == true`. A start revision below the window
-    /// yields `Err(Error::Compacted { .. })` and then the stream ends.
+    /// The first response has `created() == true` and the watch's id. A start revision
+    /// below the window gets a canceled response with `compact_revision` set (as etcd
+    /// sends for a compacted revision), and then the watch ends.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use etcd_cache::WatchOptions;
+    ///
+    /// let mut stream = cache.watch("/app/", Some(WatchOptions::new().with_prefix())).await?;
+    /// while let Some(resp) = stream.message().await? {
+    ///     for ev in resp.events() {
+    ///         println!("{:?} {:?}", ev.event_type(), ev.kv().map(|kv| kv.key()));
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidRange`], [`Error::OutOfRange`], [`Error::WatchLimit`],
-    /// [`Error::NotReady`] if no snapshot was loaded within the consistent-read timeout,
-    /// [`Error::Closed`].
+    /// [`Error::NotReady`] before the first snapshot is loaded (await
+    /// [`wait_ready`](Self::wait_ready) first), [`Error::Closed`], [`Error::Failed`].
     pub async fn watch(
         &self,
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<WatchStream> {
-        let key = key.into();
-        crate::watch::open(&self.shared, &key, options.unwrap_or_default(), None).await
+        let mut stream = self.watch_stream();
+        stream.watch(key, options).await?;
+        Ok(stream)
+    }
+
+    /// An empty [`WatchStream`]: add watches with [`WatchStream::watch`]. Split it
+    /// ([`WatchStream::split`]) to add watches from one task while another reads.
+    pub fn watch_stream(&self) -> WatchStream {
+        WatchStream::empty(self.shared.clone(), None)
     }
 
     /// Reads from the cache. Mirrors `etcd_client::Client::get`; see [`GetOptions`].

@@ -27,15 +27,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A read asked for a revision older than the cache can serve.
     ///
-    /// `compact_revision` is the cache's compaction point: reads at revisions
-    /// `>= compact_revision` and watches from revisions `> compact_revision` are served.
-    /// (A watch that starts below the window does not get this error: as with etcd, it
-    /// gets a canceled response carrying `compact_revision`.) Re-list with
+    /// `compact_revision` is the oldest revision the cache serves now: reads at it and
+    /// watches from it work (the same number a watch gets in its canceled response).
+    /// A watch that starts below the window does not get this error: as with etcd, it
+    /// gets a canceled response carrying `compact_revision`. Re-list with
     /// [`Cache::get`] and watch again from the read's revision + 1.
     ///
     /// [`Cache::get`]: crate::Cache::get
     #[error(
-        "required revision has been compacted; the cache serves reads at revision {compact_revision} or later"
+        "required revision has been compacted; the cache serves revisions from {compact_revision}"
     )]
     Compacted {
         /// The oldest revision a read can still ask for.

@@ -66,7 +66,10 @@ pub use kv::{Event, EventType, KeyValue};
 pub use range_request::{SortOrder, SortTarget};
 pub use read::{GetOptions, GetResponse};
 pub use shared::{CacheStats, CacheStatus, StatusStream};
-pub use watch::{WatchFilterType, WatchOptions, WatchResponse, WatchScope, WatchStream};
+pub use watch::{
+    ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
+    WatchResponseStream, WatchScope, WatchStream,
+};
 
 #[allow(dead_code)]
 trait AssertSendSync: Send + Sync {}
@@ -76,6 +79,8 @@ impl AssertSendSync for CacheBuilder {}
 #[allow(dead_code)]
 trait AssertSendUnpin: Send + Unpin {}
 impl AssertSendUnpin for WatchStream {}
+impl AssertSendUnpin for WatchResponseStream {}
+impl AssertSendSync for WatchRequestSender {}
 impl AssertSendSync for WatchResponse {}
 impl AssertSendSync for Error {}
 

@@ -28,10 +28,20 @@ pub(crate) struct ProgressRequestor {
 impl ProgressRequestor {
     /// Registers a waiting read until the guard is dropped.
     pub(crate) fn wait(&self) -> WaitGuard<'_> {
+        self.enter();
+        WaitGuard(self)
+    }
+
+    /// Registers a waiting read; [`leave`](Self::leave) unregisters it.
+    pub(crate) fn enter(&self) {
         self.waiting.fetch_add(1, Ordering::AcqRel);
         self.fresh.store(true, Ordering::Release);
         self.wake.notify_one();
-        WaitGuard(self)
+    }
+
+    /// Unregisters a read registered with [`enter`](Self::enter).
+    pub(crate) fn leave(&self) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Number of reads waiting.
@@ -61,7 +71,7 @@ pub(crate) struct WaitGuard<'a>(&'a ProgressRequestor);
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.0.leave();
     }
 }
 

@@ -23,7 +23,7 @@ use crate::progress::ProgressRequestor;
 use crate::store::Snapshot;
 use crate::subscribers::Subscribers;
 use crate::upstream::probe::RevisionProbe;
-use crate::upstream::Upstream;
+use crate::upstream::{etcd::response_header, Header, Upstream};
 
 /// Where the cache is in its life, as [`Cache::status`](crate::Cache::status) and
 /// [`Cache::status_stream`](crate::Cache::status_stream) report it.
@@ -241,9 +241,18 @@ pub(crate) struct Counters {
     heard: Mutex<Option<Instant>>,
     /// The server versions of the last probe (`unreachable:<url>` where unknown).
     versions: Mutex<Vec<String>>,
+    /// Who answered last: cluster id, member id and raft term for response headers.
+    identity: Mutex<Header>,
 }
 
 impl Counters {
+    /// Records who answered (from an upstream header).
+    pub(crate) fn set_identity(&self, header: Header) {
+        if header.cluster_id != 0 {
+            *self.identity.lock() = header;
+        }
+    }
+
     /// Records that etcd's revision is at least `revision`.
     pub(crate) fn saw_cluster_revision(&self, revision: i64) {
         self.cluster_revision.fetch_max(revision, Ordering::Relaxed);
@@ -286,6 +295,23 @@ impl Counters {
     /// True when `RequestProgress` answers may advance the cache (server fixed).
     pub(crate) fn progress_trusted(&self) -> bool {
         self.progress_trusted.load(Ordering::Acquire)
+    }
+}
+
+/// A registered wait for the cache to reach a revision (the follower asks etcd for
+/// progress while any is registered), owned by a stream.
+pub(crate) struct ProgressWait(Arc<Shared>);
+
+impl ProgressWait {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        shared.progress.enter();
+        ProgressWait(shared)
+    }
+}
+
+impl Drop for ProgressWait {
+    fn drop(&mut self) {
+        self.0.progress.leave();
     }
 }
 
@@ -352,6 +378,21 @@ impl Shared {
     pub(crate) fn is_serving(&self) -> bool {
         let v = self.view.borrow();
         v.status.loaded && !v.status.closed()
+    }
+
+    /// A response header at `revision`, with the upstream's identity.
+    pub(crate) fn header(&self, revision: i64) -> etcd_client::ResponseHeader {
+        response_header(&self.counters.identity.lock(), revision)
+    }
+
+    /// A future that resolves at the next published change (a revision or a status).
+    pub(crate) fn changed(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let mut rx = self.view.subscribe();
+        Box::pin(async move {
+            let _ = rx.changed().await;
+        })
     }
 
     /// The status now, then every change of it; ends after the cache stopped.

@@ -11,6 +11,7 @@
 mod follow;
 mod progress;
 mod review;
+mod streams;
 mod subscribers;
 
 use std::future::Future;
@@ -101,7 +102,8 @@ async fn next(s: &mut WatchStream) -> Result<Option<WatchResponse>> {
     within(s.message()).await
 }
 
-/// The next response, which must be an event response; returns its revision.
+/// The next response, which must be an event response; returns its events'
+/// revision (the header's is at least that).
 async fn next_rev(s: &mut WatchStream) -> i64 {
     let r = next(s).await.expect("no error").expect("not ended");
     assert!(
@@ -109,7 +111,17 @@ async fn next_rev(s: &mut WatchStream) -> i64 {
         "expected events, got {r:?} (progress: {})",
         r.is_progress_notify()
     );
-    r.revision()
+    let rev = r.events()[0].revision();
+    assert!(
+        r.events().iter().all(|e| e.revision() == rev),
+        "one revision"
+    );
+    assert!(
+        r.revision() >= rev,
+        "header {} below events {rev}",
+        r.revision()
+    );
+    rev
 }
 
 /// The stream's response if one is ready now, without waiting.
@@ -140,9 +152,13 @@ async fn created(s: &mut WatchStream) -> i64 {
     r.revision()
 }
 
+/// The compact revision of a response that cancels a watch as compacted.
 fn is_compacted(r: &Result<Option<WatchResponse>>) -> Option<i64> {
     match r {
-        Err(Error::Compacted { compact_revision }) => Some(*compact_revision),
+        Ok(Some(resp)) if resp.canceled() && resp.compact_revision() > 0 => {
+            assert!(!resp.cancel_reason().is_empty(), "a reason: {resp:?}");
+            Some(resp.compact_revision())
+        }
         _ => None,
     }
 }

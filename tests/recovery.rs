@@ -282,10 +282,12 @@ async fn compaction_while_disconnected_relists() {
                 .await
                 .unwrap()
             {
-                Err(etcd_cache::Error::Compacted { compact_revision }) => {
-                    assert!(compact_revision > gap_end)
+                // As etcd signals it: canceled, with the compact revision and a reason.
+                Ok(Some(r)) if r.canceled() && r.compact_revision() > 0 => {
+                    assert!(r.compact_revision() > gap_end);
+                    assert!(!r.cancel_reason().is_empty());
                 }
-                other => panic!("expected Compacted, got {other:?}"),
+                other => panic!("expected a canceled response, got {other:?}"),
             }
             assert!(s.message().await.unwrap().is_none());
         }

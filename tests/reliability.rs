@@ -476,16 +476,22 @@ async fn bad_input(seed: u64, dur: Duration) -> Summary {
                 )
                 .await
             {
-                Ok(mut s) => match s.message().await {
-                    Err(Error::Compacted { compact_revision }) if compact_revision > 1 => {
-                        if !matches!(s.message().await, Ok(None)) {
-                            bad.push("a compacted watch did not end after Compacted".into());
-                        }
+                Ok(mut s) => {
+                    let created = s.message().await;
+                    if !matches!(&created, Ok(Some(r)) if r.created()) {
+                        bad.push(format!("watch from 1: want created first, got {created:?}"));
                     }
-                    other => bad.push(format!(
-                        "watch from 1 (floor {floor}): want Compacted, got {other:?}"
-                    )),
-                },
+                    match s.message().await {
+                        Ok(Some(r)) if r.canceled() && r.compact_revision() > 1 => {
+                            if !matches!(s.message().await, Ok(None)) {
+                                bad.push("a compacted watch did not end after its canceled response".into());
+                            }
+                        }
+                        other => bad.push(format!(
+                            "watch from 1 (floor {floor}): want canceled with compact_revision, got {other:?}"
+                        )),
+                    }
+                }
                 Err(e) => bad.push(format!(
                     "watch from 1: want a stream that yields Compacted, got {e}"
                 )),

@@ -52,6 +52,7 @@ pub(super) async fn list(shared: &Arc<Shared>) -> Result<(KvMap, i64)> {
         if revision == 0 {
             revision = page.revision;
         }
+        shared.counters.set_identity(page.header);
         let kvs = page.result.kvs;
         if page.result.more {
             if let Some(last) = kvs.last() {

@@ -250,7 +250,7 @@ impl Follower {
         };
         // Wait for the watch to be confirmed: etcd sends that first.
         match bounded(config, "the watch creation", watch.message()).await {
-            Ok(Some(WatchMsg::Created)) => {}
+            Ok(Some(WatchMsg::Created)) => self.shared.counters.set_identity(watch.header()),
             Ok(Some(WatchMsg::Canceled {
                 compact_revision,
                 reason,
@@ -316,6 +316,7 @@ impl Follower {
                 msg = watch.message() => {
                     last_heard = Instant::now();
                     shared.counters.heard();
+                    shared.counters.set_identity(watch.header());
                     if let Some(end) = self.handle(msg) {
                         return end;
                     }

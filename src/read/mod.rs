@@ -40,8 +40,9 @@ fn read_local(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
     let history = shared.history.read();
     // Events in (revision, snap.revision] must all be held.
     if revision + 1 < history.floor() {
+        // The same number a watch gets: reads and watches from it are served.
         return Err(Error::Compacted {
-            compact_revision: (history.floor() - 1).max(1),
+            compact_revision: history.floor(),
         });
     }
     // Take the few batches needed and let the writer go before merging.

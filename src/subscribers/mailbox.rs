@@ -209,6 +209,13 @@ impl Mailbox {
         true
     }
 
+    /// `revision()` (read under the lock) if nothing is queued, the subscriber is not
+    /// catching up and not ended: every matching event up to it has been delivered.
+    pub(crate) fn idle_revision(&self, revision: impl Fn() -> i64) -> Option<i64> {
+        let s = self.state.lock();
+        (s.queue.is_empty() && !s.lagging && s.end.is_none()).then(revision)
+    }
+
     /// Consumer side: the next delivery, catching up from `history` while lagging.
     ///
     /// When the history has no batch after the position, clearing `lagging` cannot miss

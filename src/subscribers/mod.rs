@@ -259,11 +259,12 @@ impl Scope {
         self.limit
     }
 
-    /// Cancels every watch opened through the scope.
+    /// Ends every watch opened through the scope (their streams end after what was
+    /// delivered, as on close).
     pub(crate) fn cancel_all(&self, subscribers: &Subscribers) {
         let ids: Vec<SubId> = self.ids.lock().drain().collect();
         for id in ids {
-            subscribers.unsubscribe(id, End::Cancelled);
+            subscribers.unsubscribe(id, End::Closed);
         }
     }
 }

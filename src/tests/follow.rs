@@ -266,16 +266,22 @@ async fn replay_from_window_then_live() {
         )
         .await
         .unwrap();
-    created(&mut s).await;
+    assert_eq!(created(&mut s).await, 15, "created at the cache's revision");
     let r = next(&mut s).await.unwrap().unwrap();
-    assert_eq!(r.revision(), 13);
+    assert_eq!(r.events()[0].revision(), 13);
+    assert_eq!(
+        r.revision(),
+        15,
+        "a replay reports the stream's revision, as etcd"
+    );
     assert_eq!(r.events()[0].prev_kv().unwrap().value(), b"v12");
     assert_eq!(next_rev(&mut s).await, 14);
     assert_eq!(next_rev(&mut s).await, 15);
     h.watch.events(vec![put("/app/a", "v16", 11, 16, 6)]);
     assert_eq!(next_rev(&mut s).await, 16);
-    // Below the window: Compacted, then the end.
+    // Below the window: created, canceled as compacted, then the end.
     let mut old = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(10)).await;
+    created(&mut old).await;
     assert_eq!(is_compacted(&next(&mut old).await), Some(11));
     assert!(next(&mut old).await.unwrap().is_none());
 }
@@ -460,6 +466,7 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     assert!(next(&mut current).await.unwrap().is_none());
     // A new watch inside the lost span is compacted too.
     let mut lost = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(20)).await;
+    created(&mut lost).await;
     assert_eq!(is_compacted(&next(&mut lost).await), Some(26));
 
     w.created();
@@ -472,8 +479,8 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     assert_eq!(h.cache.stats().lists, 2);
     assert_eq!(
         h.cache.watcher_count(),
-        4,
-        "ended streams keep their slot until dropped"
+        2,
+        "a watch frees its slot when it ends, not when its stream is dropped"
     );
     drop((current, lost));
     assert_eq!(h.cache.watcher_count(), 2);
@@ -589,10 +596,11 @@ async fn failed_list_page_restarts_the_list() {
     assert_eq!(assert_ready!(get.poll()).unwrap().kvs().len(), 5);
 }
 
-/// A watch opened before the first snapshot waits for it and then starts at its
-/// revision; one that waits longer than the consistent-read timeout is refused.
+/// A watch opened before the first snapshot is refused at once with `NotReady` (the
+/// cache never waits for its first load on a caller's behalf; `wait_ready` does), and
+/// frees its slot; after the load it starts at the snapshot's revision.
 #[tokio::test(start_paused = true)]
-async fn watch_before_load_waits_for_the_snapshot() {
+async fn watch_before_load_is_refused_at_once() {
     let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[], 40);
     up.pause_lists(true);
     let cfg = Config {
@@ -603,17 +611,17 @@ async fn watch_before_load_waits_for_the_snapshot() {
     let t0 = tokio::time::Instant::now();
     let e = cache.watch(PREFIX, prefix_opts()).await.unwrap_err();
     assert!(matches!(e, crate::Error::NotReady), "{e:?}");
-    assert_eq!(t0.elapsed(), Duration::from_secs(1));
+    assert_eq!(t0.elapsed(), Duration::ZERO);
     assert_eq!(cache.watcher_count(), 0, "the refused watch freed its slot");
 
-    let mut pending = task::spawn(cache.watch(PREFIX, prefix_opts()));
+    let mut pending = task::spawn(cache.wait_ready());
     assert_pending!(pending.poll());
     up.pause_lists(false);
     let w = next_watch(&mut watches).await;
-    assert!(pending.is_woken());
-    let mut s = assert_ready!(pending.poll()).unwrap();
-    assert_eq!(created(&mut s).await, 40);
     w.created();
+    within(pending).await.unwrap();
+    let mut s = cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    assert_eq!(created(&mut s).await, 40);
     w.events(vec![put("/app/a", "1", 41, 41, 1)]);
     assert_eq!(next_rev(&mut s).await, 41);
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use etcd_client::proto::PbKeyValue;
 use futures_util::future::BoxFuture;
 
-use super::{RangeResponse, Upstream, UpstreamWatch, WatchMsg};
+use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
 use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
@@ -68,10 +68,30 @@ fn get_options(request: &RangeRequest) -> etcd_client::GetOptions {
         .with_max_create_revision(request.max_create_revision)
 }
 
+fn header(h: Option<&etcd_client::proto::PbResponseHeader>) -> Header {
+    h.map_or(Header::default(), |h| Header {
+        cluster_id: h.cluster_id,
+        member_id: h.member_id,
+        raft_term: h.raft_term,
+        revision: h.revision,
+    })
+}
+
+/// The public response header for `header`, at `revision`.
+pub(crate) fn response_header(header: &Header, revision: i64) -> etcd_client::ResponseHeader {
+    etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
+        cluster_id: header.cluster_id,
+        member_id: header.member_id,
+        revision,
+        raft_term: header.raft_term,
+    })
+}
+
 fn range_response(resp: etcd_client::GetResponse) -> RangeResponse {
     let pb = resp.0;
     RangeResponse {
         revision: pb.header.as_ref().map_or(0, |h| h.revision),
+        header: header(pb.header.as_ref()),
         result: RangeResult {
             count: pb.count,
             more: pb.more,
@@ -86,6 +106,7 @@ fn event_type(code: i32) -> Result<EventType> {
 
 struct EtcdWatch {
     stream: etcd_client::WatchStream,
+    last_header: Header,
 }
 
 impl UpstreamWatch for EtcdWatch {
@@ -96,6 +117,9 @@ impl UpstreamWatch for EtcdWatch {
             };
             let mut pb = resp.0;
             let revision = pb.header.as_ref().map_or(0, |h| h.revision);
+            if pb.header.is_some() {
+                self.last_header = header(pb.header.as_ref());
+            }
             // `canceled` first: etcd refuses a watch with `created` and `canceled` both set.
             Ok(Some(if pb.canceled {
                 WatchMsg::Canceled {
@@ -130,6 +154,10 @@ impl UpstreamWatch for EtcdWatch {
 
     fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move { Ok(self.stream.request_progress().await?) })
+    }
+
+    fn header(&self) -> Header {
+        self.last_header
     }
 }
 
@@ -196,7 +224,10 @@ impl Upstream for EtcdUpstream {
                 .watch_client()
                 .watch(range.start.to_vec(), Some(opts))
                 .await?;
-            Ok(Box::new(EtcdWatch { stream }) as Box<dyn UpstreamWatch>)
+            Ok(Box::new(EtcdWatch {
+                stream,
+                last_header: Header::default(),
+            }) as Box<dyn UpstreamWatch>)
         })
     }
 

@@ -23,7 +23,15 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
-use super::{RangeResponse, Upstream, UpstreamWatch, WatchMsg};
+use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
+
+/// The identity the fake etcd answers with.
+pub(crate) const FAKE_HEADER: Header = Header {
+    cluster_id: 0xc1,
+    member_id: 0x3e,
+    raft_term: 7,
+    revision: 0,
+};
 use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
@@ -156,6 +164,10 @@ impl UpstreamWatch for FakeWatch {
     fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(()) })
+    }
+
+    fn header(&self) -> Header {
+        FAKE_HEADER
     }
 }
 
@@ -367,6 +379,10 @@ impl Upstream for FakeUpstream {
             kvs.truncate(limit);
             Ok(RangeResponse {
                 revision: d.revision,
+                header: Header {
+                    revision: d.revision,
+                    ..FAKE_HEADER
+                },
                 result: RangeResult {
                     count: kvs.len() as i64,
                     kvs,
@@ -430,6 +446,15 @@ impl Upstream for FakeUpstream {
             let d = self.data.lock();
             request.answer(d.kvs.range(request.range.bounds()).map(|(_, kv)| kv))
         };
-        Box::pin(async move { Ok(RangeResponse { revision, result }) })
+        Box::pin(async move {
+            Ok(RangeResponse {
+                revision,
+                header: Header {
+                    revision,
+                    ..FAKE_HEADER
+                },
+                result,
+            })
+        })
     }
 }

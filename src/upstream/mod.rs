@@ -39,11 +39,22 @@ pub(crate) enum WatchMsg {
     },
 }
 
+/// Who answered, as etcd's response header says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) cluster_id: u64,
+    pub(crate) member_id: u64,
+    pub(crate) raft_term: u64,
+    /// The cluster's revision when etcd answered.
+    pub(crate) revision: i64,
+}
+
 /// An answered range: the revision etcd answered at (its header) and the result.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RangeResponse {
     /// The header revision: the cluster's revision when etcd answered.
     pub(crate) revision: i64,
+    pub(crate) header: Header,
     pub(crate) result: RangeResult,
 }
 
@@ -53,6 +64,8 @@ pub(crate) trait UpstreamWatch: Send {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>>;
     /// Sends a stream-level `RequestProgress`.
     fn request_progress(&mut self) -> BoxFuture<'_, Result<()>>;
+    /// The header of the last message received (who answered).
+    fn header(&self) -> Header;
 }
 
 /// What the cache needs from etcd.
