@@ -21,13 +21,17 @@ use crate::range_request::RangeRequest;
 use crate::shared::Shared;
 pub use options::{GetOptions, GetResponse};
 
-/// Answers `request` from memory at its revision (0: the newest snapshot).
-fn read_local(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
+/// Answers `request` from memory at its revision (0: the newest snapshot). The
+/// header carries the newest revision applied, at least `known` (the cluster revision
+/// a consistent read learned).
+fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<GetResponse> {
     let snap = shared.snapshot();
+    let header = shared.header(snap.revision.max(known));
     let revision = request.revision;
     if revision == 0 || revision == snap.revision {
         return Ok(GetResponse::new(
             snap.revision,
+            header,
             request.answer(snap.range(&request.range)),
         ));
     }
@@ -53,7 +57,11 @@ fn read_local(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
         .collect();
     drop(history);
     let kvs = snap.range_at(&request.range, later.iter());
-    Ok(GetResponse::new(revision, request.answer(kvs.iter())))
+    Ok(GetResponse::new(
+        revision,
+        header,
+        request.answer(kvs.iter()),
+    ))
 }
 
 /// Answers `request` by etcd itself.
@@ -71,13 +79,14 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
     };
     let resp = shared.upstream.range(request.clone()).await?;
     shared.counters.saw_cluster_revision(resp.revision);
-    // As from memory: the revision the answer reflects.
+    // As from memory: the revision the answer reflects; the header is etcd's.
     let revision = if request.revision > 0 {
         request.revision
     } else {
         resp.revision
     };
-    Ok(GetResponse::new(revision, resp.result))
+    let header = crate::upstream::etcd::response_header(&resp.header, resp.revision);
+    Ok(GetResponse::new(revision, header, resp.result))
 }
 
 /// What a read does when the cache cannot answer it in time: etcd answers, or the
@@ -126,7 +135,7 @@ async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result
             return fallback(shared, request, e).await;
         }
     }
-    read_local(shared, request)
+    read_local(shared, request, need)
 }
 
 /// The read path of [`Cache::get`](crate::Cache::get).
@@ -138,6 +147,7 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
         return Ok(shared.with_snapshot(|snap| {
             GetResponse::new(
                 snap.revision,
+                shared.header(snap.revision),
                 request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
             )
         }));
@@ -160,10 +170,10 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
     // Data at a revision the cache has applied never changes: a read at such a
     // revision needs no round trip, serializable or not.
     if request.revision > 0 && request.revision <= shared.revision() {
-        return read_local(shared, &request);
+        return read_local(shared, &request, 0);
     }
     if opts.serializable() && request.revision == 0 {
-        return read_local(shared, &request);
+        return read_local(shared, &request, 0);
     }
     if !opts.serializable() && !shared.is_ready() {
         return fallback(shared, &request, Error::NotReady).await;

@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use crate::key_range::{KeyRange, RangeSpec};
 use crate::kv::KeyValue;
 use crate::range_request::{RangeRequest, RangeResult, SortOrder, SortTarget};
+use etcd_client::ResponseHeader;
 
 /// Options for [`Cache::get`](crate::Cache::get), as `etcd_client::GetOptions`.
 #[derive(Debug, Clone)]
@@ -179,27 +180,56 @@ impl Default for GetOptions {
 }
 
 /// The answer to [`Cache::get`](crate::Cache::get), as `etcd_client::GetResponse`.
+///
+/// ```no_run
+/// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+/// use etcd_cache::GetOptions;
+///
+/// let resp = cache.get("/app/", Some(GetOptions::new().with_prefix().with_limit(10))).await?;
+/// for kv in resp.kvs() {
+///     println!("{} = {}", kv.key_str()?, kv.value_str()?);
+/// }
+/// println!("{} keys, more: {}, at {}", resp.count(), resp.more(), resp.header().unwrap().revision());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct GetResponse {
     revision: i64,
+    header: Option<ResponseHeader>,
     kvs: Vec<KeyValue>,
     count: i64,
     more: bool,
 }
 
 impl GetResponse {
-    pub(crate) fn new(revision: i64, result: RangeResult) -> Self {
+    pub(crate) fn new(revision: i64, header: ResponseHeader, result: RangeResult) -> Self {
         GetResponse {
             revision,
+            header: Some(header),
             kvs: result.kvs,
             count: result.count,
             more: result.more,
         }
     }
 
-    /// The revision the answer reflects.
+    /// The revision the data reflects: the one asked for with `with_revision`, else
+    /// the revision the read was answered at.
     pub fn revision(&self) -> i64 {
         self.revision
+    }
+
+    /// The response header, as etcd gives it: the newest revision the cache has
+    /// applied (for a consistent read, at least the cluster's revision when the read
+    /// started) — also for a read at an older revision, whose data is as of
+    /// [`revision`](Self::revision) — and the upstream's cluster id, member id and
+    /// raft term. Always `Some`.
+    pub fn header(&self) -> Option<&ResponseHeader> {
+        self.header.as_ref()
+    }
+
+    /// Takes the header out, as etcd-client's.
+    pub fn take_header(&mut self) -> Option<ResponseHeader> {
+        self.header.take()
     }
     /// The key-values.
     pub fn kvs(&self) -> &[KeyValue] {

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
 use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
-use crate::kv::{EventType, KeyValue};
+use crate::kv::{Event, EventType, KeyValue};
 use crate::range_request::{RangeRequest, RangeResult};
 
 /// The production upstream.
@@ -39,8 +39,67 @@ impl From<PbKeyValue> for KeyValue {
 }
 
 impl From<etcd_client::KeyValue> for KeyValue {
+    /// Moves etcd-client's buffers in (no copy).
     fn from(kv: etcd_client::KeyValue) -> Self {
         KeyValue::from(kv.0)
+    }
+}
+
+impl From<&KeyValue> for etcd_client::KeyValue {
+    /// A copy as etcd-client's type, for helpers that take `&etcd_client::KeyValue`.
+    fn from(kv: &KeyValue) -> Self {
+        etcd_client::KeyValue(PbKeyValue {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+            version: kv.version(),
+            lease: kv.lease(),
+        })
+    }
+}
+
+impl From<KeyValue> for etcd_client::KeyValue {
+    fn from(kv: KeyValue) -> Self {
+        etcd_client::KeyValue::from(&kv)
+    }
+}
+
+impl From<&Event> for etcd_client::Event {
+    /// A copy as etcd-client's type.
+    fn from(ev: &Event) -> Self {
+        etcd_client::Event(etcd_client::proto::PbEvent {
+            r#type: ev.event_type() as i32,
+            kv: ev.kv().map(|kv| etcd_client::KeyValue::from(kv).0),
+            prev_kv: ev.prev_kv().map(|kv| etcd_client::KeyValue::from(kv).0),
+        })
+    }
+}
+
+impl From<Event> for etcd_client::Event {
+    fn from(ev: Event) -> Self {
+        etcd_client::Event::from(&ev)
+    }
+}
+
+impl TryFrom<etcd_client::Event> for Event {
+    type Error = Error;
+
+    /// etcd-client's event as the cache's (no copy of the buffers).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] for an unknown event type or an event without a key-value.
+    fn try_from(ev: etcd_client::Event) -> Result<Self> {
+        let pb = ev.0;
+        let event_type = event_type(pb.r#type)?;
+        let kv = pb
+            .kv
+            .ok_or_else(|| Error::protocol("an event without a key-value"))?;
+        Ok(Event::new(
+            event_type,
+            KeyValue::from(kv),
+            pb.prev_kv.map(KeyValue::from),
+        ))
     }
 }
 
