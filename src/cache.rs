@@ -290,6 +290,10 @@ impl CacheBuilder {
         let client = self.client.take().ok_or_else(|| Error::InvalidConfig {
             reason: "builder used twice".into(),
         })?;
-        Cache::start(self.config, Arc::new(EtcdUpstream::new(client)))
+        let connect_options = self.config.connect_options.clone();
+        Cache::start(
+            self.config,
+            Arc::new(EtcdUpstream::new(client, connect_options)),
+        )
     }
 }

@@ -47,8 +47,10 @@ pub enum ReadFallback {
 /// Whether etcd's answers to `RequestProgress` may be trusted to advance the cache.
 ///
 /// etcd before 3.4.31 / 3.5.13 can answer a progress request with a revision ahead of
-/// events it has not sent yet (etcd#15220, etcd#17507). `Auto` asks every endpoint for
-/// its version (Status RPC) on each connect.
+/// events it has not sent yet (etcd#15220, etcd#17507). `Auto` asks every member for
+/// its version (Status RPC, with [`CacheBuilder::connect_options`]) in the background:
+/// after each reconnect (answers are untrusted until then) and every 30 s, so a rolling
+/// upgrade reaches the fast path without a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ProgressTrust {
@@ -78,6 +80,8 @@ pub(crate) struct Config {
     pub(crate) linearizable_watch_start: bool,
     pub(crate) read_fallback: ReadFallback,
     pub(crate) progress_trust: ProgressTrust,
+    /// How the per-member version probe connects (the user's TLS and credentials).
+    pub(crate) connect_options: Option<etcd_client::ConnectOptions>,
 }
 
 impl Default for Config {
@@ -97,6 +101,7 @@ impl Default for Config {
             linearizable_watch_start: true,
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
+            connect_options: None,
         }
     }
 }
@@ -272,6 +277,34 @@ impl CacheBuilder {
     /// [`ProgressTrust::Auto`] (by server version).
     pub fn progress_trust(mut self, trust: ProgressTrust) -> Self {
         self.config.progress_trust = trust;
+        self
+    }
+
+    /// The options the cache's own connections use: the per-member version probe
+    /// connects to each member's client URL on its own, and needs the same TLS
+    /// settings and credentials as the client given to [`Cache::builder`]. Pass the
+    /// options that client was connected with. Without them, members behind TLS or
+    /// auth read as of unknown version: the cache is then correct but slower (progress
+    /// answers untrusted), and `CacheStats::unknown_versions` and a warning say so.
+    /// The probe's connect and request timeouts are its own (2 s).
+    ///
+    /// ```no_run
+    /// # async fn f() -> etcd_cache::Result<()> {
+    /// let opts = etcd_client::ConnectOptions::new()
+    ///     .with_user("app", "secret")
+    ///     .with_auto_token_refresh(true);
+    /// let client = etcd_client::Client::connect(["https://etcd:2379"], Some(opts.clone())).await?;
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .prefix("/app/")
+    ///     .connect_options(opts)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Cache::builder`]: crate::Cache::builder
+    pub fn connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
+        self.config.connect_options = Some(options);
         self
     }
 }
