@@ -185,6 +185,13 @@ impl CacheBuilder {
     }
 
     /// The key prefix the cache holds. Default `""`: the whole keyspace.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).prefix("/app/").build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
         self.config.prefix = Bytes::from(prefix.into());
         self
@@ -192,6 +199,13 @@ impl CacheBuilder {
 
     /// Revisions (event batches) kept for replay and historical reads. Default
     /// [`DEFAULT_HISTORY_WINDOW`]. Must be at least 1.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).history_window(4096).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn history_window(mut self, revisions: usize) -> Self {
         self.config.history_window = revisions;
         self
@@ -199,6 +213,13 @@ impl CacheBuilder {
 
     /// Responses buffered per subscriber before it becomes lagging. Default
     /// [`DEFAULT_SUBSCRIBER_BUFFER`]. Must be at least 1.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).subscriber_buffer(64).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn subscriber_buffer(mut self, responses: usize) -> Self {
         self.config.subscriber_buffer = responses;
         self
@@ -206,12 +227,26 @@ impl CacheBuilder {
 
     /// Open watches allowed on the cache; one more fails with [`Error::WatchLimit`].
     /// Default [`DEFAULT_MAX_WATCHERS`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).max_watchers(10_000).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_watchers(mut self, n: usize) -> Self {
         self.config.max_watchers = n;
         self
     }
 
     /// Keys per page of the initial (and any re-) list. Default [`DEFAULT_PAGE_SIZE`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).page_size(500).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn page_size(mut self, keys: i64) -> Self {
         self.config.page_size = keys;
         self
@@ -219,6 +254,13 @@ impl CacheBuilder {
 
     /// Reconnect backoff: exponential from `initial` to `max`, with full jitter.
     /// Defaults [`DEFAULT_BACKOFF_INITIAL`], [`DEFAULT_BACKOFF_MAX`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).backoff(Duration::from_millis(100), Duration::from_secs(10)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn backoff(mut self, initial: std::time::Duration, max: std::time::Duration) -> Self {
         self.config.backoff_initial = initial;
         self.config.backoff_max = max;
@@ -227,6 +269,13 @@ impl CacheBuilder {
 
     /// Interval of the progress responses sent to watches made `with_progress_notify`.
     /// Default [`DEFAULT_PROGRESS_NOTIFY_INTERVAL`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_notify_interval(Duration::from_secs(1)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_notify_interval(mut self, every: std::time::Duration) -> Self {
         self.config.progress_notify_interval = every;
         self
@@ -234,6 +283,13 @@ impl CacheBuilder {
 
     /// Interval of `RequestProgress` on the upstream watch while at least one read
     /// waits. Default [`DEFAULT_PROGRESS_REQUEST_INTERVAL`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_request_interval(Duration::from_millis(50)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_request_interval(mut self, every: std::time::Duration) -> Self {
         self.config.progress_request_interval = every;
         self
@@ -241,6 +297,13 @@ impl CacheBuilder {
 
     /// How long a consistent read waits for the cache before [`ReadFallback`] applies.
     /// Default [`DEFAULT_CONSISTENT_READ_TIMEOUT`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).consistent_read_timeout(Duration::from_secs(1)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn consistent_read_timeout(mut self, wait: std::time::Duration) -> Self {
         self.config.consistent_read_timeout = wait;
         self
@@ -250,6 +313,13 @@ impl CacheBuilder {
     /// with one cheap unary call (a count-only read) and reconnects if it fails within
     /// 5 s. This catches connections that died without a reset when the client has no
     /// keep-alive configured. Default [`DEFAULT_UPSTREAM_IDLE_TIMEOUT`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).upstream_idle_timeout(Duration::from_secs(10)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn upstream_idle_timeout(mut self, silence: std::time::Duration) -> Self {
         self.config.upstream_idle_timeout = silence;
         self
@@ -261,6 +331,13 @@ impl CacheBuilder {
     /// revision (no round trip; a write the cache had not applied yet when `watch()` was
     /// called is delivered too). Default `true`. While the cache is not ready, or if the
     /// round trip fails, the cache's revision is used.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).linearizable_watch_start(false).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn linearizable_watch_start(mut self, enabled: bool) -> Self {
         self.config.linearizable_watch_start = enabled;
         self
@@ -268,6 +345,13 @@ impl CacheBuilder {
 
     /// What a consistent read does when the cache cannot serve it in time.
     /// Default [`ReadFallback::Etcd`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).read_fallback(etcd_cache::ReadFallback::Error).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn read_fallback(mut self, fallback: ReadFallback) -> Self {
         self.config.read_fallback = fallback;
         self
@@ -275,6 +359,13 @@ impl CacheBuilder {
 
     /// Whether etcd's `RequestProgress` answers are trusted. Default
     /// [`ProgressTrust::Auto`] (by server version).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_trust(etcd_cache::ProgressTrust::Never).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_trust(mut self, trust: ProgressTrust) -> Self {
         self.config.progress_trust = trust;
         self

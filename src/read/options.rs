@@ -6,7 +6,21 @@ use crate::kv::KeyValue;
 use crate::range_request::{RangeRequest, RangeResult, SortOrder, SortTarget};
 use etcd_client::ResponseHeader;
 
-/// Options for [`Cache::get`](crate::Cache::get), as `etcd_client::GetOptions`.
+/// Options for [`Cache::get`](crate::Cache::get), as `etcd_client::GetOptions`: every
+/// builder method of it, with the same meaning.
+///
+/// ```
+/// use etcd_cache::{GetOptions, SortOrder, SortTarget};
+///
+/// let newest_five = GetOptions::new()
+///     .with_prefix()
+///     .with_sort(SortTarget::Mod, SortOrder::Descend)
+///     .with_limit(5)
+///     .with_keys_only();
+/// let at_42 = GetOptions::new().with_range("/app/z").with_revision(42).with_serializable();
+/// let how_many = GetOptions::new().with_from_key().with_count_only();
+/// # let _ = (newest_five, at_42, how_many);
+/// ```
 #[derive(Debug, Clone)]
 pub struct GetOptions {
     spec: RangeSpec,
