@@ -222,7 +222,17 @@ pub(crate) fn run(mut cmd: Command) -> i32 {
     }
 }
 
+/// Whether xtask runs as root: the real uid in /proc/self/status (Linux), else `id -u`.
 pub(crate) fn is_root() -> bool {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        if let Some(uid) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            return uid == "0";
+        }
+    }
     Command::new("id")
         .arg("-u")
         .output()
