@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::etcd::{free_port, EtcdOptions, EtcdServer, StartError, START_ATTEMPTS};
+use crate::etcd_versions::EtcdBinaries;
 use crate::http::MemberStatus;
 
 /// Three etcd members on loopback, a static `--initial-cluster`.
@@ -108,6 +109,24 @@ impl EtcdCluster {
     /// a quorum of members running).
     pub fn restart(&mut self, i: usize) {
         self.members[i].restart();
+    }
+
+    /// Stops member `i` cleanly, then starts it on `binaries` with its ports and data dir and
+    /// waits until it is healthy: one step of a rolling upgrade (or downgrade).
+    pub fn restart_on(&mut self, i: usize, binaries: EtcdBinaries) {
+        self.members[i].restart_on(binaries);
+    }
+
+    /// The release each member runs (or ran last), in member order, as its binary says.
+    pub fn releases(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| {
+                m.binaries()
+                    .server_version
+                    .map_or_else(|| "unknown".to_string(), |v| v.to_string())
+            })
+            .collect()
     }
 
     /// Starts every stopped member, then waits until every member is healthy.

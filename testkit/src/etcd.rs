@@ -5,6 +5,14 @@
 //! (SIGKILL) when dropped. All calls here block the calling thread (they wait for `/health`);
 //! from an async test use a multi-threaded runtime or [`blocking`](crate::blocking).
 //!
+//! Which binary runs: [`EtcdOptions::version`] when a test picks one, else the run's default,
+//! [`EtcdBinaries::default_for_run`] (`$ETCD_VERSION`, default 3.4; `$ETCD_BIN` overrides the
+//! binary). Flags whose spelling differs between versions (the watch progress interval) are
+//! spelled for the binary that runs, also after [`EtcdServer::restart_on`] switched it.
+//!
+//! With [`EtcdOptions::tls`] the client URL is `https://`, and the harness checks health on a
+//! plain-HTTP metrics listener (`--listen-metrics-urls`) instead, so it needs no TLS client.
+//!
 //! ```no_run
 //! # use testkit::EtcdServer;
 //! let mut etcd = EtcdServer::start();
@@ -20,7 +28,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::etcd_versions::{EtcdBinaries, EtcdVersion};
 use crate::http::{is_healthy, member_status, MemberStatus};
+use crate::tls::ServerTls;
 
 /// How many times a start is retried when a freshly picked port turns out to be taken.
 pub(crate) const START_ATTEMPTS: usize = 5;
@@ -29,33 +39,13 @@ pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of etcd's log printed when a start fails.
 pub(crate) const LOG_TAIL_LINES: usize = 40;
 
-/// The etcd binary: `$ETCD_BIN` when set, otherwise `etcd` on `PATH`.
+/// The etcd binary of this run: `$ETCD_BIN` when set, otherwise the binary of `$ETCD_VERSION`
+/// (default 3.4, Debian's `/usr/bin/etcd` or `etcd` on `PATH`); see
+/// [`EtcdBinaries::default_for_run`].
 ///
-/// Panics with installation instructions when neither exists.
+/// Panics with installation or build instructions when it does not exist.
 pub fn etcd_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("ETCD_BIN").filter(|s| !s.is_empty()) {
-        let bin = PathBuf::from(bin);
-        if bin.is_file() {
-            return bin;
-        }
-        panic!(
-            "ETCD_BIN is set to {}, which is not a file; unset it or point it at an etcd binary",
-            bin.display()
-        );
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let candidate = dir.join("etcd");
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-    }
-    panic!(
-        "the `etcd` binary was not found on PATH (and ETCD_BIN is not set). \
-         Install it with `apt-get install etcd-server` (Debian/Ubuntu), or run `cargo xtask test`, \
-         which installs the prerequisites when run as root"
-    );
+    EtcdBinaries::default_for_run().etcd.clone()
 }
 
 /// A free TCP port on 127.0.0.1 (bind port 0, read it, release it).
@@ -71,7 +61,14 @@ pub fn free_port() -> u16 {
 /// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`](crate::EtcdCluster::start_with).
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
-    /// `--experimental-watch-progress-notify-interval` (etcd's default is 10 minutes).
+    /// The binaries to run; `None`: the run's default ([`EtcdBinaries::default_for_run`]).
+    pub binaries: Option<EtcdBinaries>,
+    /// TLS on the client URLs (peers stay plain HTTP): certificates, and whether clients must
+    /// present one (`--client-cert-auth`).
+    pub tls: Option<ServerTls>,
+    /// The watch progress notification interval (etcd's default is 10 minutes), spelled
+    /// `--experimental-watch-progress-notify-interval` up to 3.5 and
+    /// `--watch-progress-notify-interval` from 3.6 on.
     pub progress_notify_interval: Option<Duration>,
     /// `--auto-compaction-mode` (`periodic` or `revision`). Only used with a retention.
     pub auto_compaction_mode: Option<String>,
@@ -88,6 +85,8 @@ pub struct EtcdOptions {
 impl Default for EtcdOptions {
     fn default() -> Self {
         EtcdOptions {
+            binaries: None,
+            tls: None,
             progress_notify_interval: None,
             auto_compaction_mode: None,
             auto_compaction_retention: None,
@@ -99,7 +98,32 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// Sets `--experimental-watch-progress-notify-interval`.
+    /// Runs exactly `version`'s binaries, whatever `$ETCD_VERSION` and `$ETCD_BIN` say (for a
+    /// test that needs a given version, or two of them). Panics when they are not built.
+    pub fn version(self, version: EtcdVersion) -> Self {
+        self.binaries(EtcdBinaries::exact(version))
+    }
+
+    /// Runs these binaries (for example [`EtcdBinaries::select`], which honours `$ETCD_BIN`).
+    pub fn binaries(mut self, binaries: EtcdBinaries) -> Self {
+        self.binaries = Some(binaries);
+        self
+    }
+
+    /// Serves clients over TLS with `tls` (see [`TestPki`](crate::TestPki)).
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The binaries these options run: the chosen ones, else the run's default.
+    pub fn resolved_binaries(&self) -> EtcdBinaries {
+        self.binaries
+            .clone()
+            .unwrap_or_else(|| EtcdBinaries::default_for_run().clone())
+    }
+
+    /// Sets the watch progress notification interval (spelled for the binary that runs).
     pub fn progress_notify_interval(mut self, interval: Duration) -> Self {
         self.progress_notify_interval = Some(interval);
         self
@@ -118,17 +142,23 @@ impl EtcdOptions {
         self
     }
 
-    fn common_args(&self) -> Vec<String> {
+    /// The arguments these options add for `binaries` (flag spellings differ by version).
+    fn common_args(&self, binaries: &EtcdBinaries) -> Vec<String> {
         let mut args = vec![
             "--logger=zap".to_string(),
             "--log-outputs=stderr".to_string(),
             format!("--log-level={}", self.log_level),
         ];
         if let Some(interval) = self.progress_notify_interval {
-            args.push(format!(
-                "--experimental-watch-progress-notify-interval={}ms",
-                interval.as_millis().max(1)
-            ));
+            args.push(binaries.watch_progress_notify_interval_arg(interval));
+        }
+        if let Some(tls) = &self.tls {
+            args.push(format!("--cert-file={}", tls.cert_file.display()));
+            args.push(format!("--key-file={}", tls.key_file.display()));
+            args.push(format!("--trusted-ca-file={}", tls.trusted_ca_file.display()));
+            if tls.client_cert_auth {
+                args.push("--client-cert-auth".to_string());
+            }
         }
         if let Some(retention) = &self.auto_compaction_retention {
             if let Some(mode) = &self.auto_compaction_mode {
@@ -157,8 +187,13 @@ pub struct EtcdServer {
     name: String,
     client_port: u16,
     peer_port: u16,
-    /// Full argument list; reused as is by `restart`.
-    args: Vec<String>,
+    /// The plain-HTTP `/health` listener of a TLS server (`--listen-metrics-urls`).
+    metrics_port: Option<u16>,
+    /// The arguments that do not depend on the binary (name, URLs, data dir, cluster).
+    base_args: Vec<String>,
+    opts: EtcdOptions,
+    /// What runs; [`EtcdServer::restart_on`] replaces it.
+    binaries: EtcdBinaries,
     data_dir: PathBuf,
     log_path: PathBuf,
     start_timeout: Duration,
@@ -209,8 +244,10 @@ impl EtcdServer {
             .expect("cannot create a temporary directory for etcd");
         let data_dir = dir.path().join("data");
         let log_path = dir.path().join("etcd.log");
-        let client_url = format!("http://127.0.0.1:{client_port}");
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let metrics_port = opts.tls.as_ref().map(|_| free_port());
         let mut args = vec![
             format!("--name={name}"),
             format!("--data-dir={}", data_dir.display()),
@@ -222,12 +259,17 @@ impl EtcdServer {
             "--initial-cluster-state=new".to_string(),
             format!("--initial-cluster-token=etcd-test-{}", std::process::id()),
         ];
-        args.extend(opts.common_args());
+        if let Some(port) = metrics_port {
+            args.push(format!("--listen-metrics-urls=http://127.0.0.1:{port}"));
+        }
         EtcdServer {
             name: name.to_string(),
             client_port,
             peer_port,
-            args,
+            metrics_port,
+            base_args: args,
+            binaries: opts.resolved_binaries(),
+            opts: opts.clone(),
             data_dir,
             log_path,
             start_timeout: opts.start_timeout,
@@ -250,12 +292,17 @@ impl EtcdServer {
             .map_err(|e| {
                 StartError::Failed(format!("cannot open {}: {e}", self.log_path.display()))
             })?;
-        let _ = writeln!(log, "==== harness: starting etcd {} ====", self.name);
+        let _ = writeln!(
+            log,
+            "==== harness: starting etcd {} ({}) ====",
+            self.name,
+            self.binaries.describe()
+        );
         let stderr = log
             .try_clone()
             .map_err(|e| StartError::Failed(format!("cannot clone log file handle: {e}")))?;
-        let mut cmd = Command::new(etcd_binary());
-        cmd.args(&self.args)
+        let mut cmd = Command::new(&self.binaries.etcd);
+        cmd.args(self.args())
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))
@@ -268,7 +315,7 @@ impl EtcdServer {
             }
         }
         let child = cmd.spawn().map_err(|e| {
-            StartError::Failed(format!("cannot run {}: {e}", etcd_binary().display()))
+            StartError::Failed(format!("cannot run {}: {e}", self.binaries.etcd.display()))
         })?;
         self.child = Some(child);
         Ok(())
@@ -302,7 +349,7 @@ impl EtcdServer {
                     self.name
                 )));
             }
-            if is_healthy(self.client_addr()) {
+            if is_healthy(self.health_addr()) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -329,9 +376,42 @@ impl EtcdServer {
         }
     }
 
-    /// The client URL, `http://127.0.0.1:PORT`.
+    /// The full command line after the binary, as the next start uses it.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = self.base_args.clone();
+        args.extend(self.opts.common_args(&self.binaries));
+        args
+    }
+
+    /// The client URL, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.opts.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Where `/health` answers over plain HTTP: the client address, or the metrics
+    /// listener of a TLS server.
+    pub fn health_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.metrics_port.unwrap_or(self.client_port)))
+    }
+
+    /// Whether `/health` answers `true` now.
+    pub fn is_healthy(&self) -> bool {
+        is_healthy(self.health_addr())
+    }
+
+    /// The binaries this server runs (or ran last, or runs at its next start).
+    pub fn binaries(&self) -> &EtcdBinaries {
+        &self.binaries
+    }
+
+    /// The options it was started with.
+    pub fn options(&self) -> &EtcdOptions {
+        &self.opts
     }
 
     /// The client address, `127.0.0.1:PORT` (for a `TcpProxy` upstream, for example).
@@ -415,6 +495,41 @@ impl EtcdServer {
         panic!("etcd {} could not restart on its ports: {last}", self.name);
     }
 
+    /// Stops the process (SIGTERM, then SIGKILL after 10 s: a clean stop, as an operator's
+    /// upgrade does), switches to `binaries`, and starts it again on the same ports and data
+    /// directory, waiting until healthy. The flags are spelled for the new binary.
+    pub fn restart_on(&mut self, binaries: EtcdBinaries) {
+        self.stop();
+        self.binaries = binaries;
+        self.restart();
+    }
+
+    /// Stops the process cleanly: SIGTERM, and SIGKILL if it has not exited within 10 s.
+    /// No-op when stopped.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let terminated = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if terminated {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
     /// Spawns the process again without waiting for health (for cluster restarts).
     pub(crate) fn respawn_no_wait(&mut self) {
         self.kill();
@@ -423,8 +538,13 @@ impl EtcdServer {
         }
     }
 
-    /// This member's status from `/v3/maintenance/status`, or `None` when it does not answer.
+    /// This member's status from `/v3/maintenance/status` (etcd's HTTP gateway), or `None`
+    /// when it does not answer. Always `None` for a TLS server (the gateway is on the TLS
+    /// listener): ask it with an etcd-client instead.
     pub fn status(&self) -> Option<MemberStatus> {
+        if self.opts.tls.is_some() {
+            return None;
+        }
         member_status(self.client_addr())
     }
 }

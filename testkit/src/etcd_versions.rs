@@ -30,7 +30,7 @@
 //!
 //! Caution: etcd reads every `ETCD_*` environment variable as a flag. `ETCD_VERSION=3.6` in a
 //! child's environment is `--version=3.6`: etcd 3.4 refuses to start, newer ones warn. Spawn
-//! etcd with every `ETCD*` variable removed (as `tests/support/etcd.rs` does).
+//! etcd with every `ETCD*` variable removed (as `testkit/src/etcd.rs` does).
 #![allow(dead_code)]
 
 use std::ffi::OsString;

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::etcd::{
-    etcd_binary, file_tail, free_port, DEFAULT_START_TIMEOUT, LOG_TAIL_LINES, START_ATTEMPTS,
-};
+use crate::etcd::{file_tail, free_port, DEFAULT_START_TIMEOUT, LOG_TAIL_LINES, START_ATTEMPTS};
+use crate::etcd_versions::{grpc_proxy_start_args, EtcdBinaries};
 use crate::http::is_healthy;
 
 /// An `etcd grpc-proxy start` process, killed (SIGKILL) when dropped.
@@ -52,8 +51,9 @@ impl Drop for ProxyProcess {
     }
 }
 
-/// Starts `etcd grpc-proxy start --endpoints=<endpoints> --listen-addr=127.0.0.1:PORT` and waits
-/// until its `/health` answers `true`. Endpoints may be given with or without `http://`.
+/// Starts `etcd grpc-proxy start --endpoints=<endpoints> --listen-addr=127.0.0.1:PORT` (the run's
+/// etcd binary, [`EtcdBinaries::default_for_run`]) and waits until its `/health` answers `true`.
+/// Endpoints may be given with or without `http://`.
 pub fn grpc_proxy<S: AsRef<str>>(endpoints: &[S]) -> ProxyProcess {
     assert!(
         !endpoints.is_empty(),
@@ -80,14 +80,12 @@ pub fn grpc_proxy<S: AsRef<str>>(endpoints: &[S]) -> ProxyProcess {
         let log = File::create(&log_path).expect("cannot create the grpc proxy log");
         let stderr = log.try_clone().expect("cannot clone log file handle");
         let port = free_port();
-        let mut cmd = Command::new(etcd_binary());
-        cmd.args([
-            "grpc-proxy".to_string(),
-            "start".to_string(),
-            format!("--endpoints={eps}"),
-            format!("--listen-addr=127.0.0.1:{port}"),
-            format!("--data-dir={}", dir.path().join("data").display()),
-        ])
+        let mut cmd = Command::new(&EtcdBinaries::default_for_run().etcd);
+        cmd.args(grpc_proxy_start_args(
+            &eps,
+            &format!("127.0.0.1:{port}"),
+            &dir.path().join("data"),
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(stderr))

@@ -15,7 +15,12 @@
 //! - Test bodies: [`bounded`] (a time limit that fails instead of hanging) and
 //!   [`init_tracing`].
 //!
-//! The etcd binary is `$ETCD_BIN` or `etcd` on `PATH`.
+//! - Versions: [`etcd_versions`] maps `3.4` (Debian's 3.4.23) … `3.7` to binaries and flag
+//!   spellings. A run's servers are `$ETCD_VERSION`'s ([`EtcdBinaries::default_for_run`];
+//!   `$ETCD_BIN` runs any binary instead); a test picks one with [`EtcdOptions::version`] and
+//!   moves a member to another with [`EtcdServer::restart_on`] (a rolling upgrade).
+//! - TLS: [`TestPki`] makes a CA, server and client certificates at test time;
+//!   [`EtcdOptions::tls`] serves them.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -38,17 +43,21 @@
 mod cluster;
 mod connect;
 mod etcd;
+pub mod etcd_versions;
 mod fixture;
 mod grpc_proxy;
 mod http;
 mod run;
 mod tcp_proxy;
+mod tls;
 
 pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
 pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
+pub use etcd_versions::{EtcdBinaries, EtcdVersion, ServerVersion};
 pub use fixture::{cache_on_etcd, etcd_with_client, ready_cache, READY_TIMEOUT};
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{http_request, is_healthy, member_status, MemberStatus};
 pub use run::{blocking, bounded, init_tracing};
 pub use tcp_proxy::TcpProxy;
+pub use tls::{ClientIdentity, ServerTls, TestPki};

@@ -1,0 +1,174 @@
+//! Certificates made at test time (`rcgen`): a CA, a server certificate for 127.0.0.1 and
+//! localhost, and client certificates, written as PEM files into a temporary directory for
+//! etcd's `--cert-file`, `--key-file` and `--trusted-ca-file`.
+//!
+//! ```no_run
+//! # async fn example() {
+//! use testkit::{EtcdOptions, EtcdServer, TestPki};
+//! let pki = TestPki::new();
+//! let etcd = EtcdServer::start_with(EtcdOptions::default().tls(pki.server_tls(true)));
+//! let tls = pki.client_tls(Some(&pki.client_identity("root")));
+//! let options = etcd_client::ConnectOptions::new().with_tls(tls);
+//! let client = testkit::Connect::new().options(options).client(&[etcd.endpoint()]).await;
+//! # }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use etcd_client::{Certificate, Identity, TlsOptions};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// The TLS files of an etcd server (see [`EtcdOptions::tls`](crate::EtcdOptions::tls)).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// `--cert-file`: the server certificate (SANs 127.0.0.1 and localhost).
+    pub cert_file: PathBuf,
+    /// `--key-file`.
+    pub key_file: PathBuf,
+    /// `--trusted-ca-file`: the CA that client certificates must chain to.
+    pub trusted_ca_file: PathBuf,
+    /// `--client-cert-auth`: clients must present a certificate signed by that CA.
+    pub client_cert_auth: bool,
+    /// Keeps the files until the last server using them is gone.
+    _dir: Arc<tempfile::TempDir>,
+}
+
+/// A client certificate and its key, in PEM.
+#[derive(Debug, Clone)]
+pub struct ClientIdentity {
+    /// The certificate (its common name is etcd's user name when auth is on).
+    pub cert_pem: String,
+    /// The private key.
+    pub key_pem: String,
+}
+
+/// A test CA with a server certificate, issuing client certificates on demand.
+pub struct TestPki {
+    dir: Arc<tempfile::TempDir>,
+    ca_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki")
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for TestPki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestPki {
+    /// A new CA (its own key, so two `TestPki`s do not trust each other) and a server
+    /// certificate for `127.0.0.1` and `localhost`, written to a temporary directory.
+    ///
+    /// # Panics
+    /// When a certificate cannot be made or written.
+    pub fn new() -> TestPki {
+        let dir = tempfile::Builder::new()
+            .prefix("etcd-test-pki-")
+            .tempdir()
+            .expect("cannot create a temporary directory for certificates");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "etcd-cache test CA");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("self-signed CA");
+        let ca_pem = ca_cert.pem();
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let mut server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()])
+            .expect("server params");
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "etcd-cache test server");
+        server.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            // etcd's gateway and health checks dial the server with its own certificate.
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let server_key = KeyPair::generate().expect("server key");
+        let server_cert = server
+            .signed_by(&server_key, &issuer)
+            .expect("server certificate");
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.path().join(name), text)
+                .unwrap_or_else(|e| panic!("cannot write {name}: {e}"))
+        };
+        write("ca.pem", &ca_pem);
+        write("server.pem", &server_cert.pem());
+        write("server-key.pem", &server_key.serialize_pem());
+        TestPki {
+            dir: Arc::new(dir),
+            ca_pem,
+            issuer,
+        }
+    }
+
+    /// The directory holding `ca.pem`, `server.pem` and `server-key.pem`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The CA certificate, in PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server's TLS files; `client_cert_auth` adds `--client-cert-auth`.
+    pub fn server_tls(&self, client_cert_auth: bool) -> ServerTls {
+        ServerTls {
+            cert_file: self.dir.path().join("server.pem"),
+            key_file: self.dir.path().join("server-key.pem"),
+            trusted_ca_file: self.dir.path().join("ca.pem"),
+            client_cert_auth,
+            _dir: self.dir.clone(),
+        }
+    }
+
+    /// A client certificate signed by this CA, with `common_name` as its subject (with
+    /// etcd's auth on and `--client-cert-auth`, the common name is the user).
+    ///
+    /// # Panics
+    /// When the certificate cannot be made.
+    pub fn client_identity(&self, common_name: &str) -> ClientIdentity {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().expect("client key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("client certificate");
+        ClientIdentity {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    /// etcd-client's TLS options trusting this CA, presenting `identity` if given.
+    pub fn client_tls(&self, identity: Option<&ClientIdentity>) -> TlsOptions {
+        let tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        match identity {
+            Some(id) => tls.identity(Identity::from_pem(&id.cert_pem, &id.key_pem)),
+            None => tls,
+        }
+    }
+}
