@@ -155,7 +155,10 @@ impl EtcdOptions {
         if let Some(tls) = &self.tls {
             args.push(format!("--cert-file={}", tls.cert_file.display()));
             args.push(format!("--key-file={}", tls.key_file.display()));
-            args.push(format!("--trusted-ca-file={}", tls.trusted_ca_file.display()));
+            args.push(format!(
+                "--trusted-ca-file={}",
+                tls.trusted_ca_file.display()
+            ));
             if tls.client_cert_auth {
                 args.push("--client-cert-auth".to_string());
             }
@@ -396,7 +399,10 @@ impl EtcdServer {
     /// Where `/health` answers over plain HTTP: the client address, or the metrics
     /// listener of a TLS server.
     pub fn health_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.metrics_port.unwrap_or(self.client_port)))
+        SocketAddr::from((
+            [127, 0, 0, 1],
+            self.metrics_port.unwrap_or(self.client_port),
+        ))
     }
 
     /// Whether `/health` answers `true` now.

@@ -272,6 +272,31 @@ impl ServerVersion {
         Self::from_version_output(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// Whether etcd-cache trusts this release's answers to a stream-level `RequestProgress`:
+    /// etcd#15220 was fixed in 3.4.25 / 3.5.8 and etcd#17507 in 3.4.31 / 3.5.13, so 3.4.31+,
+    /// 3.5.13+ and every 3.6+ (the rule the cache's version probe applies, restated here so a
+    /// test can check the verdict against it).
+    pub fn trusts_progress(self) -> bool {
+        match (self.major, self.minor) {
+            (3, 4) => self.patch >= 31,
+            (3, 5) => self.patch >= 13,
+            (3, m) => m >= 6,
+            (m, _) => m > 3,
+        }
+    }
+
+    /// Whether this release has the fix of etcd#20221 (3.4.38 / 3.5.22 / 3.6.2): no
+    /// progress notification below a watch's start revision.
+    pub fn fixes_etcd_20221(self) -> bool {
+        match (self.major, self.minor) {
+            (3, 4) => self.patch >= 38,
+            (3, 5) => self.patch >= 22,
+            (3, 6) => self.patch >= 2,
+            (3, m) => m > 6,
+            (m, _) => m > 3,
+        }
+    }
+
     /// The known version of the same minor, if any.
     pub fn known(self) -> Option<EtcdVersion> {
         EtcdVersion::ALL
@@ -734,6 +759,32 @@ mod tests {
         assert_eq!(ServerVersion::parse("3.x.1"), None);
         assert_eq!(ServerVersion::parse("3.8.0").unwrap().known(), None);
         assert!(ServerVersion::parse("3.5.35") < ServerVersion::parse("3.6.0"));
+    }
+
+    #[test]
+    fn progress_trust_and_20221_fix_per_release() {
+        let v = |s| ServerVersion::parse(s).unwrap();
+        for trusted in [
+            "3.4.31", "3.4.38", "3.5.13", "3.5.35", "3.6.0", "3.6.16", "3.7.3", "4.0.0",
+        ] {
+            assert!(v(trusted).trusts_progress(), "{trusted}");
+        }
+        for untrusted in ["3.3.27", "3.4.23", "3.4.30", "3.5.8", "3.5.12"] {
+            assert!(!v(untrusted).trusts_progress(), "{untrusted}");
+        }
+        for fixed in ["3.4.38", "3.5.22", "3.5.35", "3.6.2", "3.6.16", "3.7.3"] {
+            assert!(v(fixed).fixes_etcd_20221(), "{fixed}");
+        }
+        for buggy in ["3.4.23", "3.4.37", "3.5.21", "3.6.1"] {
+            assert!(!v(buggy).fixes_etcd_20221(), "{buggy}");
+        }
+        for version in EtcdVersion::ALL {
+            assert_eq!(
+                version.server_version().trusts_progress(),
+                version != EtcdVersion::V3_4,
+                "{version}"
+            );
+        }
     }
 
     #[test]

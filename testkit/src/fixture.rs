@@ -6,7 +6,10 @@ use std::time::Duration;
 use etcd_cache::{Cache, CacheBuilder};
 use etcd_client::Client;
 
-use crate::{blocking, client, EtcdOptions, EtcdServer};
+use crate::{blocking, client, EtcdOptions, EtcdServer, ServerVersion};
+
+/// How long [`wait_for_version_verdict`] waits for the cache's version probe.
+pub const VERDICT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long [`ready_cache`] waits for the first snapshot and the watch.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -68,4 +71,37 @@ pub async fn ready_cache(
         .await
         .unwrap_or_else(|e| panic!("the cache did not become ready: {e}"));
     cache
+}
+
+/// Waits until the cache's background version probe has reported every member, and until
+/// its trust in `RequestProgress` answers matches what those versions imply
+/// ([`ServerVersion::trusts_progress`] of every member); returns that trust.
+///
+/// The probe runs after every (re)connect, so right after [`ready_cache`] a fixed server is
+/// not trusted yet: a test that counts reads answered from memory waits for this first.
+///
+/// # Panics
+/// When a member's version stays unknown (`unreachable:` in
+/// [`Cache::server_versions`]), or the verdict does not come within [`VERDICT_TIMEOUT`].
+pub async fn wait_for_version_verdict(cache: &Cache) -> bool {
+    let deadline = tokio::time::Instant::now() + VERDICT_TIMEOUT;
+    loop {
+        let versions = cache.server_versions();
+        let stats = cache.stats();
+        if !versions.is_empty() && stats.unknown_versions == 0 {
+            let expect = versions
+                .iter()
+                .all(|v| ServerVersion::parse(v).is_some_and(ServerVersion::trusts_progress));
+            if stats.progress_trusted == expect {
+                return expect;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no version verdict within {VERDICT_TIMEOUT:?}: versions {versions:?}, unknown {}, trusted {}",
+            stats.unknown_versions,
+            stats.progress_trusted
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

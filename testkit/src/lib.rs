@@ -55,7 +55,10 @@ pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
 pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
 pub use etcd_versions::{EtcdBinaries, EtcdVersion, ServerVersion};
-pub use fixture::{cache_on_etcd, etcd_with_client, ready_cache, READY_TIMEOUT};
+pub use fixture::{
+    cache_on_etcd, etcd_with_client, ready_cache, wait_for_version_verdict, READY_TIMEOUT,
+    VERDICT_TIMEOUT,
+};
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{http_request, is_healthy, member_status, MemberStatus};
 pub use run::{blocking, bounded, init_tracing};
