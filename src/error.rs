@@ -206,24 +206,50 @@ impl Error {
     }
 
     /// True for an answer from etcd that retrying cannot change: permission denied,
-    /// authentication failed or required, an invalid argument, an unimplemented call.
-    /// The cache stops on such an error instead of retrying it.
+    /// authentication failed or required, an invalid argument, an unimplemented call,
+    /// and a TLS handshake refused over certificates (the server's is not trusted, or
+    /// etcd refused the client's or its absence). The cache stops on such an error
+    /// instead of retrying it.
     pub fn is_permanent_upstream_failure(&self) -> bool {
         use tonic::Code;
         match self {
-            Error::Upstream(etcd_client::Error::GRpcStatus(status)) => matches!(
-                status.code(),
-                Code::PermissionDenied
-                    | Code::Unauthenticated
-                    | Code::InvalidArgument
-                    | Code::Unimplemented
-            ),
+            Error::Upstream(etcd_client::Error::GRpcStatus(status)) => {
+                matches!(
+                    status.code(),
+                    Code::PermissionDenied
+                        | Code::Unauthenticated
+                        | Code::InvalidArgument
+                        | Code::Unimplemented
+                ) || certificate_refused(status)
+            }
             Error::Upstream(etcd_client::Error::InvalidArgs(_))
             | Error::Upstream(etcd_client::Error::InvalidUri(_)) => true,
             Error::Failed { .. } => true,
             _ => false,
         }
     }
+}
+
+/// Whether a transport failure is a TLS handshake refused over certificates: rustls's
+/// "invalid peer certificate: …" (the server's certificate does not verify against the
+/// configured CA), or a fatal alert from the server (etcd refused the client's
+/// certificate or its absence under `--client-cert-auth`). Read from the error chain's
+/// text, which carries rustls's error through tonic and hyper.
+fn certificate_refused(status: &tonic::Status) -> bool {
+    let refused = |text: &str| {
+        text.contains("invalid peer certificate") || text.contains("received fatal alert")
+    };
+    if refused(status.message()) {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if refused(&e.to_string()) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -242,6 +268,18 @@ mod tests {
         )));
         assert!(e.to_string().contains("connection refused"), "{e}");
         assert!(!e.is_permanent_upstream_failure());
+        // TLS refused over certificates (the texts rustls gives, through tonic and hyper).
+        let e = Error::from(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "invalid peer certificate: BadSignature",
+        )));
+        assert!(e.is_permanent_upstream_failure(), "{e}");
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        let mut status = tonic::Status::unknown("transport error");
+        status.set_source(std::sync::Arc::new(alert));
+        assert!(Error::from(etcd_client::Error::GRpcStatus(status)).is_permanent_upstream_failure());
         let e = Error::transport("etcd did not answer within 30s (upstream_idle_timeout)");
         assert!(e.to_string().starts_with("etcd transport failure"), "{e}");
         assert!(!e.is_permanent_upstream_failure());

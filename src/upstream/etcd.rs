@@ -174,7 +174,16 @@ fn event_type(code: i32) -> Result<EventType> {
 struct EtcdWatch {
     stream: etcd_client::WatchStream,
     last_header: Header,
+    /// For authenticating again when etcd refuses the watch's token.
+    client: etcd_client::Client,
 }
+
+/// etcd's cancel reason for a watch whose token is invalid or expired (etcd 3.4 checks the
+/// token when the watch is created and refuses it in a watch response, which
+/// etcd-client's automatic token refresh, made for failed calls, does not see).
+const INVALID_AUTH_TOKEN: &str = "invalid auth token";
+/// etcd's cancel reason for a watch outside the user's permissions.
+const PERMISSION_DENIED: &str = "permission denied";
 
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
@@ -188,6 +197,21 @@ impl UpstreamWatch for EtcdWatch {
                 self.last_header = header(pb.header.as_ref());
             }
             // `canceled` first: etcd refuses a watch with `created` and `canceled` both set.
+            if pb.canceled && pb.compact_revision == 0 {
+                if pb.cancel_reason.contains(PERMISSION_DENIED) {
+                    // As a refused call: permanent, so the cache stops with it instead of
+                    // asking again forever.
+                    return Err(Error::Upstream(etcd_client::Error::GRpcStatus(
+                        tonic::Status::permission_denied(std::mem::take(&mut pb.cancel_reason)),
+                    )));
+                }
+                if pb.cancel_reason.contains(INVALID_AUTH_TOKEN) {
+                    // Authenticate again so that the next watch carries a valid token (a
+                    // client without credentials has none to refresh). If that fails too
+                    // (the password changed), its error ends the session.
+                    self.client.refresh_token().await?;
+                }
+            }
             Ok(Some(if pb.canceled {
                 WatchMsg::Canceled {
                     compact_revision: pb.compact_revision,
@@ -301,6 +325,7 @@ impl Upstream for EtcdUpstream {
             Ok(Box::new(EtcdWatch {
                 stream,
                 last_header: Header::default(),
+                client: self.client.clone(),
             }) as Box<dyn UpstreamWatch>)
         })
     }
