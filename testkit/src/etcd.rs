@@ -64,7 +64,7 @@ pub struct EtcdOptions {
     /// The binaries to run; `None`: the run's default ([`EtcdBinaries::default_for_run`]).
     pub binaries: Option<EtcdBinaries>,
     /// TLS on the client URLs (peers stay plain HTTP): certificates, and whether clients must
-    /// present one (`--client-cert-auth`).
+    /// present one (`--client-cert-auth` with `--trusted-ca-file`).
     pub tls: Option<ServerTls>,
     /// The watch progress notification interval (etcd's default is 10 minutes), spelled
     /// `--experimental-watch-progress-notify-interval` up to 3.5 and
@@ -155,10 +155,9 @@ impl EtcdOptions {
         if let Some(tls) = &self.tls {
             args.push(format!("--cert-file={}", tls.cert_file.display()));
             args.push(format!("--key-file={}", tls.key_file.display()));
-            args.push(format!(
-                "--trusted-ca-file={}",
-                tls.trusted_ca_file.display()
-            ));
+            if let Some(ca) = &tls.trusted_ca_file {
+                args.push(format!("--trusted-ca-file={}", ca.display()));
+            }
             if tls.client_cert_auth {
                 args.push("--client-cert-auth".to_string());
             }

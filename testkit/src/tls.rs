@@ -29,8 +29,10 @@ pub struct ServerTls {
     pub cert_file: PathBuf,
     /// `--key-file`.
     pub key_file: PathBuf,
-    /// `--trusted-ca-file`: the CA that client certificates must chain to.
-    pub trusted_ca_file: PathBuf,
+    /// `--trusted-ca-file`: the CA that client certificates must chain to. Only with
+    /// client-certificate auth: etcd turns client-certificate auth on whenever this flag is
+    /// given, whatever `--client-cert-auth` says.
+    pub trusted_ca_file: Option<PathBuf>,
     /// `--client-cert-auth`: clients must present a certificate signed by that CA.
     pub client_cert_auth: bool,
     /// Keeps the files until the last server using them is gone.
@@ -131,12 +133,13 @@ impl TestPki {
         &self.ca_pem
     }
 
-    /// The server's TLS files; `client_cert_auth` adds `--client-cert-auth`.
+    /// The server's TLS files; `client_cert_auth` adds `--client-cert-auth` and
+    /// `--trusted-ca-file` (this CA), so that clients must present a certificate it signed.
     pub fn server_tls(&self, client_cert_auth: bool) -> ServerTls {
         ServerTls {
             cert_file: self.dir.path().join("server.pem"),
             key_file: self.dir.path().join("server-key.pem"),
-            trusted_ca_file: self.dir.path().join("ca.pem"),
+            trusted_ca_file: client_cert_auth.then(|| self.dir.path().join("ca.pem")),
             client_cert_auth,
             _dir: self.dir.clone(),
         }
