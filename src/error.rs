@@ -214,13 +214,19 @@ impl Error {
         use tonic::Code;
         match self {
             Error::Upstream(etcd_client::Error::GRpcStatus(status)) => {
-                matches!(
+                // A token older than the auth store (JWT, after an auth change): the next
+                // attempt authenticates again.
+                let old_token = status
+                    .message()
+                    .contains(crate::upstream::etcd::AUTH_OLD_REVISION);
+                (matches!(
                     status.code(),
                     Code::PermissionDenied
                         | Code::Unauthenticated
                         | Code::InvalidArgument
                         | Code::Unimplemented
-                ) || certificate_refused(status)
+                ) && !old_token)
+                    || certificate_refused(status)
             }
             Error::Upstream(etcd_client::Error::InvalidArgs(_))
             | Error::Upstream(etcd_client::Error::InvalidUri(_)) => true,
@@ -280,6 +286,10 @@ mod tests {
         let mut status = tonic::Status::unknown("transport error");
         status.set_source(std::sync::Arc::new(alert));
         assert!(Error::from(etcd_client::Error::GRpcStatus(status)).is_permanent_upstream_failure());
+        let e = Error::from(etcd_client::Error::GRpcStatus(
+            tonic::Status::invalid_argument("etcdserver: revision of auth store is old"),
+        ));
+        assert!(!e.is_permanent_upstream_failure(), "{e}");
         let e = Error::transport("etcd did not answer within 30s (upstream_idle_timeout)");
         assert!(e.to_string().starts_with("etcd transport failure"), "{e}");
         assert!(!e.is_permanent_upstream_failure());

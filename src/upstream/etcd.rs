@@ -178,12 +178,42 @@ struct EtcdWatch {
     client: etcd_client::Client,
 }
 
-/// etcd's cancel reason for a watch whose token is invalid or expired (etcd 3.4 checks the
-/// token when the watch is created and refuses it in a watch response, which
-/// etcd-client's automatic token refresh, made for failed calls, does not see).
+/// etcd's answer to a token that is invalid or expired (or lost: etcd keeps simple tokens
+/// in memory only). etcd-client refreshes it only with `with_auto_token_refresh`, and not
+/// at all when etcd 3.4 refuses a watch for it in a watch response.
 const INVALID_AUTH_TOKEN: &str = "invalid auth token";
+/// etcd's answer to a token older than its auth store: a JWT token carries the store's
+/// revision, so any change to users, roles or permissions makes every such token old.
+/// etcd-client never refreshes it (etcd's Go client does, as for an invalid token).
+pub(crate) const AUTH_OLD_REVISION: &str = "revision of auth store is old";
 /// etcd's cancel reason for a watch outside the user's permissions.
 const PERMISSION_DENIED: &str = "permission denied";
+
+/// Whether etcd refused a call for its token (see [`INVALID_AUTH_TOKEN`],
+/// [`AUTH_OLD_REVISION`]): authenticating again and retrying can succeed.
+fn token_refused(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.message().contains(INVALID_AUTH_TOKEN) || s.message().contains(AUTH_OLD_REVISION))
+}
+
+/// Runs `call`; if etcd refused its token, authenticates `client` again (with the
+/// credentials it was connected with; a client without any has nothing to refresh) and
+/// runs it once more. A failed authentication is returned (a changed password:
+/// permanent).
+async fn with_fresh_token<T, F, Fut>(client: &etcd_client::Client, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    match call().await {
+        Err(e) if token_refused(&e) => {
+            tracing::debug!(error = %e, "etcd refused the token; authenticating again");
+            client.refresh_token().await?;
+            Ok(call().await?)
+        }
+        other => Ok(other?),
+    }
+}
 
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
@@ -205,7 +235,9 @@ impl UpstreamWatch for EtcdWatch {
                         tonic::Status::permission_denied(std::mem::take(&mut pb.cancel_reason)),
                     )));
                 }
-                if pb.cancel_reason.contains(INVALID_AUTH_TOKEN) {
+                if pb.cancel_reason.contains(INVALID_AUTH_TOKEN)
+                    || pb.cancel_reason.contains(AUTH_OLD_REVISION)
+                {
                     // Authenticate again so that the next watch carries a valid token (a
                     // client without credentials has none to refresh). If that fails too
                     // (the password changed), its error ends the session.
@@ -255,10 +287,19 @@ impl UpstreamWatch for EtcdWatch {
 impl Upstream for EtcdUpstream {
     fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
-            let mut versions = vec![client.status().await?.version().to_owned()];
+            let client = &self.client;
+            let status = with_fresh_token(client, || {
+                let mut c = client.clone();
+                async move { c.status().await }
+            })
+            .await?;
+            let mut versions = vec![status.version().to_owned()];
             // Status on every member: the client may be balanced over several.
-            let members = client.member_list().await?;
+            let members = with_fresh_token(client, || {
+                let mut c = client.clone();
+                async move { c.member_list().await }
+            })
+            .await?;
             let urls: Vec<String> = members
                 .members()
                 .iter()
@@ -317,11 +358,13 @@ impl Upstream for EtcdUpstream {
             if !range.end.is_empty() {
                 opts = opts.with_range(range.end.to_vec());
             }
-            let stream = self
-                .client
-                .watch_client()
-                .watch(range.start.to_vec(), Some(opts))
-                .await?;
+            let client = &self.client;
+            let stream = with_fresh_token(client, || {
+                let mut w = client.watch_client();
+                let (key, opts) = (range.start.to_vec(), opts.clone());
+                async move { w.watch(key, Some(opts)).await }
+            })
+            .await?;
             Ok(Box::new(EtcdWatch {
                 stream,
                 last_header: Header::default(),
@@ -337,11 +380,13 @@ impl Upstream for EtcdUpstream {
             let opts = etcd_client::GetOptions::new()
                 .with_count_only()
                 .with_limit(1);
-            let resp = self
-                .client
-                .kv_client()
-                .get(range.start.to_vec(), Some(opts))
-                .await?;
+            let client = &self.client;
+            let resp = with_fresh_token(client, || {
+                let mut kv = client.kv_client();
+                let (key, opts) = (range.start.to_vec(), opts.clone());
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await?;
             Ok(resp.header().map_or(0, |h| h.revision()))
         })
     }
@@ -350,11 +395,13 @@ impl Upstream for EtcdUpstream {
         Box::pin(async move {
             // The range's start, not the user's key: etcd-client rewrites an empty key
             // only for its own prefix/from-key/all-keys flags, which are not used here.
-            let resp = self
-                .client
-                .kv_client()
-                .get(request.range.start.to_vec(), Some(get_options(&request)))
-                .await?;
+            let client = &self.client;
+            let resp = with_fresh_token(client, || {
+                let mut kv = client.kv_client();
+                let (key, opts) = (request.range.start.to_vec(), get_options(&request));
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await?;
             Ok(range_response(resp))
         })
     }
