@@ -10,10 +10,10 @@
 //! as unknown (`stats().unknown_versions`) and the cache takes the slow path.
 //!
 //! Failures: a wrong CA, a missing or foreign client certificate, a permission denied, a
-//! password changed under a running cache: a clear error from `wait_ready_timeout` (or
-//! `Error::Failed` when etcd refuses for good), never a hang. Token expiry: simple tokens
-//! with a 2 s TTL, and a restart (etcd forgets every token): with
-//! `ConnectOptions::with_auto_token_refresh(true)` the cache keeps working.
+//! password changed or a permission revoked under a running cache: `Error::Failed` from a
+//! bounded `wait_ready()` or the cache's status, never a hang or an endless retry. Tokens:
+//! simple tokens with a 2 s TTL and a restart (etcd forgets every token), JWT tokens made
+//! old by an auth-store change: the cache authenticates again and keeps working.
 
 use std::time::{Duration, Instant};
 
@@ -672,9 +672,9 @@ async fn auth_changes_under_running_caches() {
 }
 
 /// Simple tokens with a 2 s TTL (they expire after 2 s unused), then a restart (etcd
-/// forgets every token). With `with_auto_token_refresh(true)` the cache keeps working;
-/// without it, the cache's own liveness probe meets the expired token and the cache stops
-/// with `Error::Failed` (Unauthenticated: invalid auth token), which this test also pins.
+/// forgets every token). The cache authenticates again whenever etcd refuses its token,
+/// with or without `with_auto_token_refresh` (which covers only failed calls of
+/// etcd-client, not a watch refused in a watch response).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_token_expiry_and_restart() {
     testkit::init_tracing();
@@ -715,13 +715,11 @@ async fn auth_token_expiry_and_restart() {
             // Idle past the TTL and the idle timeout: the cache's token expires, and its
             // liveness probe runs with it.
             tokio::time::sleep(Duration::from_secs(5)).await;
-            if !refresh {
-                let err = wait_failed(&cache, Duration::from_secs(10)).await;
-                assert!(err.to_string().contains("invalid auth token"), "{err}");
-                println!("TLS/AUTH | token TTL 2 s, without auto refresh | Error::Failed after the idle probe: {err}");
-                cache.close().await;
-                continue;
-            }
+            assert!(
+                matches!(cache.status(), CacheStatus::Ready),
+                "refresh {refresh}: {:?}",
+                cache.status()
+            );
             let mut want = write(&mut root, prefix, "after-ttl", 5).await;
             let from_etcd = checked_reads(&cache, &mut root, prefix, "/outside", 5).await;
             restart(&mut etcd, &mut root).await;
@@ -738,9 +736,58 @@ async fn auth_token_expiry_and_restart() {
             tokio::time::sleep(Duration::from_secs(5)).await;
             checked_reads(&cache, &mut root, prefix, "/outside", 5).await;
             assert!(matches!(cache.status(), CacheStatus::Ready));
-            println!("TLS/AUTH | token TTL 2 s, with auto refresh | expiry twice and a restart: ready, subscriber exact ({} revisions), reads checked (sent to etcd {from_etcd} of 5 before the restart) | connects {}", want.len(), cache.stats().connects);
+            println!("TLS/AUTH | token TTL 2 s, auto refresh {refresh} | expiry twice and a restart: ready, subscriber exact ({} revisions), reads checked (sent to etcd {from_etcd} of 5 before the restart) | connects {}", want.len(), cache.stats().connects);
             cache.close().await;
         }
+    })
+    .await;
+}
+
+/// JWT tokens carry the auth store's revision: after any change to the auth store (here a
+/// new user) etcd refuses every older token with "revision of auth store is old", which
+/// etcd-client does not refresh. The cache authenticates again and goes on; so does a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_jwt_tokens_and_an_auth_store_change() {
+    testkit::init_tracing();
+    testkit::bounded(TEST_LIMIT, async {
+        let pki = TestPki::new();
+        let arg = pki.jwt_auth_token_arg(600);
+        let mut etcd =
+            testkit::blocking(move || EtcdServer::start_with(EtcdOptions::default().arg(arg)))
+                .await;
+        let mut root = enable_auth(&etcd).await;
+        let (cache, mut watch) = user_cache(&etcd, "app", APP_PASSWORD).await;
+        let mut want = write(&mut root, "/app/", "before", 5).await;
+        checked_reads(&cache, &mut root, "/app/", "/outside", 3).await;
+        root.user_add("late", "late-secret", None).await.unwrap();
+        // The test's own client is refused as well, and etcd-client does not refresh it.
+        let refused = root.get("/app/", None).await.expect_err("an old JWT token");
+        assert!(refused.to_string().contains("revision of auth store is old"), "{refused}");
+        root.refresh_token().await.unwrap();
+        let from_etcd = checked_reads(&cache, &mut root, "/app/", "/outside", 3).await;
+        want.extend(write(&mut root, "/app/", "after-change", 5).await);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            cache.wait_for_revision(*want.last().unwrap()),
+        )
+        .await
+        .expect("followed after the auth change")
+        .unwrap();
+        restart(&mut etcd, &mut root).await;
+        want.extend(write(&mut root, "/app/", "after-restart", 5).await);
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            cache.wait_for_revision(*want.last().unwrap()),
+        )
+        .await
+        .expect("caught up after the restart within 20 s")
+        .unwrap();
+        expect_revisions(&mut watch, &want).await;
+        checked_reads(&cache, &mut root, "/app/", "/outside", 3).await;
+        assert!(matches!(cache.status(), CacheStatus::Ready));
+        println!("TLS/AUTH | JWT tokens, an auth store change, then a restart | reads checked (sent to etcd {from_etcd} of 3 after the change), subscriber exact ({} revisions)", want.len());
+        cache.close().await;
     })
     .await;
 }

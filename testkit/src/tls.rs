@@ -166,6 +166,25 @@ impl TestPki {
         }
     }
 
+    /// An ECDSA P-256 key pair for etcd's JWT auth tokens, written next to the certificates,
+    /// as the argument that turns them on:
+    /// `--auth-token=jwt,pub-key=…,priv-key=…,sign-method=ES256,ttl=<ttl_secs>s`.
+    ///
+    /// # Panics
+    /// When the key cannot be made or written.
+    pub fn jwt_auth_token_arg(&self, ttl_secs: u64) -> String {
+        let key = KeyPair::generate().expect("JWT key");
+        let private = self.dir.path().join("jwt.key");
+        let public = self.dir.path().join("jwt.pub");
+        std::fs::write(&private, key.serialize_pem()).expect("write jwt.key");
+        std::fs::write(&public, key.public_key_pem()).expect("write jwt.pub");
+        format!(
+            "--auth-token=jwt,pub-key={},priv-key={},sign-method=ES256,ttl={ttl_secs}s",
+            public.display(),
+            private.display()
+        )
+    }
+
     /// etcd-client's TLS options trusting this CA, presenting `identity` if given.
     pub fn client_tls(&self, identity: Option<&ClientIdentity>) -> TlsOptions {
         let tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
