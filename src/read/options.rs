@@ -210,6 +210,8 @@ impl Default for GetOptions {
 pub struct GetResponse {
     revision: i64,
     header: Option<ResponseHeader>,
+    /// Answered by etcd (a fallback), not from memory.
+    from_etcd: bool,
     kvs: Vec<KeyValue>,
     count: i64,
     more: bool,
@@ -220,10 +222,23 @@ impl GetResponse {
         GetResponse {
             revision,
             header: Some(header),
+            from_etcd: false,
             kvs: result.kvs,
             count: result.count,
             more: result.more,
         }
+    }
+
+    /// Marks the response as answered by etcd.
+    pub(crate) fn answered_by_etcd(mut self) -> Self {
+        self.from_etcd = true;
+        self
+    }
+
+    /// True if etcd answered this read (the cache could not prove it was current in
+    /// time, or was not ready), false if the cache answered from memory.
+    pub fn from_etcd(&self) -> bool {
+        self.from_etcd
     }
 
     /// The revision the data reflects: the one asked for with `with_revision`, else

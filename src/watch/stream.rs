@@ -341,6 +341,7 @@ impl Stream for WatchResponseStream {
             match this.provable().filter(|&r| r >= this.reported) {
                 Some(revision) => {
                     this.progress_wait = None;
+                    this.control.shared.metrics.progress_response();
                     this.progress_requests -= 1;
                     this.control.inner.lock().progress_requests -= 1;
                     let h = this.header(revision);
