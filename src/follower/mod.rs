@@ -114,7 +114,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
     });
     Follower {
         writer: Writer::new(shared.clone()),
-        versions: VersionProbe::start(shared.clone()),
+        versions: VersionProbe::start(shared.clone(), span.clone()),
         shared,
         need_list: true,
         repair,

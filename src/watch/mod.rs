@@ -172,7 +172,7 @@ impl WatchOptions {
 /// A watch request, validated: what the stream registers.
 pub(crate) struct Request {
     filter: Filter,
-    start_revision: i64,
+    pub(crate) start_revision: i64,
     progress_notify: bool,
 }
 

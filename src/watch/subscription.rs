@@ -124,6 +124,11 @@ impl Subscription {
         }
     }
 
+    /// The revision its `created` response reports.
+    pub(super) fn created_revision(&self) -> i64 {
+        self.floor
+    }
+
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
