@@ -256,9 +256,17 @@ fn demo(args: Vec<String>) -> i32 {
     }
     let (before, after) = split_dashes(&args);
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--example", "demo", "--"])
-        .args(before)
-        .args(after);
+    cmd.args([
+        "run",
+        "--release",
+        "--features",
+        "metrics",
+        "--example",
+        "demo",
+        "--",
+    ])
+    .args(before)
+    .args(after);
     let code = run(cmd);
     if code != 0 {
         println!("xtask demo: FAILED (exit code {code})");
