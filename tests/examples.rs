@@ -1,0 +1,141 @@
+//! Every example runs, against a throwaway etcd, and exits 0 within its time limit: the
+//! examples check what they observe and exit non-zero on a wrong result, so this is what
+//! keeps them from rotting.
+//!
+//! The binaries are the ones `cargo test --all-targets` (and `cargo xtask test`) builds
+//! into `target/<profile>/examples/`. One that is missing or older than its sources is
+//! built first with `cargo build --example NAME`.
+//!
+//! `cargo test --test examples -- --nocapture` shows each example's output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The examples, the arguments each runs with here, and how long each may take.
+const EXAMPLES: &[(&str, &[&str], Duration)] = &[
+    ("get_then_watch", &[], Duration::from_secs(60)),
+    ("multiplexed", &[], Duration::from_secs(60)),
+    ("tenants", &[], Duration::from_secs(60)),
+    ("health", &[], Duration::from_secs(90)),
+    (
+        "demo",
+        &["--subscribers", "300", "--puts", "500", "--keys", "50"],
+        Duration::from_secs(90),
+    ),
+];
+
+/// `target/<profile>/`, from this test binary's place in `target/<profile>/deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The newest modification time of the files under `path`.
+fn newest(path: &Path) -> SystemTime {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return SystemTime::UNIX_EPOCH;
+    };
+    if !meta.is_dir() {
+        return meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    }
+    std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| newest(&entry.path()))
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// The example's binary, built first if it is missing or older than its sources.
+fn example_binary(name: &str) -> PathBuf {
+    let profile = profile_dir();
+    let binary = profile
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = [
+        root.join("examples").join(format!("{name}.rs")),
+        root.join("src"),
+        root.join("testkit").join("src"),
+        root.join("Cargo.toml"),
+    ]
+    .iter()
+    .map(|p| newest(p))
+    .max()
+    .unwrap_or(SystemTime::UNIX_EPOCH);
+    let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
+    if built.is_some_and(|t| t >= sources) {
+        return binary;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.current_dir(root).args(["build", "--example", name]);
+    if profile.file_name().is_some_and(|p| p == "release") {
+        build.arg("--release");
+    }
+    println!("building example {name}: {build:?}");
+    let status = build.status().expect("run cargo build");
+    assert!(status.success(), "cargo build --example {name} failed");
+    assert!(binary.exists(), "no {} after the build", binary.display());
+    binary
+}
+
+/// Runs `binary` with `args` and `ETCD_ENDPOINTS`; its exit code and output, or `None`
+/// if it was killed at `limit`.
+fn run(binary: &Path, args: &[&str], endpoint: &str, limit: Duration) -> (Option<i32>, String) {
+    let out = tempfile::tempfile().expect("temp file");
+    let mut child = Command::new(binary)
+        .args(args)
+        .env("ETCD_ENDPOINTS", endpoint)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out.try_clone().expect("dup"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", binary.display()));
+    let started = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status.code().unwrap_or(-1));
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = out;
+    let mut text = String::new();
+    use std::io::{Read, Seek};
+    let _ = out.rewind();
+    let _ = out.read_to_string(&mut text);
+    (code, text)
+}
+
+#[test]
+fn every_example_runs_and_checks_what_it_observes() {
+    let binaries: Vec<PathBuf> = EXAMPLES
+        .iter()
+        .map(|(name, _, _)| example_binary(name))
+        .collect();
+    let etcd = testkit::EtcdServer::start();
+    let mut failures = Vec::new();
+    for ((name, args, limit), binary) in EXAMPLES.iter().zip(&binaries) {
+        let started = Instant::now();
+        let (code, output) = run(binary, args, &etcd.endpoint(), *limit);
+        let took = started.elapsed();
+        println!("---- example {name} {args:?}: {code:?} in {took:.1?}\n{output}");
+        match code {
+            Some(0) => {}
+            Some(code) => failures.push(format!("{name} exited with {code}:\n{output}")),
+            None => failures.push(format!("{name} did not finish within {limit:?}:\n{output}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
