@@ -28,6 +28,7 @@ mod differences;
 const BEFORE: &str = include_str!("migration/before.rs");
 const AFTER: &str = include_str!("migration/after.rs");
 const GUIDE: &str = include_str!("../docs/MIGRATING.md");
+const README: &str = include_str!("../README.md");
 
 /// The most lines the port may change: the two `use` lines and the three lines that
 /// name the client's type (`KeyWatcher::start`'s parameter, `Mirror`'s field and
@@ -186,6 +187,15 @@ fn the_port_changes_only_the_imports_and_the_client_type() {
     assert!(
         GUIDE.contains(&count),
         "docs/MIGRATING.md must state the count as {count}"
+    );
+    let claim = format!(
+        "the port changes {} of its {} lines",
+        removed.len().max(added.len()),
+        a.len()
+    );
+    assert!(
+        README.contains(&claim),
+        "README.md must state the count as \"{claim}\""
     );
 }
 
