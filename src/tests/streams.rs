@@ -240,3 +240,26 @@ async fn close_ends_split_streams_too() {
     advance(Duration::from_millis(1)).await;
     assert!(within(reader).await.unwrap().is_none());
 }
+
+/// The builders that are `const fn` in etcd-client are `const fn` here too.
+#[test]
+fn option_builders_are_const_as_in_etcd_client() {
+    const W: WatchOptions = WatchOptions::new()
+        .with_start_revision(5)
+        .with_prev_key()
+        .with_progress_notify()
+        .with_watch_id(3)
+        .with_fragment();
+    const G: crate::read::GetOptions = crate::read::GetOptions::new()
+        .with_limit(2)
+        .with_revision(4)
+        .with_serializable()
+        .with_keys_only()
+        .with_count_only()
+        .with_min_mod_revision(1)
+        .with_max_mod_revision(9)
+        .with_min_create_revision(1)
+        .with_max_create_revision(9);
+    assert_eq!(W.watch_id(), 3);
+    assert!(G.serializable());
+}
