@@ -91,7 +91,7 @@ impl Mirror {
 
 async fn run(endpoints: Vec<String>) -> Result<(), String> {
     let mut client = testkit::Connect::new().try_client(&endpoints).await?;
-    let prefix = unique_prefix("get-then-watch");
+    let prefix = testkit::unique_prefix("get-then-watch");
     let cache = Cache::builder(client.clone())
         .prefix(prefix.clone())
         .history_window(WINDOW)
@@ -228,41 +228,6 @@ fn revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision())
 }
 
-/// A prefix no other run uses, so the example can run against a shared etcd.
-fn unique_prefix(name: &str) -> String {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!(
-        "/etcd-cache-examples/{name}/{}-{millis}/",
-        std::process::id()
-    )
-}
-
 fn main() -> ExitCode {
-    // `ETCD_ENDPOINTS`, or a throwaway etcd kept until the end of main.
-    let mut _etcd = None;
-    let endpoints: Vec<String> = match std::env::var("ETCD_ENDPOINTS") {
-        Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_owned()).collect(),
-        _ => {
-            let server = testkit::EtcdServer::start();
-            println!("started a throwaway etcd at {}", server.endpoint());
-            let endpoint = server.endpoint();
-            _etcd = Some(server);
-            vec![endpoint]
-        }
-    };
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let result = runtime.block_on(async {
-        tokio::time::timeout(Duration::from_secs(30), run(endpoints))
-            .await
-            .unwrap_or_else(|_| Err("did not finish within 30 s".into()))
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("get_then_watch failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    testkit::example_main("get_then_watch", Duration::from_secs(30), run)
 }

@@ -125,7 +125,7 @@ async fn run(endpoints: Vec<String>) -> Result<(), String> {
     let through_proxy = testkit::Connect::new()
         .try_client(&[proxy.endpoint()])
         .await?;
-    let prefix = unique_prefix("health");
+    let prefix = testkit::unique_prefix("health");
     let cache = Cache::builder(through_proxy)
         .prefix(prefix.clone())
         .backoff(Duration::from_millis(50), Duration::from_millis(300))
@@ -217,41 +217,6 @@ async fn run(endpoints: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// A prefix no other run uses, so the example can run against a shared etcd.
-fn unique_prefix(name: &str) -> String {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    format!(
-        "/etcd-cache-examples/{name}/{}-{millis}/",
-        std::process::id()
-    )
-}
-
 fn main() -> ExitCode {
-    // `ETCD_ENDPOINTS`, or a throwaway etcd kept until the end of main.
-    let mut _etcd = None;
-    let endpoints: Vec<String> = match std::env::var("ETCD_ENDPOINTS") {
-        Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_owned()).collect(),
-        _ => {
-            let server = testkit::EtcdServer::start();
-            println!("started a throwaway etcd at {}", server.endpoint());
-            let endpoint = server.endpoint();
-            _etcd = Some(server);
-            vec![endpoint]
-        }
-    };
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let result = runtime.block_on(async {
-        tokio::time::timeout(Duration::from_secs(40), run(endpoints))
-            .await
-            .unwrap_or_else(|_| Err("did not finish within 40 s".into()))
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("health failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    testkit::example_main("health", Duration::from_secs(40), run)
 }
