@@ -388,6 +388,20 @@ impl Cache {
         &self.shared.config.prefix
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Test hook (feature `test-hooks`): writes `kv` into the cache's store behind
+    /// etcd's back, as a bug would, so that a test can see the consistency check find
+    /// and repair it. Not for production use.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn corrupt_store_for_test(&self, kv: crate::KeyValue) {
+        self.shared.hooks.corrupt(kv);
+    }
+
     /// Stops the follower task and ends every stream after what it was already
     /// delivered. Idempotent; other handles see [`Error::Closed`] afterwards.
     ///

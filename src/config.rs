@@ -82,6 +82,8 @@ pub(crate) struct Config {
     pub(crate) progress_trust: ProgressTrust,
     /// How the per-member version probe connects (the user's TLS and credentials).
     pub(crate) connect_options: Option<etcd_client::ConnectOptions>,
+    /// The period of the consistency check, if enabled.
+    pub(crate) consistency_check: Option<Duration>,
 }
 
 impl Default for Config {
@@ -102,6 +104,7 @@ impl Default for Config {
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
             connect_options: None,
+            consistency_check: None,
         }
     }
 }
@@ -132,6 +135,13 @@ impl Config {
         }
         if self.backoff_max > MAX_DURATION {
             return bad(format!("backoff max must be at most {MAX_DURATION:?}"));
+        }
+        if let Some(d) = self.consistency_check {
+            if d.is_zero() || d > MAX_DURATION {
+                return bad(format!(
+                    "consistency_check must be greater than zero and at most {MAX_DURATION:?}, got {d:?}"
+                ));
+            }
         }
         for (name, d) in [
             ("progress_notify_interval", self.progress_notify_interval),
@@ -396,6 +406,28 @@ impl CacheBuilder {
     /// [`Cache::builder`]: crate::Cache::builder
     pub fn connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
         self.config.connect_options = Some(options);
+        self
+    }
+
+    /// Checks the cache against etcd every `period` (off by default): reads etcd at a
+    /// revision the cache holds (its newest), page by page (`page_size` keys, at most
+    /// 50 pages a second), compares the keys and mod revisions with the cache's, and on
+    /// a mismatch logs the differing keys, counts it (`CacheStats::
+    /// consistency_mismatches`) and repairs the store by listing again at the same
+    /// revision (every subscriber continues; if etcd compacted that revision the cache
+    /// re-lists at the latest, and subscribers behind get the compaction signal).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .consistency_check(Duration::from_secs(600))
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn consistency_check(mut self, period: std::time::Duration) -> Self {
+        self.config.consistency_check = Some(period);
         self
     }
 }

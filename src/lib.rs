@@ -102,6 +102,7 @@ mod error;
 mod history;
 mod key_range;
 mod kv;
+mod metrics;
 mod progress;
 mod range_request;
 mod store;

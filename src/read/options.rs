@@ -39,8 +39,21 @@ pub struct GetOptions {
 
 impl GetOptions {
     /// Read one key, at the latest revision, linearizably.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        GetOptions {
+            spec: RangeSpec::Single,
+            revision: 0,
+            serializable: false,
+            limit: 0,
+            keys_only: false,
+            count_only: false,
+            sort_target: SortTarget::Key,
+            sort_order: SortOrder::None,
+            min_mod_revision: 0,
+            max_mod_revision: 0,
+            min_create_revision: 0,
+            max_create_revision: 0,
+        }
     }
     /// Every key with the key as prefix (the empty key: every key).
     pub fn with_prefix(mut self) -> Self {
@@ -63,13 +76,13 @@ impl GetOptions {
         self
     }
     /// At most `limit` key-values (0: no limit); `more()` tells if some were left out.
-    pub fn with_limit(mut self, limit: i64) -> Self {
+    pub const fn with_limit(mut self, limit: i64) -> Self {
         self.limit = limit;
         self
     }
     /// Read at `revision` (0: latest). Older than the window: `Compacted`; newer than
     /// the cluster: `FutureRevision`.
-    pub fn with_revision(mut self, revision: i64) -> Self {
+    pub const fn with_revision(mut self, revision: i64) -> Self {
         self.revision = revision;
         self
     }
@@ -81,37 +94,37 @@ impl GetOptions {
     }
     /// Answer from the cache without the consistency round trip (may be stale, as a
     /// serializable etcd read from a lagging member).
-    pub fn with_serializable(mut self) -> Self {
+    pub const fn with_serializable(mut self) -> Self {
         self.serializable = true;
         self
     }
     /// Return keys without values.
-    pub fn with_keys_only(mut self) -> Self {
+    pub const fn with_keys_only(mut self) -> Self {
         self.keys_only = true;
         self
     }
     /// Return only the count.
-    pub fn with_count_only(mut self) -> Self {
+    pub const fn with_count_only(mut self) -> Self {
         self.count_only = true;
         self
     }
     /// Only keys with `mod_revision >= revision`.
-    pub fn with_min_mod_revision(mut self, revision: i64) -> Self {
+    pub const fn with_min_mod_revision(mut self, revision: i64) -> Self {
         self.min_mod_revision = revision;
         self
     }
     /// Only keys with `mod_revision <= revision`.
-    pub fn with_max_mod_revision(mut self, revision: i64) -> Self {
+    pub const fn with_max_mod_revision(mut self, revision: i64) -> Self {
         self.max_mod_revision = revision;
         self
     }
     /// Only keys with `create_revision >= revision`.
-    pub fn with_min_create_revision(mut self, revision: i64) -> Self {
+    pub const fn with_min_create_revision(mut self, revision: i64) -> Self {
         self.min_create_revision = revision;
         self
     }
     /// Only keys with `create_revision <= revision`.
-    pub fn with_max_create_revision(mut self, revision: i64) -> Self {
+    pub const fn with_max_create_revision(mut self, revision: i64) -> Self {
         self.max_create_revision = revision;
         self
     }
@@ -176,20 +189,7 @@ impl GetOptions {
 
 impl Default for GetOptions {
     fn default() -> Self {
-        GetOptions {
-            spec: RangeSpec::Single,
-            revision: 0,
-            serializable: false,
-            limit: 0,
-            keys_only: false,
-            count_only: false,
-            sort_target: SortTarget::Key,
-            sort_order: SortOrder::None,
-            min_mod_revision: 0,
-            max_mod_revision: 0,
-            min_create_revision: 0,
-            max_create_revision: 0,
-        }
+        Self::new()
     }
 }
 
@@ -210,6 +210,8 @@ impl Default for GetOptions {
 pub struct GetResponse {
     revision: i64,
     header: Option<ResponseHeader>,
+    /// Answered by etcd (a fallback), not from memory.
+    from_etcd: bool,
     kvs: Vec<KeyValue>,
     count: i64,
     more: bool,
@@ -220,10 +222,23 @@ impl GetResponse {
         GetResponse {
             revision,
             header: Some(header),
+            from_etcd: false,
             kvs: result.kvs,
             count: result.count,
             more: result.more,
         }
+    }
+
+    /// Marks the response as answered by etcd.
+    pub(crate) fn answered_by_etcd(mut self) -> Self {
+        self.from_etcd = true;
+        self
+    }
+
+    /// True if etcd answered this read (the cache could not prove it was current in
+    /// time, or was not ready), false if the cache answered from memory.
+    pub fn from_etcd(&self) -> bool {
+        self.from_etcd
     }
 
     /// The revision the data reflects: the one asked for with `with_revision`, else

@@ -12,6 +12,7 @@ use tokio::time::{Instant, Sleep};
 use super::Request;
 use crate::error::Error;
 use crate::kv::Event;
+use crate::metrics::EndReason;
 use crate::shared::Shared;
 use crate::subscribers::filter::Filter;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
@@ -32,9 +33,6 @@ pub(super) struct Registration {
 /// What one watch yields, before its stream turns it into a response.
 #[derive(Debug)]
 pub(super) enum Item {
-    Created {
-        revision: i64,
-    },
     Events {
         revision: i64,
         events: Arc<[Event]>,
@@ -64,7 +62,6 @@ pub(super) struct Subscription {
     filter: Filter,
     /// Freed as soon as the watch ends, not when the stream is dropped.
     slot: Option<Slot>,
-    created: Option<i64>,
     compacted: Option<i64>,
     /// Every matching event up to this revision was delivered once the mailbox is
     /// drained: the revision reported when it was created.
@@ -114,7 +111,6 @@ impl Subscription {
             mailbox,
             filter: request.filter,
             slot: Some(slot),
-            created: Some(created),
             compacted,
             floor: created,
             progress_timer,
@@ -123,10 +119,15 @@ impl Subscription {
         }
     }
 
+    /// The revision its `created` response reports.
+    pub(super) fn created_revision(&self) -> i64 {
+        self.floor
+    }
+
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
-        if self.created.is_some() || self.compacted.is_some() {
+        if self.compacted.is_some() {
             return None;
         }
         let revision = self
@@ -137,7 +138,12 @@ impl Subscription {
     }
 
     /// Ends the watch: out of the index, its slot and its id freed.
-    fn finish(&mut self) {
+    fn finish(&mut self, reason: EndReason) {
+        if self.ended() {
+            return;
+        }
+        self.shared.metrics.watch_ended(reason);
+        tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
         if self.mailbox.take().is_some() {
             self.shared
                 .subscribers
@@ -175,18 +181,15 @@ impl Subscription {
         if this.ended() {
             return Poll::Ready(None);
         }
-        if let Some(revision) = this.created.take() {
-            return Poll::Ready(Some(Item::Created { revision }));
-        }
         if let Some(compact_revision) = this.compacted.take() {
-            this.finish();
+            this.finish(EndReason::Compacted);
             return Poll::Ready(Some(Item::Canceled {
                 compact_revision,
                 reason: COMPACTED_REASON,
             }));
         }
         let Some(mailbox) = this.mailbox.as_ref() else {
-            this.finish();
+            this.finish(EndReason::Closed);
             return Poll::Ready(None);
         };
         let shared = &this.shared;
@@ -204,7 +207,7 @@ impl Subscription {
                     events: d.events,
                 },
                 Polled::Ended(End::Closed) => {
-                    this.finish();
+                    this.finish(EndReason::Closed);
                     return Poll::Ready(None);
                 }
                 Polled::Ended(End::Cancelled) => Item::Canceled {
@@ -226,6 +229,7 @@ impl Subscription {
                 Polled::Idle { revision } => {
                     if this.progress_due {
                         this.progress_due = false;
+                        shared.metrics.progress_response();
                         return Poll::Ready(Some(Item::Progress {
                             revision: revision.max(this.floor),
                         }));
@@ -241,8 +245,14 @@ impl Subscription {
                     return Poll::Pending;
                 }
             };
-            if matches!(item, Item::Canceled { .. } | Item::Failed(_)) {
-                this.finish();
+            match &item {
+                Item::Canceled {
+                    compact_revision: 0,
+                    ..
+                } => this.finish(EndReason::Canceled),
+                Item::Canceled { .. } => this.finish(EndReason::Compacted),
+                Item::Failed(_) => this.finish(EndReason::Failed),
+                _ => {}
             }
             return Poll::Ready(Some(item));
         }
@@ -251,6 +261,6 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.finish();
+        self.finish(EndReason::Dropped);
     }
 }

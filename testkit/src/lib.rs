@@ -44,6 +44,7 @@ mod cluster;
 mod connect;
 mod etcd;
 pub mod etcd_versions;
+mod example;
 mod fixture;
 mod grpc_proxy;
 mod http;
@@ -55,6 +56,7 @@ pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
 pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
 pub use etcd_versions::{EtcdBinaries, EtcdVersion, ServerVersion};
+pub use example::{example_main, unique_prefix};
 pub use fixture::{
     cache_on_etcd, etcd_with_client, ready_cache, wait_for_version_verdict, READY_TIMEOUT,
     VERDICT_TIMEOUT,
