@@ -515,13 +515,11 @@ impl EtcdServer {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let terminated = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
+        let terminated = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        )
+        .is_ok();
         if terminated {
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
