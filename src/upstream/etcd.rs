@@ -1,6 +1,8 @@
 //! The production [`Upstream`]: an `etcd_client::Client`. Every conversion between the
 //! crate's types and `etcd_client`'s lives in this file.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +20,8 @@ pub(crate) struct EtcdUpstream {
     client: etcd_client::Client,
     /// How the per-member probe connects (the user's TLS and credentials).
     connect_options: etcd_client::ConnectOptions,
+    /// Set when etcd refused a watch for its token: the next watch authenticates first.
+    refresh_before_watch: Arc<AtomicBool>,
 }
 
 impl EtcdUpstream {
@@ -28,6 +32,7 @@ impl EtcdUpstream {
         EtcdUpstream {
             client,
             connect_options: connect_options.unwrap_or_default(),
+            refresh_before_watch: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -174,8 +179,8 @@ fn event_type(code: i32) -> Result<EventType> {
 struct EtcdWatch {
     stream: etcd_client::WatchStream,
     last_header: Header,
-    /// For authenticating again when etcd refuses the watch's token.
-    client: etcd_client::Client,
+    /// Set when etcd refuses this watch for its token (see `EtcdUpstream::watch`).
+    refresh_before_watch: Arc<AtomicBool>,
 }
 
 /// etcd's answer to a token that is invalid or expired (or lost: etcd keeps simple tokens
@@ -238,10 +243,9 @@ impl UpstreamWatch for EtcdWatch {
                 if pb.cancel_reason.contains(INVALID_AUTH_TOKEN)
                     || pb.cancel_reason.contains(AUTH_OLD_REVISION)
                 {
-                    // Authenticate again so that the next watch carries a valid token (a
-                    // client without credentials has none to refresh). If that fails too
-                    // (the password changed), its error ends the session.
-                    self.client.refresh_token().await?;
+                    // The next watch authenticates first (here it would not be cancel
+                    // safe).
+                    self.refresh_before_watch.store(true, Ordering::Relaxed);
                 }
             }
             Ok(Some(if pb.canceled {
@@ -359,6 +363,13 @@ impl Upstream for EtcdUpstream {
                 opts = opts.with_range(range.end.to_vec());
             }
             let client = &self.client;
+            if self.refresh_before_watch.swap(false, Ordering::Relaxed) {
+                // etcd refused the last watch for its token (in a watch response, which
+                // etcd-client's refresh does not see). If authenticating fails (the
+                // password changed), that error is permanent and stops the cache.
+                tracing::debug!("etcd refused the watch's token; authenticating again");
+                client.refresh_token().await?;
+            }
             let stream = with_fresh_token(client, || {
                 let mut w = client.watch_client();
                 let (key, opts) = (range.start.to_vec(), opts.clone());
@@ -368,7 +379,7 @@ impl Upstream for EtcdUpstream {
             Ok(Box::new(EtcdWatch {
                 stream,
                 last_header: Header::default(),
-                client: self.client.clone(),
+                refresh_before_watch: self.refresh_before_watch.clone(),
             }) as Box<dyn UpstreamWatch>)
         })
     }
