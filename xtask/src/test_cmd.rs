@@ -83,6 +83,14 @@ pub fn integration_targets() -> Vec<String> {
 /// The name of the consistent-read test target, run on every version.
 pub const CONSISTENT_READS: &str = "consistent_reads";
 
+/// Targets run on every version even without `--full-matrix`: they check what differs
+/// between versions (the read strategy, the etcd bugs, TLS and auth).
+pub const EVERY_VERSION: &[&str] = &[CONSISTENT_READS, "versions", "tls_auth"];
+
+/// Targets that pick their own etcd versions (a rolling upgrade from 3.4 to 3.5): run
+/// once, in the primary step, never again per version.
+pub const OWN_VERSIONS: &[&str] = &["rolling_upgrade"];
+
 /// The steps of a run.
 pub fn plan(
     primary: EtcdVersion,
@@ -125,9 +133,13 @@ pub fn plan(
         Matrix::Full => EtcdVersion::ALL.to_vec(),
     };
     let full: Vec<EtcdVersion> = full.into_iter().filter(|&v| v != primary).collect();
-    if !integration.is_empty() {
+    let per_version: Vec<&String> = integration
+        .iter()
+        .filter(|t| !OWN_VERSIONS.contains(&t.as_str()))
+        .collect();
+    if !per_version.is_empty() {
         let mut base = vec!["test".to_string()];
-        for t in integration {
+        for t in per_version {
             base.push("--test".to_string());
             base.push(t.clone());
         }
@@ -140,14 +152,28 @@ pub fn plan(
             });
         }
     }
-    if integration.iter().any(|t| t == CONSISTENT_READS) {
+    let every: Vec<&str> = EVERY_VERSION
+        .iter()
+        .copied()
+        .filter(|t| integration.iter().any(|i| i == t))
+        .collect();
+    if !every.is_empty() {
+        let mut base = vec!["test"];
+        for t in &every {
+            base.push("--test");
+            base.push(t);
+        }
         for v in EtcdVersion::ALL {
             if v == primary || full.contains(&v) {
                 continue;
             }
             steps.push(Step {
-                name: format!("consistent reads (etcd {v})"),
-                kind: cargo_test(&["test", "--test", CONSISTENT_READS]),
+                name: if every == [CONSISTENT_READS] {
+                    format!("consistent reads (etcd {v})")
+                } else {
+                    format!("version-dependent tests (etcd {v})")
+                },
+                kind: cargo_test(&base),
                 etcd: Some(v),
             });
         }
@@ -192,7 +218,8 @@ pub fn test(args: Vec<String>) -> i32 {
     if !prereqs::ensure(false) {
         return 1;
     }
-    let steps = plan(primary, matrix, &cargo_args, &integration_targets());
+    let integration = integration_targets();
+    let steps = plan(primary, matrix, &cargo_args, &integration);
 
     // The Go-built versions the steps use: built (or found up to date) before anything runs.
     let mut needed: Vec<EtcdVersion> = steps
@@ -200,6 +227,13 @@ pub fn test(args: Vec<String>) -> i32 {
         .filter_map(|s| s.etcd)
         .filter(|v| v.is_go_built())
         .collect();
+    // The rolling upgrade (in the primary step) moves members from 3.4 to 3.5.
+    if integration
+        .iter()
+        .any(|t| OWN_VERSIONS.contains(&t.as_str()))
+    {
+        needed.push(EtcdVersion::V3_5);
+    }
     needed.sort();
     needed.dedup();
     let overridden = env::var_os("ETCD_BIN").is_some_and(|v| !v.is_empty());
