@@ -1,0 +1,81 @@
+//! What every service shares: the cache, the forwarding upstream, the namespace, the
+//! cached key range (as etcd stores keys) and the limits.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use etcd_cache::Cache;
+
+use crate::namespace::{prefix_end, Namespace};
+use crate::upstream::Upstream;
+
+/// Limits a service applies per call or per stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Watches per client connection (0: none).
+    pub(crate) watches_per_connection: usize,
+    /// Fragment threshold of watch responses (etcd's --max-request-bytes).
+    pub(crate) max_request_bytes: usize,
+    /// Responses queued per Watch stream.
+    pub(crate) watch_send_queue: usize,
+}
+
+/// Shared by every service of one proxy.
+pub(crate) struct State {
+    pub(crate) cache: Cache,
+    pub(crate) up: Arc<Upstream>,
+    pub(crate) ns: Namespace,
+    /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
+    cached_start: Bytes,
+    cached_end: Bytes,
+    pub(crate) limits: Limits,
+    /// The URL announced by Cluster.MemberList.
+    pub(crate) advertised_url: String,
+    /// Fires once at shutdown: streams end, unary calls finish.
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl State {
+    pub(crate) fn new(
+        cache: Cache,
+        up: Arc<Upstream>,
+        ns: Namespace,
+        limits: Limits,
+        advertised_url: String,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Arc<State> {
+        let cached_start = Bytes::copy_from_slice(cache.prefix());
+        let cached_end = prefix_end(cache.prefix());
+        Arc::new(State {
+            cache,
+            up,
+            ns,
+            cached_start,
+            cached_end,
+            limits,
+            advertised_url,
+            shutdown,
+        })
+    }
+
+    /// True if the etcd-space range `[key, end)` lies inside the cache and is well
+    /// formed (empty end: one key; `"\0"`: every key from `key`). Anything else is
+    /// forwarded, so etcd gives its own answer to a reversed range.
+    pub(crate) fn in_cache(&self, key: &[u8], end: &[u8]) -> bool {
+        let unbounded = self.cached_end.as_ref() == b"\0";
+        if key < self.cached_start.as_ref() {
+            return false;
+        }
+        match end {
+            b"" => unbounded || key < self.cached_end.as_ref(),
+            b"\0" => unbounded,
+            end => key < end && (unbounded || end <= self.cached_end.as_ref()),
+        }
+    }
+}
+
+/// Resolves once shutdown has begun (and the guard `wait_for` returns is dropped, so
+/// the future stays `Send`).
+pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}

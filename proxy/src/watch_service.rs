@@ -1,0 +1,386 @@
+//! The Watch service: one task per gRPC Watch stream reads the client's requests, keeps
+//! the stream's watches (through [`crate::watch`], the only user of the cache's watch
+//! API) and sends their responses as etcd sends them (`api/v3rpc/watch.go`).
+//!
+//! ## Slow clients
+//! Responses go through a bounded queue (`--watch-send-queue`). The task takes a reply
+//! from the cache only when the queue has room, so a client that does not read stops
+//! its own stream and nothing else: its cache subscribers fill and lag (caught up from
+//! the history later), and one that falls out of the window is canceled with
+//! `compact_revision`, as etcd cancels a watch behind compaction.
+//!
+//! ## Shutdown
+//! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
+//! reconnecting and resuming each watch after its last revision.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::conn;
+use crate::pb::etcdserverpb::{
+    watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
+    WatchCreateRequest, WatchRequest, WatchResponse,
+};
+use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
+use crate::state::State;
+use crate::status;
+use crate::watch::{Create, Reply, Watches};
+
+/// etcd's `clientv3.InvalidWatchID`.
+const INVALID_WATCH_ID: i64 = -1;
+/// How often a `hasleader` stream checks that the cache still follows etcd.
+const LEADER_CHECK: Duration = Duration::from_millis(500);
+/// How long the cache may be cut off from etcd before `hasleader` streams end.
+const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
+
+/// etcd's Watch service, from the cache.
+pub(crate) struct WatchService {
+    st: Arc<State>,
+}
+
+impl WatchService {
+    pub(crate) fn new(st: Arc<State>) -> Self {
+        WatchService { st }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        req: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let require_leader = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        let conn = conn::info(req.extensions());
+        tracing::debug!(remote = ?conn.and_then(|c| c.remote), require_leader, "watch stream");
+        let budget = conn.map(|c| c.watches.clone()).unwrap_or_default();
+        let (tx, rx) = mpsc::channel(self.st.limits.watch_send_queue.max(1));
+        let session = Session {
+            watches: Watches::new(
+                self.st.cache.clone(),
+                budget,
+                self.st.limits.watches_per_connection,
+            ),
+            st: self.st.clone(),
+            tx,
+            fragment: HashSet::new(),
+            require_leader,
+        };
+        tokio::spawn(session.run(req.into_inner()));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// What woke the session.
+enum Step {
+    Shutdown,
+    Request(Option<Result<WatchRequest, Status>>),
+    Reply(Reply),
+    LeaderCheck(tokio::time::Instant),
+}
+
+struct Session {
+    st: Arc<State>,
+    watches: Watches,
+    tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    /// Watches created with `fragment`.
+    fragment: HashSet<i64>,
+    require_leader: bool,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
+        let mut shutdown = self.st.shutdown.clone();
+        let tx = self.tx.clone();
+        let mut inbound_open = true;
+        let mut leader_check = tokio::time::interval(LEADER_CHECK);
+        let mut not_ready_since: Option<tokio::time::Instant> = None;
+        loop {
+            let has_room = tx.capacity() > 0;
+            let step = tokio::select! {
+                _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
+                _ = tx.closed() => return,
+                req = inbound.next(), if inbound_open => Step::Request(req),
+                reply = self.watches.next(), if has_room => Step::Reply(reply),
+                permit = tx.reserve(), if !has_room => {
+                    drop(permit);
+                    continue;
+                }
+                now = leader_check.tick(), if self.require_leader => Step::LeaderCheck(now),
+            };
+            match step {
+                Step::Shutdown => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                // etcd keeps sending after the client half-closes (until it cancels).
+                Step::Request(None) => inbound_open = false,
+                Step::Request(Some(Err(e))) => {
+                    tracing::debug!(error = %e, "watch stream receive failed");
+                    return;
+                }
+                Step::Request(Some(Ok(req))) => {
+                    if self.handle(req).await.is_err() {
+                        return;
+                    }
+                }
+                Step::Reply(reply) => {
+                    if self.send_reply(reply).await.is_err() {
+                        return;
+                    }
+                }
+                Step::LeaderCheck(now) => {
+                    if self.st.cache.is_ready() {
+                        not_ready_since = None;
+                    } else if now - *not_ready_since.get_or_insert(now) >= LEADER_LOST_AFTER {
+                        let _ = tx.send(Err(status::no_leader())).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: WatchRequest) -> Result<(), ()> {
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.watches.cancel(c.watch_id) {
+                    self.fragment.remove(&c.watch_id);
+                    let resp = WatchResponse {
+                        header: Some(self.st.up.header(self.watches.revision())),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    };
+                    self.send(resp).await?;
+                }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                self.watches.request_progress();
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn create(&mut self, c: WatchCreateRequest) -> Result<(), ()> {
+        if c.start_revision < 0 {
+            // As etcd >= 3.5 (3.4 lets the watch start from the oldest revision).
+            return self
+                .refuse("etcdserver: mvcc: required revision has been compacted".into())
+                .await;
+        }
+        let key = if c.key.is_empty() {
+            bytes::Bytes::from_static(b"\0")
+        } else {
+            c.key.clone()
+        };
+        let (key, range_end) = self.st.ns.range(&key, &c.range_end);
+        let create = Create {
+            key,
+            range_end,
+            start_revision: c.start_revision,
+            progress_notify: c.progress_notify,
+            prev_kv: c.prev_kv,
+            no_put: c.filters.contains(&(FilterType::Noput as i32)),
+            no_delete: c.filters.contains(&(FilterType::Nodelete as i32)),
+            watch_id: c.watch_id,
+        };
+        match self.watches.create(create).await {
+            Ok(id) => {
+                if c.fragment {
+                    self.fragment.insert(id);
+                }
+                Ok(())
+            }
+            Err(refused) => self.refuse(refused.0).await,
+        }
+    }
+
+    /// A create etcd would refuse: created and canceled at once, with watch id -1.
+    async fn refuse(&mut self, reason: String) -> Result<(), ()> {
+        let resp = WatchResponse {
+            header: Some(self.st.up.header(self.watches.revision())),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason,
+            ..Default::default()
+        };
+        self.send(resp).await
+    }
+
+    async fn send(&self, resp: WatchResponse) -> Result<(), ()> {
+        self.tx.send(Ok(resp)).await.map_err(drop)
+    }
+
+    async fn send_reply(&mut self, reply: Reply) -> Result<(), ()> {
+        let up = &self.st.up;
+        let resp = match reply {
+            Reply::Created { watch_id, revision } => WatchResponse {
+                header: Some(up.header(revision)),
+                watch_id,
+                created: true,
+                ..Default::default()
+            },
+            Reply::Progress { watch_id, revision } => WatchResponse {
+                header: Some(up.header(revision)),
+                watch_id,
+                ..Default::default()
+            },
+            Reply::StreamProgress { revision } => WatchResponse {
+                header: Some(up.header(revision)),
+                watch_id: INVALID_WATCH_ID,
+                ..Default::default()
+            },
+            Reply::Canceled {
+                watch_id,
+                compact_revision,
+                reason,
+            } => {
+                self.fragment.remove(&watch_id);
+                WatchResponse {
+                    header: Some(up.header(self.watches.revision())),
+                    watch_id,
+                    canceled: true,
+                    compact_revision,
+                    cancel_reason: reason,
+                    ..Default::default()
+                }
+            }
+            Reply::Events { watch_id, response } => {
+                let resp = WatchResponse {
+                    header: Some(up.header(response.revision())),
+                    watch_id,
+                    events: response.events().iter().map(|e| self.event(e)).collect(),
+                    ..Default::default()
+                };
+                if self.fragment.contains(&watch_id) {
+                    for part in fragments(resp, self.st.limits.max_request_bytes) {
+                        self.send(part).await?;
+                    }
+                    return Ok(());
+                }
+                resp
+            }
+        };
+        self.send(resp).await
+    }
+
+    fn event(&self, e: &etcd_cache::Event) -> Event {
+        let kind = match e.event_type() {
+            etcd_cache::EventType::Put => EventType::Put,
+            etcd_cache::EventType::Delete => EventType::Delete,
+        };
+        Event {
+            r#type: kind as i32,
+            kv: e.kv().map(|kv| self.kv(kv)),
+            prev_kv: e.prev_kv().map(|kv| self.kv(kv)),
+        }
+    }
+
+    fn kv(&self, kv: &etcd_cache::KeyValue) -> KeyValue {
+        KeyValue {
+            key: self.st.ns.strip(kv.key_bytes().clone()),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+            version: kv.version(),
+            value: kv.value_bytes().clone(),
+            lease: kv.lease(),
+        }
+    }
+}
+
+/// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is
+/// sent as several, each with `fragment = true` but the last.
+fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
+    if resp.encoded_len() < max_bytes || resp.events.len() < 2 {
+        return vec![resp];
+    }
+    let mut out = Vec::new();
+    let mut events = resp.events.clone().into_iter().peekable();
+    while events.peek().is_some() {
+        let mut cur = WatchResponse {
+            events: Vec::new(),
+            fragment: true,
+            ..resp.clone()
+        };
+        while let Some(ev) = events.peek() {
+            cur.events.push(ev.clone());
+            if cur.events.len() > 1 && cur.encoded_len() >= max_bytes {
+                cur.events.pop();
+                break;
+            }
+            events.next();
+        }
+        if events.peek().is_none() {
+            cur.fragment = false;
+        }
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value_len: usize) -> Event {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec().into(),
+                value: vec![b'x'; value_len].into(),
+                mod_revision: 7,
+                create_revision: 7,
+                version: 1,
+                lease: 0,
+            }),
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn fragments_split_as_etcd() {
+        let resp = WatchResponse {
+            watch_id: 3,
+            events: (0..10).map(|i| put(&format!("k{i}"), 100)).collect(),
+            ..Default::default()
+        };
+        // Below the limit: one response, not marked.
+        let one = fragments(resp.clone(), 1 << 20);
+        assert_eq!(one.len(), 1);
+        assert!(!one[0].fragment);
+        // Each event is ~110 bytes: at most 2 per part below 300 bytes.
+        let parts = fragments(resp.clone(), 300);
+        assert!(parts.len() >= 4, "{}", parts.len());
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
+        assert!(!parts.last().unwrap().fragment);
+        let events: Vec<_> = parts.iter().flat_map(|p| p.events.clone()).collect();
+        assert_eq!(events, resp.events);
+        assert!(parts.iter().all(|p| p.watch_id == 3));
+        // A single event is never split, whatever its size.
+        let big = WatchResponse {
+            events: vec![put("k", 1000)],
+            ..Default::default()
+        };
+        assert_eq!(fragments(big, 10).len(), 1);
+    }
+}
