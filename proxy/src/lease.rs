@@ -84,15 +84,13 @@ async fn coalesce(
                 }
                 entry.sent = Instant::now();
                 if stream.is_none() {
-                    match open(&up).await {
+                    match open(&up, id).await {
                         Ok(s) => stream = Some(s),
-                        Err(e) => {
-                            fail_all(&mut inflight, &e);
-                            continue;
-                        }
+                        Err(e) => fail_all(&mut inflight, &e),
                     }
+                    continue;
                 }
-                let s = stream.as_ref().expect("opened above");
+                let s = stream.as_ref().expect("checked above");
                 if s.tx.send(LeaseKeepAliveRequest { id }).await.is_err() {
                     stream = None;
                     fail_all(&mut inflight, &Status::unavailable("lease keep-alive stream to etcd closed"));
@@ -129,8 +127,12 @@ async fn next(
     }
 }
 
-async fn open(up: &Upstream) -> Result<UpstreamStream, Status> {
+/// Opens the upstream stream with a first keep-alive already queued (etcd sends its
+/// response headers with its first answer, so the call resolves only after one).
+async fn open(up: &Upstream, first: i64) -> Result<UpstreamStream, Status> {
     let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
+    tx.try_send(LeaseKeepAliveRequest { id: first })
+        .expect("an empty queue has room");
     let req = up.request(&MetadataMap::new(), ReceiverStream::new(rx));
     let rx = up.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })

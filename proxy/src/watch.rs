@@ -222,11 +222,8 @@ impl Watches {
     pub(crate) fn request_progress(&mut self) {
         self.progress_requests += 1;
         for t in self.streams.iter_mut() {
-            if let Some(s) = t.stream.as_mut() {
-                if self.ids.contains(&t.id) {
-                    let _ = s.request_progress().now_or_never();
-                    self.progress_owed.insert(t.id);
-                }
+            if self.ids.contains(&t.id) && t.request_progress() {
+                self.progress_owed.insert(t.id);
             }
         }
         if self.progress_owed.is_empty() {
@@ -377,6 +374,18 @@ struct Tagged {
 }
 
 impl Tagged {
+    /// Asks the cache stream for a progress response and wakes the merge to poll it.
+    fn request_progress(&mut self) -> bool {
+        let Some(s) = self.stream.as_mut() else {
+            return false;
+        };
+        let _ = s.request_progress().now_or_never();
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+        true
+    }
+
     fn close(&mut self) {
         self.stream = None;
         if let Some(b) = self.budget.take() {
