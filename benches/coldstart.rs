@@ -1,5 +1,5 @@
 //! Cold start: time to ready and peak RSS of a `Cache` against a plain paged etcd range read
-//! of the same keys (issue "Performance", part 3).
+//! of the same keys.
 //!
 //! ```text
 //! cargo bench --bench coldstart                              # 100,000 and 1,000,000 keys
@@ -9,7 +9,7 @@
 //! COLDSTART_LOG=etcd_cache=debug cargo bench --bench coldstart   # the children's cache log
 //! ```
 //!
-//! One etcd on loopback (started here, through `tests/support/etcd.rs`). For each key count
+//! One etcd on loopback (started here, through `testkit`). For each key count
 //! a prefix of that many keys is loaded: 16-byte keys, 16-byte values, in txns of 128 puts
 //! (etcd's default `--max-txn-ops`) with 8 txns in flight. Then, against the same etcd and
 //! interleaved (the order alternates every repetition), each of
@@ -35,11 +35,8 @@
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 mod common;
-use common::{clk_tck, connect};
+use common::clk_tck;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -267,7 +264,7 @@ fn child(args: &[String]) -> i32 {
         .build()
         .expect("runtime");
     let r = rt.block_on(async move {
-        let client = connect(&ep).await?;
+        let client = testkit::Connect::plain().try_client(&[&ep]).await?;
         let base_kib = status_kib("VmRSS");
         let cpu0 = cpu_ticks(None);
         let t0 = Instant::now();
@@ -591,14 +588,12 @@ fn main() {
     let started = Instant::now();
     // 1M keys of 16 + 16 bytes are about 100-200 MB of backend; a larger quota keeps etcd
     // far from its 2 GiB default alarm whatever else runs.
-    let server = etcd::EtcdServer::start_with(
-        etcd::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
+    let server = testkit::EtcdServer::start_with(
+        testkit::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
     );
     let ep = server.endpoint();
     let etcd_pid = server.pid();
-    let version = etcd::member_status(server.client_addr())
-        .map(|s| s.version)
-        .unwrap_or_default();
+    let version = server.status().map(|s| s.version).unwrap_or_default();
     println!(
         "coldstart: etcd {version}, {} CPUs, keys {:?}, page sizes {:?}, {} repetitions, {KEY_SIZE}-byte keys, {VALUE_SIZE}-byte values",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -615,7 +610,7 @@ fn main() {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let client = connect(&ep).await?;
+            let client = testkit::Connect::plain().try_client(&[&ep]).await?;
             for &n in &opts.keys {
                 let prefix = prefix_for(n);
                 let took = load(&client, &prefix, n).await?;

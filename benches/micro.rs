@@ -1,4 +1,4 @@
-//! Criterion micro-benchmarks of the cache's pieces (issue "Performance", part 2).
+//! Criterion micro-benchmarks of the cache's pieces.
 //!
 //! ```text
 //! cargo bench --features bench-internals --bench micro            # or: cargo xtask bench micro

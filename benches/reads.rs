@@ -1,4 +1,4 @@
-//! Read latency: cache vs. etcd, against one real etcd in the same run (issue 3).
+//! Read latency: cache vs. etcd, against one real etcd in the same run .
 //!
 //! ```text
 //! cargo bench --bench reads                              # full run (about 3-4 minutes)
@@ -6,7 +6,7 @@
 //! cargo bench --bench reads -- --key-iters 20000 --prefix-iters 1000 --write-rate 500
 //! ```
 //!
-//! One etcd on loopback (started here, through `tests/support/etcd.rs`), 10,000 keys with
+//! One etcd on loopback (started here, through `testkit`), 10,000 keys with
 //! 100-byte values under `/bench/reads/`, one `Cache` on that prefix. For two targets,
 //! - `key`:    one key (`/bench/reads/k05000`),
 //! - `prefix`: the whole 10,000-key prefix,
@@ -45,9 +45,6 @@
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it does a smoke run of a few
 //! iterations per measurement and exits.
-
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
 
 mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -213,14 +210,15 @@ impl Writer {
                         .build()
                         .map_err(|e| e.to_string())?;
                     rt.block_on(async move {
-                        let mut client = match Client::connect([endpoint], None).await {
-                            Ok(c) => c,
-                            Err(e) => {
-                                let e = format!("writer connect: {e}");
-                                let _ = first_tx.send(Err(e.clone()));
-                                return Err(e);
-                            }
-                        };
+                        let mut client =
+                            match testkit::Connect::plain().try_client(&[endpoint]).await {
+                                Ok(c) => c,
+                                Err(e) => {
+                                    let e = format!("writer connect: {e}");
+                                    let _ = first_tx.send(Err(e.clone()));
+                                    return Err(e);
+                                }
+                            };
                         let mut tick = (rate > 0).then(|| {
                             let mut t =
                                 tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
@@ -487,7 +485,7 @@ fn print_row(r: &Row) {
 }
 
 async fn load(endpoint: &str) -> Result<(), String> {
-    let mut client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let mut client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     for start in (0..KEYS).step_by(LOAD_BATCH) {
         let ops: Vec<TxnOp> = (start..(start + LOAD_BATCH).min(KEYS))
             .map(|i| TxnOp::put(key(i), value(i), None))
@@ -505,7 +503,7 @@ async fn run_mode(
     trust: ProgressTrust,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    let cache_client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let cache_client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     let mut builder = Cache::builder(cache_client)
         .prefix(PREFIX)
         .progress_trust(trust);
@@ -514,7 +512,7 @@ async fn run_mode(
     }
     let cache = bounded("build the cache", builder.build()).await?;
     bounded("wait_ready", cache.wait_ready()).await?;
-    let client = bounded("connect", Client::connect([endpoint], None)).await?;
+    let client = testkit::Connect::plain().try_client(&[endpoint]).await?;
     let mut ctx = Ctx {
         cache,
         client,
@@ -602,10 +600,8 @@ fn main() {
         }
     };
     let started = Instant::now();
-    let server = etcd::EtcdServer::start();
-    let version = etcd::member_status(server.client_addr())
-        .map(|s| s.version)
-        .unwrap_or_default();
+    let server = testkit::EtcdServer::start();
+    let version = server.status().map(|s| s.version).unwrap_or_default();
     let form = if opts.smoke {
         "smoke run (no --bench argument)"
     } else if opts.quick {

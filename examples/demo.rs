@@ -12,9 +12,6 @@
 //! matched it, in order. It prints what was delivered and how fast, and exits with 1 if any
 //! subscriber missed, repeated or reordered anything.
 
-#[path = "../tests/support/etcd.rs"]
-mod etcd;
-
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -136,7 +133,7 @@ fn main() -> ExitCode {
         Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
         _ => {
             let started = Instant::now();
-            let server = etcd::EtcdServer::start();
+            let server = testkit::EtcdServer::start();
             println!(
                 "started a throwaway etcd at {} in {:.1} s (set ETCD_ENDPOINTS to use your own)",
                 server.endpoint(),
@@ -161,27 +158,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(endpoints: &[String]) -> Result<etcd_client::Client, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
-        let err = match etcd_client::Client::connect(endpoints, Some(opts)).await {
-            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => return Ok(c),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "status timed out".to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(format!("cannot reach etcd at {endpoints:?}: {err}"));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
-    let client = connect(&endpoints).await?;
+    let client = testkit::Connect::new()
+        .options(etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2)))
+        .try_client(&endpoints)
+        .await?;
     let prefix = format!(
         "/etcd-cache-demo/{}-{}/",
         std::process::id(),

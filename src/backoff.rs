@@ -1,4 +1,4 @@
-//! Exponential reconnect backoff with full jitter.
+//! Exponential reconnect backoff with equal jitter.
 
 use std::time::Duration;
 

@@ -8,23 +8,37 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong when building, watching or reading through a [`Cache`].
 ///
 /// Bad input is reported with a variant that names the problem and the limit; it never
-/// panics and never affects other subscribers.
+/// panics and never affects other subscribers. Failures of etcd or of the connection to
+/// it are [`Error::Upstream`] (what etcd or the transport said), [`Error::Transport`]
+/// (etcd did not answer in time, a stream broke) or [`Error::Protocol`] (etcd answered
+/// something the cache cannot use).
+///
+/// ```
+/// use etcd_cache::Error;
+///
+/// let e = Error::WatchLimit { limit: 10 };
+/// assert_eq!(e.to_string(), "at most 10 watches are allowed");
+/// assert!(!e.is_permanent_upstream_failure());
+/// ```
 ///
 /// [`Cache`]: crate::Cache
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The requested revision is older than the oldest revision the cache can serve.
+    /// A read asked for a revision older than the cache can serve.
     ///
-    /// A watcher that gets this must re-list (for example with [`Cache::get`]) and watch
-    /// again from the revision of that read + 1.
+    /// `compact_revision` is the oldest revision the cache serves now: reads at it and
+    /// watches from it work (the same number a watch gets in its canceled response).
+    /// A watch that starts below the window does not get this error: as with etcd, it
+    /// gets a canceled response carrying `compact_revision`. Re-list with
+    /// [`Cache::get`] and watch again from the read's revision + 1.
     ///
     /// [`Cache::get`]: crate::Cache::get
     #[error(
-        "required revision has been compacted; the oldest revision available is {compact_revision}"
+        "required revision has been compacted; the cache serves revisions from {compact_revision}"
     )]
     Compacted {
-        /// The smallest revision that can still be requested.
+        /// The oldest revision a read can still ask for.
         compact_revision: i64,
     },
 
@@ -39,8 +53,8 @@ pub enum Error {
         current: i64,
     },
 
-    /// The key range is malformed: an empty key, an end at or before the start, or a
-    /// negative revision or limit.
+    /// The request is malformed: an empty key, an end at or before the start, a negative
+    /// revision or limit, an option the cache cannot honour.
     #[error("invalid request: {reason}")]
     InvalidRange {
         /// What is wrong with the request.
@@ -69,6 +83,13 @@ pub enum Error {
         limit: usize,
     },
 
+    /// A watch asked for a watch id that is already in use on its stream.
+    #[error("watch id {watch_id} is already in use on this stream")]
+    WatchIdInUse {
+        /// The id asked for.
+        watch_id: i64,
+    },
+
     /// An invalid value was given to [`CacheBuilder`].
     ///
     /// [`CacheBuilder`]: crate::CacheBuilder
@@ -78,15 +99,21 @@ pub enum Error {
         reason: String,
     },
 
-    /// The cache is not serving yet (first snapshot not loaded, or the upstream is down
-    /// and the request cannot be answered correctly from memory).
-    #[error("the cache is not ready")]
+    /// The cache is not serving yet: its first snapshot is not loaded.
+    #[error("the cache is not ready: its first snapshot of the prefix is not loaded yet (see Cache::wait_ready)")]
     NotReady,
 
-    /// The operation waited longer than it was allowed to (for reads:
-    /// `CacheBuilder::consistent_read_timeout`). A unit variant, so it can be matched as
-    /// `Error::Timeout`; what was waited for is logged with `tracing`.
-    #[error("timed out waiting for the cache or for etcd (see consistent_read_timeout)")]
+    /// The operation waited longer than it was allowed to. For reads that is
+    /// `CacheBuilder::consistent_read_timeout`; for [`Cache::wait_ready_timeout`] the
+    /// limit given. A unit variant, so that it matches as `Error::Timeout`; what was
+    /// waited for is logged with `tracing` at debug level, and the upstream's state is in
+    /// [`Cache::status`].
+    ///
+    /// [`Cache::wait_ready_timeout`]: crate::Cache::wait_ready_timeout
+    /// [`Cache::status`]: crate::Cache::status
+    #[error(
+        "timed out: the cache did not reach the required state within the operation's time limit"
+    )]
     Timeout,
 
     /// The cache was closed.
@@ -96,12 +123,56 @@ pub enum Error {
     /// A key or value is not valid UTF-8 (from [`KeyValue::key_str`] and friends).
     ///
     /// [`KeyValue::key_str`]: crate::KeyValue::key_str
-    #[error("invalid UTF-8")]
+    #[error("invalid UTF-8: {0}")]
     Utf8(#[source] std::str::Utf8Error),
 
-    /// An error reported by etcd or by the client transport.
-    #[error("etcd error")]
+    /// What etcd, or the client transport, reported.
+    #[error("etcd error: {0}")]
     Upstream(#[source] etcd_client::Error),
+
+    /// etcd could not be reached or did not answer in time, or a stream to it broke.
+    #[error("etcd transport failure: {reason}")]
+    Transport {
+        /// What failed, and the limit that was exceeded where there is one.
+        reason: String,
+    },
+
+    /// etcd answered something the cache cannot use (an unexpected or malformed
+    /// message). The cache reconnects.
+    #[error("unexpected answer from etcd: {reason}")]
+    Protocol {
+        /// What was wrong with the answer.
+        reason: String,
+    },
+
+    /// The cache stopped because etcd refused it for good (permission denied,
+    /// authentication failed, ...), or because of an internal error: retrying would not
+    /// help. Its streams end with this error; its reads and waits return it.
+    #[error("the cache stopped: {source}")]
+    Failed {
+        /// The permanent failure.
+        #[source]
+        source: std::sync::Arc<Error>,
+    },
+
+    /// The cache did not become ready within the time given to
+    /// [`Cache::wait_ready_timeout`](crate::Cache::wait_ready_timeout) because etcd
+    /// kept failing; the cache keeps retrying.
+    #[error("the cache did not become ready within {waited:?}; it keeps retrying; the last upstream error: {source}")]
+    Unavailable {
+        /// How long was waited.
+        waited: std::time::Duration,
+        /// The last failure of the upstream.
+        #[source]
+        source: std::sync::Arc<Error>,
+    },
+
+    /// A bug in the cache (its follower task panicked). Please report it.
+    #[error("internal error in etcd-cache: {reason}")]
+    Internal {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl From<etcd_client::Error> for Error {
@@ -120,5 +191,59 @@ impl Error {
         Error::InvalidRange {
             reason: reason.into(),
         }
+    }
+
+    pub(crate) fn transport(reason: impl Into<String>) -> Self {
+        Error::Transport {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn protocol(reason: impl Into<String>) -> Self {
+        Error::Protocol {
+            reason: reason.into(),
+        }
+    }
+
+    /// True for an answer from etcd that retrying cannot change: permission denied,
+    /// authentication failed or required, an invalid argument, an unimplemented call.
+    /// The cache stops on such an error instead of retrying it.
+    pub fn is_permanent_upstream_failure(&self) -> bool {
+        use tonic::Code;
+        match self {
+            Error::Upstream(etcd_client::Error::GRpcStatus(status)) => matches!(
+                status.code(),
+                Code::PermissionDenied
+                    | Code::Unauthenticated
+                    | Code::InvalidArgument
+                    | Code::Unimplemented
+            ),
+            Error::Upstream(etcd_client::Error::InvalidArgs(_))
+            | Error::Upstream(etcd_client::Error::InvalidUri(_)) => true,
+            Error::Failed { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_errors_display_their_cause() {
+        let e = Error::from(etcd_client::Error::GRpcStatus(
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+        ));
+        assert!(e.to_string().contains("permission denied"), "{e}");
+        assert!(e.is_permanent_upstream_failure());
+        let e = Error::from(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "connection refused",
+        )));
+        assert!(e.to_string().contains("connection refused"), "{e}");
+        assert!(!e.is_permanent_upstream_failure());
+        let e = Error::transport("etcd did not answer within 30s (upstream_idle_timeout)");
+        assert!(e.to_string().starts_with("etcd transport failure"), "{e}");
+        assert!(!e.is_permanent_upstream_failure());
     }
 }

@@ -62,7 +62,7 @@ impl Batch {
     }
 }
 
-/// The ring itself. Guarded by a `RwLock` in [`crate::cache::Shared`]; the upstream task
+/// The ring itself. Guarded by a `RwLock` in the shared state; the follower task
 /// is its only writer.
 #[derive(Debug)]
 pub(crate) struct History {

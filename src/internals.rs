@@ -7,55 +7,33 @@
 //! `watch` / `get` paths without an etcd process. Nothing here changes the wrapped types.
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
-use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use parking_lot::RwLock;
 
 use crate::cache::Cache;
 use crate::config::Config;
-use crate::dispatch::{catch_up, Index, Mailbox, Shape};
-use crate::error::{Error, Result};
-use crate::get::GetResponse;
+use crate::error::Result;
 use crate::history::{Batch, History};
-use crate::key_range::{KeyRange, RangeSpec};
+use crate::key_range::KeyRange;
+pub use crate::key_range::RangeSpec as Spec;
 use crate::kv::{Event, EventType, KeyValue};
 use crate::store::{Snapshot, Store};
-use crate::upstream::{Page, Upstream, UpstreamWatch, WatchMsg};
+use crate::subscribers::filter::Filter;
+use crate::subscribers::index::Index;
+use crate::subscribers::mailbox::{LagCount, Mailbox, Polled};
+use crate::upstream::fake::{FakeUpstream, OpenedWatch};
+use crate::upstream::WatchMsg;
 
-/// How a subscriber or a read selects keys (mirrors the `with_*` options).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Spec {
-    Single,
-    Prefix,
-    FromKey,
-    Range(Vec<u8>),
-    AllKeys,
+fn range(key: &[u8], spec: &Spec) -> KeyRange {
+    KeyRange::new(key, spec).expect("valid benchmark range")
 }
 
-impl Spec {
-    fn to_range(&self, key: &[u8]) -> KeyRange {
-        let spec = match self {
-            Spec::Single => RangeSpec::Single,
-            Spec::Prefix => RangeSpec::Prefix,
-            Spec::FromKey => RangeSpec::FromKey,
-            Spec::Range(end) => RangeSpec::Range(end.clone()),
-            Spec::AllKeys => RangeSpec::AllKeys,
-        };
-        KeyRange::new(key, &spec).expect("valid benchmark range")
-    }
-
-    fn shape(&self, key: &[u8], prev_kv: bool) -> Shape {
-        Shape {
-            range: self.to_range(key),
-            prev_kv,
-            no_put: false,
-            no_delete: false,
-        }
+fn filter(key: &[u8], spec: &Spec, prev_kv: bool) -> Filter {
+    Filter {
+        prev_kv,
+        ..Filter::range(range(key, spec))
     }
 }
 
@@ -92,7 +70,7 @@ impl BenchBatch {
 #[derive(Default)]
 pub struct BenchIndex {
     index: Index,
-    lagging: AtomicUsize,
+    lag: LagCount,
     next_id: u64,
 }
 
@@ -106,23 +84,20 @@ pub struct BenchMailbox {
 impl BenchMailbox {
     /// Pops everything queued; returns the number of deliveries popped.
     pub fn drain(&self) -> usize {
-        let mut s = self.mailbox.state.lock();
-        let n = s.queue.len();
-        s.queue.clear();
-        n
+        self.mailbox.take_queued().len()
     }
 
     /// Pops everything queued and returns (revision, events) of each delivery.
     pub fn take(&self) -> Vec<(i64, usize)> {
-        let mut s = self.mailbox.state.lock();
-        s.queue
-            .drain(..)
+        self.mailbox
+            .take_queued()
+            .into_iter()
             .map(|d| (d.revision, d.events.len()))
             .collect()
     }
 
     pub fn is_lagging(&self) -> bool {
-        self.mailbox.state.lock().lagging
+        self.mailbox.is_lagging()
     }
 }
 
@@ -154,9 +129,9 @@ impl BenchIndex {
     ) -> BenchMailbox {
         self.next_id += 1;
         let id = self.next_id;
-        let mailbox = Mailbox::new(capacity, last_rev, false);
+        let mailbox = Mailbox::new(capacity, last_rev, false, &self.lag);
         self.index
-            .insert(id, spec.shape(key, prev_kv), mailbox.clone());
+            .insert(id, filter(key, spec, prev_kv), mailbox.clone());
         BenchMailbox { id, mailbox }
     }
 
@@ -167,19 +142,19 @@ impl BenchIndex {
 
     /// Pushes `batch` to every matching subscriber: (delivered, became lagging).
     pub fn dispatch(&mut self, batch: &BenchBatch) -> (usize, usize) {
-        let stats = self.index.dispatch(&batch.0, &self.lagging);
+        let stats = self.index.dispatch(&batch.0, &self.lag);
         (stats.delivered, stats.lagged)
     }
 
     /// Subscribers that became lagging so far.
     pub fn lagged(&self) -> usize {
-        self.lagging.load(Ordering::Relaxed)
+        self.lag.get()
     }
 }
 
 /// The revision-ordered ring of batches.
 pub struct BenchHistory {
-    history: History,
+    history: RwLock<History>,
 }
 
 impl BenchHistory {
@@ -187,48 +162,53 @@ impl BenchHistory {
     pub fn new(capacity: usize, revision: i64) -> Self {
         let mut history = History::new(capacity);
         history.reset(revision);
-        BenchHistory { history }
+        BenchHistory {
+            history: RwLock::new(history),
+        }
     }
 
     pub fn push(&mut self, batch: &BenchBatch) {
-        self.history.push(batch.0.clone());
+        self.history.write().push(batch.0.clone());
     }
 
     pub fn floor(&self) -> i64 {
-        self.history.floor()
+        self.history.read().floor()
     }
 
     pub fn head(&self) -> i64 {
-        self.history.head()
+        self.history.read().head()
     }
 
     pub fn len(&self) -> usize {
-        self.history.len()
+        self.history.read().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.history.len() == 0
+        self.history.read().len() == 0
     }
 
     /// Key and value bytes referenced by the ring.
     pub fn bytes(&self) -> usize {
-        self.history.bytes()
+        self.history.read().bytes()
     }
 
     /// Replays what a lagging subscriber on `key` / `spec` positioned at `after` gets:
-    /// the crate's own catch-up into a queue of `capacity`. Returns deliveries queued.
+    /// the crate's own catch-up, read by the consumer as a stream reads it, into a
+    /// queue of `capacity`. Returns the deliveries read.
     pub fn replay(&self, key: &[u8], spec: &Spec, after: i64, capacity: usize) -> usize {
-        let shape = spec.shape(key, false);
-        let mailbox = Mailbox::new(capacity, after, true);
-        // As a stream does: call again while it lags and its queue has room (one call
-        // scans a bounded number of batches).
-        while !catch_up(&self.history, &mailbox, &shape) {
-            let st = mailbox.state.lock();
-            if !st.lagging || st.queue.len() >= capacity {
-                break;
-            }
+        let filter = filter(key, spec, false);
+        let lag = LagCount::default();
+        let mailbox = Mailbox::new(capacity, after, true, &lag);
+        let mut n = 0;
+        while let Polled::Delivery(_) = mailbox.poll(
+            futures_util::task::noop_waker_ref(),
+            &self.history,
+            &filter,
+            &lag,
+            || 0,
+        ) {
+            n += 1;
         }
-        let n = mailbox.state.lock().queue.len();
         n
     }
 }
@@ -277,18 +257,18 @@ pub struct BenchSnapshot(Snapshot);
 impl BenchSnapshot {
     /// One key, cloned out (as a get response holds it).
     pub fn get(&self, key: &[u8]) -> Option<KeyValue> {
-        self.0.range(&Spec::Single.to_range(key)).next().cloned()
+        self.0.range(&range(key, &Spec::Single)).next().cloned()
     }
 
     /// Every key-value of `key` / `spec`, cloned out in key order.
     pub fn range(&self, key: &[u8], spec: &Spec) -> Vec<KeyValue> {
-        self.0.range(&spec.to_range(key)).cloned().collect()
+        self.0.range(&range(key, spec)).cloned().collect()
     }
 }
 
 /// Feeds events to a [`mem_cache`] as if etcd had sent them.
 pub struct MemFeed {
-    tx: mpsc::UnboundedSender<WatchMsg>,
+    watch: OpenedWatch,
     revision: i64,
 }
 
@@ -301,8 +281,8 @@ impl MemFeed {
     /// Sends one put in its own revision; returns the revision.
     pub fn put(&mut self, key: impl Into<Bytes>, value: impl Into<Bytes>) -> i64 {
         self.revision += 1;
-        let msg = WatchMsg::Events(vec![(EventType::Put, kv(key, value, self.revision))]);
-        let _ = self.tx.send(msg);
+        self.watch
+            .events(vec![(EventType::Put, kv(key, value, self.revision))]);
         self.revision
     }
 
@@ -315,102 +295,8 @@ impl MemFeed {
                 (EventType::Put, kv(k, v, self.revision))
             })
             .collect();
-        let _ = self.tx.send(WatchMsg::Events(events));
+        self.watch.send_raw(Ok(WatchMsg::Events(events)));
         self.revision
-    }
-}
-
-struct MemUpstream {
-    revision: i64,
-    kvs: Vec<KeyValue>,
-    rx: Mutex<Option<mpsc::UnboundedReceiver<WatchMsg>>>,
-}
-
-struct MemWatch {
-    pending: VecDeque<WatchMsg>,
-    rx: mpsc::UnboundedReceiver<WatchMsg>,
-}
-
-impl UpstreamWatch for MemWatch {
-    fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
-        Box::pin(async move {
-            if let Some(m) = self.pending.pop_front() {
-                return Ok(Some(m));
-            }
-            match self.rx.recv().await {
-                Some(m) => Ok(Some(m)),
-                // The feed was dropped: stay quiet rather than end (no reconnect loop).
-                None => std::future::pending().await,
-            }
-        })
-    }
-
-    fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-impl Upstream for MemUpstream {
-    fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
-        Box::pin(async { Ok(vec!["3.5.13".to_string()]) })
-    }
-
-    fn list_page(
-        &self,
-        range: KeyRange,
-        _revision: i64,
-        limit: i64,
-    ) -> BoxFuture<'_, Result<Page>> {
-        Box::pin(async move {
-            let limit = if limit <= 0 {
-                usize::MAX
-            } else {
-                limit as usize
-            };
-            let mut kvs: Vec<KeyValue> = self
-                .kvs
-                .iter()
-                .filter(|kv| range.contains(kv.key()))
-                .take(limit.saturating_add(1))
-                .cloned()
-                .collect();
-            let more = kvs.len() > limit;
-            kvs.truncate(limit);
-            Ok(Page {
-                revision: self.revision,
-                kvs,
-                more,
-            })
-        })
-    }
-
-    fn watch(
-        &self,
-        _range: KeyRange,
-        _start: i64,
-    ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
-        Box::pin(async move {
-            let rx = self
-                .rx
-                .lock()
-                .take()
-                .ok_or_else(|| Error::invalid("in-memory upstream watched twice"))?;
-            let mut pending = VecDeque::new();
-            pending.push_back(WatchMsg::Created);
-            Ok(Box::new(MemWatch { pending, rx }) as Box<dyn UpstreamWatch>)
-        })
-    }
-
-    fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
-        Box::pin(async { Err(Error::invalid("in-memory upstream: no current revision")) })
-    }
-
-    fn get(
-        &self,
-        _key: Vec<u8>,
-        _options: etcd_client::GetOptions,
-    ) -> BoxFuture<'_, Result<GetResponse>> {
-        Box::pin(async { Err(Error::invalid("in-memory upstream: no reads")) })
     }
 }
 
@@ -435,21 +321,18 @@ impl Default for MemCacheOptions {
     }
 }
 
-/// A real [`Cache`] whose upstream is in memory: it lists `kvs` (sorted by key here) at
-/// `revision`, then receives what the returned [`MemFeed`] sends. Call inside a tokio
-/// runtime; the cache is ready once `wait_ready` resolves.
+/// A real [`Cache`] over the crate's fake upstream: it lists `kvs` at `revision`, then
+/// receives what the returned [`MemFeed`] sends. Call inside a tokio runtime; the cache
+/// is ready once `wait_ready` resolves.
 pub fn mem_cache(
     opts: MemCacheOptions,
-    mut kvs: Vec<KeyValue>,
+    kvs: Vec<KeyValue>,
     revision: i64,
 ) -> Result<(Cache, MemFeed)> {
-    kvs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-    let (tx, rx) = mpsc::unbounded_channel();
-    let upstream = MemUpstream {
-        revision,
-        kvs,
-        rx: Mutex::new(Some(rx)),
-    };
+    let (upstream, _watches) = FakeUpstream::new(&["3.5.13"], &[], revision);
+    upstream.set_kvs(kvs, revision);
+    let watch = upstream.preset_watch();
+    watch.created();
     let config = Config {
         prefix: Bytes::from(opts.prefix),
         subscriber_buffer: opts.subscriber_buffer,
@@ -458,6 +341,6 @@ pub fn mem_cache(
         page_size: 10_000,
         ..Config::default()
     };
-    let cache = Cache::start(config, Arc::new(upstream))?;
-    Ok((cache, MemFeed { tx, revision }))
+    let cache = Cache::start(config, upstream)?;
+    Ok((cache, MemFeed { watch, revision }))
 }

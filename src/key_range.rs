@@ -27,8 +27,11 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// How the user described a range; it decides how the end is derived from the key.
+///
+/// Public only for the hidden benchmark module (`internals`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) enum RangeSpec {
+#[cfg_attr(not(feature = "bench-internals"), allow(unreachable_pub))]
+pub enum RangeSpec {
     /// Just the key.
     #[default]
     Single,
@@ -188,7 +191,7 @@ impl KeyRange {
     }
 
     /// `(start, end)` bounds for a `BTreeMap`/`OrdMap` range query.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "bench-internals"))]
     pub(crate) fn bounds(&self) -> (std::ops::Bound<Bytes>, std::ops::Bound<Bytes>) {
         use std::ops::Bound::*;
         if self.is_single() {

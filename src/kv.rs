@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use etcd_client::proto::PbKeyValue;
 
 use crate::error::{Error, Result};
+
+pub use etcd_client::EventType;
 
 /// A key and its value at one revision, as etcd stores it.
 ///
@@ -123,9 +124,29 @@ impl KeyValue {
         self.0.lease
     }
 
-    /// Takes the key and value apart.
-    pub fn into_key_value(self) -> (Bytes, Bytes) {
+    /// Takes the key and value apart, as etcd-client's (copies: the bytes are shared
+    /// with other subscribers; [`into_key_value_bytes`](Self::into_key_value_bytes)
+    /// does not copy).
+    pub fn into_key_value(self) -> (Vec<u8>, Vec<u8>) {
+        (self.0.key.to_vec(), self.0.value.to_vec())
+    }
+
+    /// Takes the key and value apart as shared [`Bytes`] (no copy).
+    pub fn into_key_value_bytes(self) -> (Bytes, Bytes) {
         (self.0.key.clone(), self.0.value.clone())
+    }
+
+    /// The key as `&str`, as etcd-client's `key_str_unchecked` — but checked: this
+    /// crate has no unsafe code, so invalid UTF-8 gives the longest valid prefix
+    /// instead of undefined behaviour. Calling it in an `unsafe` block, as ported code
+    /// does, compiles (with an `unused_unsafe` warning).
+    pub fn key_str_unchecked(&self) -> &str {
+        valid_prefix(&self.0.key)
+    }
+
+    /// The value as `&str`; checked as [`key_str_unchecked`](Self::key_str_unchecked).
+    pub fn value_str_unchecked(&self) -> &str {
+        valid_prefix(&self.0.value)
     }
 
     /// The approximate number of bytes this key-value holds (key + value).
@@ -142,41 +163,11 @@ impl KeyValue {
     }
 }
 
-impl From<PbKeyValue> for KeyValue {
-    /// Moves the protobuf buffers into `Bytes` without copying them.
-    fn from(kv: PbKeyValue) -> Self {
-        KeyValue(Arc::new(KvInner {
-            key: Bytes::from(kv.key),
-            value: Bytes::from(kv.value),
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            lease: kv.lease,
-        }))
-    }
-}
-
-impl From<etcd_client::KeyValue> for KeyValue {
-    fn from(kv: etcd_client::KeyValue) -> Self {
-        KeyValue::from(kv.0)
-    }
-}
-
-/// The kind of an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    /// The key was created or modified.
-    Put,
-    /// The key was deleted.
-    Delete,
-}
-
-impl From<etcd_client::EventType> for EventType {
-    fn from(t: etcd_client::EventType) -> Self {
-        match t {
-            etcd_client::EventType::Put => EventType::Put,
-            etcd_client::EventType::Delete => EventType::Delete,
-        }
+/// The longest valid UTF-8 prefix of `b`.
+fn valid_prefix(b: &[u8]) -> &str {
+    match std::str::from_utf8(b) {
+        Ok(s) => s,
+        Err(e) => std::str::from_utf8(&b[..e.valid_up_to()]).unwrap_or_default(),
     }
 }
 

@@ -31,26 +31,30 @@
 //! revision's events in one response), resumable and bookmarkable (progress responses).
 //! See `docs/GUARANTEES.md` and `docs/ARCHITECTURE.md`.
 
-mod backoff;
+// The handle and the flows behind it.
 mod cache;
-mod config;
-mod dispatch;
-mod error;
 mod follower;
-mod get;
+mod read;
+mod shared;
+mod subscribers;
+mod upstream;
+mod watch;
+
+// The pieces they share.
+mod backoff;
+mod config;
+mod error;
 mod history;
 mod key_range;
 mod kv;
-mod probe;
 mod progress;
+mod range_request;
 mod store;
-mod upstream;
-mod watch;
 
 #[cfg(test)]
 mod tests;
 
-pub use cache::{Cache, CacheStats, WatchScope};
+pub use cache::Cache;
 pub use config::{
     CacheBuilder, ProgressTrust, ReadFallback, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
     DEFAULT_CONSISTENT_READ_TIMEOUT, DEFAULT_HISTORY_WINDOW, DEFAULT_MAX_WATCHERS,
@@ -58,9 +62,14 @@ pub use config::{
     DEFAULT_SUBSCRIBER_BUFFER, DEFAULT_UPSTREAM_IDLE_TIMEOUT, MAX_DURATION,
 };
 pub use error::{Error, Result};
-pub use get::{GetOptions, GetResponse, SortOrder, SortTarget};
 pub use kv::{Event, EventType, KeyValue};
-pub use watch::{WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+pub use range_request::{SortOrder, SortTarget};
+pub use read::{GetOptions, GetResponse};
+pub use shared::{CacheStats, CacheStatus, StatusStream};
+pub use watch::{
+    ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
+    WatchResponseStream, WatchScope, WatchStream,
+};
 
 #[allow(dead_code)]
 trait AssertSendSync: Send + Sync {}
@@ -70,6 +79,8 @@ impl AssertSendSync for CacheBuilder {}
 #[allow(dead_code)]
 trait AssertSendUnpin: Send + Unpin {}
 impl AssertSendUnpin for WatchStream {}
+impl AssertSendUnpin for WatchResponseStream {}
+impl AssertSendSync for WatchRequestSender {}
 impl AssertSendSync for WatchResponse {}
 impl AssertSendSync for Error {}
 

@@ -55,6 +55,8 @@ pub(crate) type KvMap = OrdSet<Entry>;
 pub(crate) struct Snapshot {
     pub(crate) revision: i64,
     pub(crate) map: KvMap,
+    /// Key and value bytes held.
+    pub(crate) bytes: usize,
 }
 
 impl Snapshot {
@@ -142,6 +144,7 @@ impl Store {
         Snapshot {
             revision,
             map: self.map.clone(),
+            bytes: self.bytes,
         }
     }
 
@@ -151,11 +154,13 @@ impl Store {
     }
 
     /// Number of keys held.
+    #[cfg(any(test, feature = "bench-internals"))]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Key and value bytes held.
+    #[cfg(any(test, feature = "bench-internals"))]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }

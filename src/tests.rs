@@ -1,7 +1,8 @@
 //! Unit tests of the whole cache (follower task, dispatch, watch and read paths) driven
-//! by a scripted upstream: no etcd, virtual time, every answer chosen by the test.
+//! by the fake upstream: no etcd, virtual time, every answer chosen by the test.
 //!
-//! - `scripted`: the [`Upstream`](crate::upstream::Upstream) the tests control;
+//! The upstream is `upstream::fake`, the one fake of the crate.
+//!
 //! - `follow`: load, follow, batching, prev_kv, duplicates, reconnect, compaction;
 //! - `progress`: progress trust by version, the progress requestor, consistent reads,
 //!   local progress responses;
@@ -9,7 +10,8 @@
 
 mod follow;
 mod progress;
-mod scripted;
+mod review;
+mod streams;
 mod subscribers;
 
 use std::future::Future;
@@ -23,9 +25,8 @@ use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv::EventType;
+use crate::upstream::fake::{FakeUpstream, OpenedWatch};
 use crate::watch::{WatchOptions, WatchResponse, WatchStream};
-
-use scripted::{OpenedWatch, ScriptedUpstream};
 
 /// The prefix every test cache holds.
 const PREFIX: &str = "/app/";
@@ -61,7 +62,7 @@ async fn next_watch(watches: &mut mpsc::UnboundedReceiver<OpenedWatch>) -> Opene
 /// receiver of later watches.
 struct Harness {
     cache: Cache,
-    up: Arc<ScriptedUpstream>,
+    up: Arc<FakeUpstream>,
     watch: OpenedWatch,
     watches: mpsc::UnboundedReceiver<OpenedWatch>,
 }
@@ -69,7 +70,7 @@ struct Harness {
 /// Starts a cache over `keys` at `revision` on servers of `versions` and confirms its
 /// upstream watch; returns once the cache is ready.
 async fn ready(cfg: Config, versions: &[&str], keys: &[(&str, &str)], revision: i64) -> Harness {
-    let (up, mut watches) = ScriptedUpstream::new(versions, keys, revision);
+    let (up, mut watches) = FakeUpstream::new(versions, keys, revision);
     let cache = Cache::start(cfg, up.clone()).expect("valid config");
     let watch = next_watch(&mut watches).await;
     assert_eq!(watch.start, revision + 1);
@@ -101,7 +102,8 @@ async fn next(s: &mut WatchStream) -> Result<Option<WatchResponse>> {
     within(s.message()).await
 }
 
-/// The next response, which must be an event response; returns its revision.
+/// The next response, which must be an event response; returns its events'
+/// revision (the header's is at least that).
 async fn next_rev(s: &mut WatchStream) -> i64 {
     let r = next(s).await.expect("no error").expect("not ended");
     assert!(
@@ -109,7 +111,17 @@ async fn next_rev(s: &mut WatchStream) -> i64 {
         "expected events, got {r:?} (progress: {})",
         r.is_progress_notify()
     );
-    r.revision()
+    let rev = r.events()[0].revision();
+    assert!(
+        r.events().iter().all(|e| e.revision() == rev),
+        "one revision"
+    );
+    assert!(
+        r.revision() >= rev,
+        "header {} below events {rev}",
+        r.revision()
+    );
+    rev
 }
 
 /// The stream's response if one is ready now, without waiting.
@@ -140,9 +152,13 @@ async fn created(s: &mut WatchStream) -> i64 {
     r.revision()
 }
 
+/// The compact revision of a response that cancels a watch as compacted.
 fn is_compacted(r: &Result<Option<WatchResponse>>) -> Option<i64> {
     match r {
-        Err(Error::Compacted { compact_revision }) => Some(*compact_revision),
+        Ok(Some(resp)) if resp.canceled() && resp.compact_revision() > 0 => {
+            assert!(!resp.cancel_reason().is_empty(), "a reason: {resp:?}");
+            Some(resp.compact_revision())
+        }
         _ => None,
     }
 }

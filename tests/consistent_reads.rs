@@ -1,26 +1,16 @@
 //! Consistent (linearizable) reads from the cache against real etcd 3.4.23, which has
 //! etcd#15220: the cache must stay correct, only slower.
 
-mod support;
-
 use std::time::Duration;
 
-use etcd_cache::{Cache, Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
-use support::etcd::{EtcdOptions, EtcdServer};
-use support::proxy::TcpProxy;
+use etcd_cache::{Error, GetOptions, ProgressTrust, ReadFallback, WatchOptions};
+use testkit::{EtcdOptions, TcpProxy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(120), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/c/")
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(120), async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/c/")).await;
         assert!(
             !cache.stats().progress_trusted,
             "3.4.23 has etcd#15220 and must be detected"
@@ -66,8 +56,7 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
         );
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// etcd#15220: on 3.4.23 the first `RequestProgress` after a watch resumed from an old
@@ -75,20 +64,17 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
 /// every revision the cache reports must match etcd's data at that revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(120), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut direct = support::client(&[etcd.endpoint()]).await;
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(120), async {
+        let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
         let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let via_proxy = support::client(&[proxy.endpoint()]).await;
-        let cache = Cache::builder(via_proxy)
-            .prefix("/p/")
-            .backoff(Duration::from_millis(10), Duration::from_millis(50))
-            .progress_request_interval(Duration::from_millis(5))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
+        let cache = testkit::ready_cache(via_proxy, |b| {
+            b.prefix("/p/")
+                .backoff(Duration::from_millis(10), Duration::from_millis(50))
+                .progress_request_interval(Duration::from_millis(5))
+        })
+        .await;
         for round in 0..3 {
             // Cut the cache off, write a lot, let it resume from its old revision.
             proxy.set_refuse(true);
@@ -162,25 +148,20 @@ async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
         }
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_only_while_reads_wait() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(60), async {
         // Forced trust, so the requestor runs against the real server.
-        let cache = Cache::builder(client.clone())
-            .prefix("/q/")
-            .progress_trust(ProgressTrust::Always)
-            .progress_request_interval(Duration::from_millis(20))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| {
+            b.prefix("/q/")
+                .progress_trust(ProgressTrust::Always)
+                .progress_request_interval(Duration::from_millis(20))
+        })
+        .await;
         client.put("/q/a", "1", None).await.unwrap();
         for _ in 0..20 {
             client.put("/outside", "x", None).await.unwrap();
@@ -221,31 +202,22 @@ async fn progress_requests_only_while_reads_wait() {
         );
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_and_timeout_as_configured() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(60), async {
+        let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
         client.put("/t/a", "1", None).await.unwrap();
-        let strict = Cache::builder(client.clone())
-            .prefix("/t/")
-            .read_fallback(ReadFallback::Error)
-            .consistent_read_timeout(Duration::from_millis(200))
-            .build()
-            .await
-            .unwrap();
-        let lenient = Cache::builder(client.clone())
-            .prefix("/t/")
-            .build()
-            .await
-            .unwrap();
-        strict.wait_ready().await.unwrap();
-        lenient.wait_ready().await.unwrap();
+        let strict = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/t/")
+                .read_fallback(ReadFallback::Error)
+                .consistent_read_timeout(Duration::from_millis(200))
+        })
+        .await;
+        let lenient = testkit::ready_cache(client.clone(), |b| b.prefix("/t/")).await;
         client
             .put("/outside", "moves the revision", None)
             .await
@@ -271,8 +243,7 @@ async fn fallback_and_timeout_as_configured() {
         strict.close().await;
         lenient.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// Per-watch periodic progress notifications travel in order with the events and are
@@ -280,24 +251,19 @@ async fn fallback_and_timeout_as_configured() {
 /// consistent reads on a quiet prefix from memory, and local progress responses flow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_progress_serves_reads_on_buggy_servers() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(|| {
-            EtcdServer::start_with(
-                EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
-            )
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(60), async {
+        let (_etcd, mut client) = testkit::etcd_with_client(
+            EtcdOptions::default().progress_notify_interval(Duration::from_millis(100)),
+        )
+        .await;
+        client.put("/s/a", "1", None).await.unwrap();
+        let cache = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/s/")
+                .read_fallback(ReadFallback::Error)
+                .progress_notify_interval(Duration::from_millis(50))
         })
         .await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        client.put("/s/a", "1", None).await.unwrap();
-        let cache = Cache::builder(client.clone())
-            .prefix("/s/")
-            .read_fallback(ReadFallback::Error)
-            .progress_notify_interval(Duration::from_millis(50))
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
         let mut w = cache
             .watch(
                 "/s/",
@@ -329,8 +295,7 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
         assert!(r.is_progress_notify() && r.revision() >= rev);
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }
 
 /// A whole-keyspace cache: every range form with an empty key answers right after each
@@ -339,12 +304,9 @@ async fn periodic_progress_serves_reads_on_buggy_servers() {
 /// unit test `fallback_reads_send_the_range_start`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
-    support::init_tracing();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone()).build().await.unwrap();
-        cache.wait_ready().await.unwrap();
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(60), async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         for i in 1..=300i64 {
             client.put(format!("k{i:03}"), "v", None).await.unwrap();
             let all = cache
@@ -365,6 +327,5 @@ async fn fallback_reads_of_every_range_form_on_a_whole_keyspace_cache() {
         }
         cache.close().await;
     })
-    .await
-    .expect("test did not finish in time");
+    .await;
 }

@@ -1,23 +1,13 @@
 //! Tests of the test harness itself: real etcd processes, a three-member cluster, the
 //! fault-injecting TCP proxy and etcd's gRPC proxy.
 
-mod support;
-
-use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, WatchOptions};
-use support::etcd::{grpc_proxy, EtcdCluster, EtcdOptions, EtcdServer};
-use support::proxy::TcpProxy;
+use testkit::{grpc_proxy, EtcdCluster, EtcdOptions, EtcdServer, TcpProxy};
 
 /// Every test ends within this, even when something hangs.
 const TEST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(TEST_TIMEOUT, test)
-        .await
-        .expect("test did not finish in time");
-}
 
 async fn get_value(client: &mut Client, key: &str) -> Option<String> {
     let resp = client.get(key, None).await.expect("get");
@@ -28,11 +18,11 @@ async fn get_value(client: &mut Client, key: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_server_put_get() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         client.put("harness/a", "1", None).await.expect("put");
         assert_eq!(
             get_value(&mut client, "harness/a").await.as_deref(),
@@ -52,13 +42,13 @@ async fn single_server_put_get() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_restart_keep_data_and_ports() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let mut etcd = EtcdServer::start_with(
             EtcdOptions::default().progress_notify_interval(Duration::from_millis(200)),
         );
         let endpoint = etcd.endpoint();
-        let mut client = support::client(std::slice::from_ref(&endpoint)).await;
+        let mut client = testkit::client(std::slice::from_ref(&endpoint)).await;
         let put = client.put("harness/k", "before", None).await.expect("put");
         let revision = put.header().unwrap().revision();
 
@@ -74,7 +64,7 @@ async fn kill_and_restart_keep_data_and_ports() {
         etcd.restart();
         assert!(etcd.is_running());
         assert_eq!(etcd.endpoint(), endpoint, "restart keeps the ports");
-        let mut client = support::client(&[etcd.endpoint()]).await;
+        let mut client = testkit::client(&[etcd.endpoint()]).await;
         let resp = client
             .get("harness/k", None)
             .await
@@ -89,12 +79,12 @@ async fn kill_and_restart_keep_data_and_ports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_survives_leader_kill() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let mut cluster = EtcdCluster::start();
         let endpoints = cluster.endpoints();
         assert_eq!(endpoints.len(), 3);
-        let mut client = support::client(&endpoints).await;
+        let mut client = testkit::client(&endpoints).await;
         client.put("harness/c", "0", None).await.expect("put");
 
         let leader = cluster.leader();
@@ -136,7 +126,7 @@ async fn cluster_survives_leader_kill() {
 
         cluster.restart(killed);
         assert!(cluster.member_mut(killed).is_running());
-        let mut rejoined = support::client(&[cluster.member(killed).endpoint()]).await;
+        let mut rejoined = testkit::client(&[cluster.member(killed).endpoint()]).await;
         // A serializable read on the rejoined member catches up through raft.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
@@ -168,11 +158,11 @@ async fn cluster_survives_leader_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_drop_all_connections_ends_watch() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let mut client = support::client(&[proxy.endpoint()]).await;
+        let mut client = testkit::client(&[proxy.endpoint()]).await;
         let mut watch = client
             .watch("harness/w", Some(WatchOptions::new().with_prefix()))
             .await
@@ -184,7 +174,7 @@ async fn proxy_drop_all_connections_ends_watch() {
             .expect("a response");
         assert!(created.created());
 
-        let mut writer = support::client(&[etcd.endpoint()]).await;
+        let mut writer = testkit::client(&[etcd.endpoint()]).await;
         writer.put("harness/w/1", "x", None).await.unwrap();
         let event = tokio::time::timeout(Duration::from_secs(5), watch.message())
             .await
@@ -208,7 +198,7 @@ async fn proxy_drop_all_connections_ends_watch() {
         assert!(proxy.dropped() >= 1);
 
         // A fresh client through the same proxy works.
-        let mut fresh = support::client(&[proxy.endpoint()]).await;
+        let mut fresh = testkit::client(&[proxy.endpoint()]).await;
         assert_eq!(
             get_value(&mut fresh, "harness/w/1").await.as_deref(),
             Some("x")
@@ -221,11 +211,11 @@ async fn proxy_drop_all_connections_ends_watch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_blackhole_stalls_then_resumes() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.endpoint()).await;
-        let mut client = support::client(&[proxy.endpoint()]).await;
+        let mut client = testkit::client(&[proxy.endpoint()]).await;
         client.put("harness/b", "1", None).await.unwrap();
         let connections = proxy.accepted();
 
@@ -253,11 +243,11 @@ async fn proxy_blackhole_stalls_then_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuse_rejects_new_connections_only() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = TcpProxy::start(etcd.endpoint()).await;
-        let mut client = support::client(&[proxy.endpoint()]).await;
+        let mut client = testkit::client(&[proxy.endpoint()]).await;
 
         proxy.set_refuse(true);
         // The existing connection still works.
@@ -281,7 +271,7 @@ async fn proxy_refuse_rejects_new_connections_only() {
         assert!(proxy.refused() >= 1);
 
         proxy.set_refuse(false);
-        let mut fresh = support::client(&[proxy.endpoint()]).await;
+        let mut fresh = testkit::client(&[proxy.endpoint()]).await;
         assert_eq!(
             get_value(&mut fresh, "harness/r").await.as_deref(),
             Some("1")
@@ -292,17 +282,17 @@ async fn proxy_refuse_rejects_new_connections_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_proxy_forwards() {
-    support::init_tracing();
-    bounded(async {
+    testkit::init_tracing();
+    testkit::bounded(TEST_TIMEOUT, async {
         let etcd = EtcdServer::start();
         let proxy = grpc_proxy(&[etcd.endpoint()]);
         assert!(proxy.pid().is_some());
-        let mut client = support::client(&[proxy.endpoint()]).await;
+        let mut client = testkit::client(&[proxy.endpoint()]).await;
         client
             .put("harness/p", "via-proxy", None)
             .await
             .expect("put via grpc-proxy");
-        let mut direct = support::client(&[etcd.endpoint()]).await;
+        let mut direct = testkit::client(&[etcd.endpoint()]).await;
         assert_eq!(
             get_value(&mut direct, "harness/p").await.as_deref(),
             Some("via-proxy")

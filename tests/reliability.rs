@@ -12,14 +12,11 @@
 //! The `#[ignore]`d `soak` test loops over every fault for `ETCD_CACHE_SOAK_SECS`
 //! seconds (default 600): `cargo xtask soak --duration 600`.
 
-mod support;
-
 #[path = "reliability/checker.rs"]
 mod checker;
 #[path = "reliability/run.rs"]
 mod run;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,19 +27,12 @@ use tokio::time::{sleep, Instant};
 
 use checker::{Class, Violation};
 use run::{connect, seed, Cfg, Run, Summary};
-use support::etcd::{EtcdCluster, EtcdOptions, EtcdServer};
-use support::proxy::TcpProxy;
+use testkit::{EtcdCluster, EtcdOptions, EtcdServer, TcpProxy};
 
 /// How long the workload runs under faults in the default (short) run.
 const SHORT: Duration = Duration::from_secs(12);
 /// Slack on top of the workload for start, heal, drain and check.
 const SLACK: Duration = Duration::from_secs(150);
-
-async fn bounded<F: Future<Output = Summary>>(dur: Duration, f: F) -> Summary {
-    tokio::time::timeout(dur + SLACK, f)
-        .await
-        .expect("reliability test did not finish in time")
-}
 
 fn etcd_options() -> EtcdOptions {
     EtcdOptions::default().progress_notify_interval(Duration::from_millis(500))
@@ -58,7 +48,7 @@ fn rand_dur(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
 
 /// kill -9 and restart a single etcd in the middle of a write burst, repeatedly.
 async fn kill9_single(seed: u64, dur: Duration) -> Summary {
-    let etcd = support::blocking(|| EtcdServer::start_with(etcd_options())).await;
+    let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let ep = etcd.endpoint();
     let etcd = Arc::new(std::sync::Mutex::new(etcd));
     let client = connect(std::slice::from_ref(&ep)).await;
@@ -69,11 +59,11 @@ async fn kill9_single(seed: u64, dur: Duration) -> Summary {
     while Instant::now() < end {
         sleep(rand_dur(&mut rng, 300, 1500)).await;
         let e = etcd.clone();
-        support::blocking(move || e.lock().unwrap().kill()).await;
+        testkit::blocking(move || e.lock().unwrap().kill()).await;
         run.faults += 1;
         sleep(rand_dur(&mut rng, 200, 1500)).await;
         let e = etcd.clone();
-        support::blocking(move || e.lock().unwrap().restart()).await;
+        testkit::blocking(move || e.lock().unwrap().restart()).await;
     }
     sleep(Duration::from_secs(1)).await;
     let s = run.finish().await;
@@ -84,7 +74,7 @@ async fn kill9_single(seed: u64, dur: Duration) -> Summary {
 /// Three members: kill the member carrying the cache's watch, restart it, then kill the
 /// leader and restart it, while writes continue through the survivors.
 async fn cluster_failover(seed: u64, dur: Duration) -> Summary {
-    let cluster = support::blocking(|| EtcdCluster::start_with(etcd_options())).await;
+    let cluster = testkit::blocking(|| EtcdCluster::start_with(etcd_options())).await;
     let direct = cluster.endpoints();
     let cluster = Arc::new(std::sync::Mutex::new(cluster));
     // One forwarder per member, only to see which member the cache's watch uses.
@@ -123,7 +113,7 @@ async fn cluster_failover(seed: u64, dur: Duration) -> Summary {
             watched
         } else {
             let c = cluster.clone();
-            support::blocking(move || c.lock().unwrap().leader()).await
+            testkit::blocking(move || c.lock().unwrap().leader()).await
         };
         println!(
             "cluster_failover: kill -9 member {victim} ({})",
@@ -135,11 +125,11 @@ async fn cluster_failover(seed: u64, dur: Duration) -> Summary {
         );
         run.set_direct(without(victim));
         let c = cluster.clone();
-        support::blocking(move || c.lock().unwrap().kill(victim)).await;
+        testkit::blocking(move || c.lock().unwrap().kill(victim)).await;
         run.faults += 1;
         sleep(quarter).await;
         let c = cluster.clone();
-        support::blocking(move || c.lock().unwrap().restart(victim)).await;
+        testkit::blocking(move || c.lock().unwrap().restart(victim)).await;
         run.set_direct(direct.clone());
         sleep(quarter).await;
     }
@@ -152,7 +142,7 @@ async fn cluster_failover(seed: u64, dur: Duration) -> Summary {
 /// A forwarder between the cache and etcd drops every connection, black-holes traffic
 /// for a while, or refuses new connections for a while.
 async fn proxy_faults(seed: u64, dur: Duration) -> Summary {
-    let etcd = support::blocking(|| EtcdServer::start_with(etcd_options())).await;
+    let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let proxy = TcpProxy::start(etcd.client_addr()).await;
     let client = connect(&[proxy.endpoint()]).await;
     let mut cfg = Cfg::new("proxy_drops_and_blackholes", seed);
@@ -194,7 +184,7 @@ async fn proxy_faults(seed: u64, dur: Duration) -> Summary {
 /// Compaction while the cache is disconnected: its resume revision is gone, it must
 /// re-list; subscribers continue or end with Compacted, never with a silent gap.
 async fn compaction_while_disconnected(seed: u64, dur: Duration) -> Summary {
-    let etcd = support::blocking(|| EtcdServer::start_with(etcd_options())).await;
+    let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let proxy = TcpProxy::start(etcd.client_addr()).await;
     let client = connect(&[proxy.endpoint()]).await;
     let mut cfg = Cfg::new("compaction_while_disconnected", seed);
@@ -247,7 +237,7 @@ async fn compaction_while_disconnected(seed: u64, dur: Duration) -> Summary {
 /// Capacity-1 subscribers: stuck (never polled), slow (one message a second) next to
 /// fast ones, with a small history window.
 async fn slow_and_stuck(seed: u64, dur: Duration) -> Summary {
-    let etcd = support::blocking(|| EtcdServer::start_with(etcd_options())).await;
+    let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let client = connect(&[etcd.endpoint()]).await;
     let mut cfg = Cfg::new("slow_and_stuck_subscribers", seed);
     cfg.subscriber_buffer = 1;
@@ -277,7 +267,7 @@ async fn slow_and_stuck(seed: u64, dur: Duration) -> Summary {
 /// while subscribers are checked.
 async fn bad_input(seed: u64, dur: Duration) -> Summary {
     const LIMIT: usize = 24;
-    let etcd = support::blocking(|| EtcdServer::start_with(etcd_options())).await;
+    let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let client = connect(&[etcd.endpoint()]).await;
     let mut cfg = Cfg::new("bad_input", seed);
     cfg.churn_every = None;
@@ -486,16 +476,22 @@ async fn bad_input(seed: u64, dur: Duration) -> Summary {
                 )
                 .await
             {
-                Ok(mut s) => match s.message().await {
-                    Err(Error::Compacted { compact_revision }) if compact_revision > 1 => {
-                        if !matches!(s.message().await, Ok(None)) {
-                            bad.push("a compacted watch did not end after Compacted".into());
-                        }
+                Ok(mut s) => {
+                    let created = s.message().await;
+                    if !matches!(&created, Ok(Some(r)) if r.created()) {
+                        bad.push(format!("watch from 1: want created first, got {created:?}"));
                     }
-                    other => bad.push(format!(
-                        "watch from 1 (floor {floor}): want Compacted, got {other:?}"
-                    )),
-                },
+                    match s.message().await {
+                        Ok(Some(r)) if r.canceled() && r.compact_revision() > 1 => {
+                            if !matches!(s.message().await, Ok(None)) {
+                                bad.push("a compacted watch did not end after its canceled response".into());
+                            }
+                        }
+                        other => bad.push(format!(
+                            "watch from 1 (floor {floor}): want canceled with compact_revision, got {other:?}"
+                        )),
+                    }
+                }
                 Err(e) => bad.push(format!(
                     "watch from 1: want a stream that yields Compacted, got {e}"
                 )),
@@ -622,38 +618,38 @@ async fn bad_input(seed: u64, dur: Duration) -> Summary {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_single_etcd_mid_write_burst() {
-    support::init_tracing();
-    bounded(SHORT, kill9_single(seed(), SHORT)).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, kill9_single(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_kill_watched_member_then_leader() {
-    support::init_tracing();
-    bounded(SHORT, cluster_failover(seed(), SHORT)).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, cluster_failover(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_connection_drops_and_blackholes() {
-    support::init_tracing();
-    bounded(SHORT, proxy_faults(seed(), SHORT)).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, proxy_faults(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_cache_disconnected() {
-    support::init_tracing();
-    bounded(SHORT, compaction_while_disconnected(seed(), SHORT)).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, compaction_while_disconnected(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_stuck_subscribers_next_to_fast_ones() {
-    support::init_tracing();
-    bounded(SHORT, slow_and_stuck(seed(), SHORT)).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, slow_and_stuck(seed(), SHORT)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_at_a_live_cache() {
-    support::init_tracing();
-    bounded(SHORT, bad_input(seed(), Duration::from_secs(5))).await;
+    testkit::init_tracing();
+    testkit::bounded(SHORT + SLACK, bad_input(seed(), Duration::from_secs(5))).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -664,7 +660,7 @@ async fn bad_input_at_a_live_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long soak: `cargo xtask soak` (ETCD_CACHE_SOAK_SECS)"]
 async fn soak() {
-    support::init_tracing();
+    testkit::init_tracing();
     let secs: u64 = std::env::var("ETCD_CACHE_SOAK_SECS")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -681,13 +677,14 @@ async fn soak() {
             .min(Duration::from_secs(60))
             .max(Duration::from_secs(5));
         let seed = base.wrapping_add(round);
+        let limit = dur + SLACK;
         let s = match round % 6 {
-            0 => bounded(dur, kill9_single(seed, dur)).await,
-            1 => bounded(dur, cluster_failover(seed, dur)).await,
-            2 => bounded(dur, proxy_faults(seed, dur)).await,
-            3 => bounded(dur, compaction_while_disconnected(seed, dur)).await,
-            4 => bounded(dur, slow_and_stuck(seed, dur)).await,
-            _ => bounded(dur, bad_input(seed, dur.min(Duration::from_secs(20)))).await,
+            0 => testkit::bounded(limit, kill9_single(seed, dur)).await,
+            1 => testkit::bounded(limit, cluster_failover(seed, dur)).await,
+            2 => testkit::bounded(limit, proxy_faults(seed, dur)).await,
+            3 => testkit::bounded(limit, compaction_while_disconnected(seed, dur)).await,
+            4 => testkit::bounded(limit, slow_and_stuck(seed, dur)).await,
+            _ => testkit::bounded(limit, bad_input(seed, dur.min(Duration::from_secs(20)))).await,
         };
         summaries.push(s);
         round += 1;

@@ -1,37 +1,16 @@
-//! Integration tests of the watch cache against a real etcd (issue: the watch cache).
+//! Integration tests of the watch cache against a real etcd: the paged load, following,
+//! replay, filters, limits and bad input, and reads and watches of every form against etcd's.
 
-mod support;
-
-use std::future::Future;
 use std::time::Duration;
 
 use etcd_cache::{
     Cache, Error, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
     WatchResponse, WatchStream,
 };
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use support::etcd::EtcdServer;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use testkit::EtcdOptions;
 
 const LIMIT: Duration = Duration::from_secs(90);
-
-async fn bounded<F: Future<Output = ()>>(f: F) {
-    tokio::time::timeout(LIMIT, f)
-        .await
-        .expect("test did not finish in time");
-}
-
-async fn cache_on(client: &Client, prefix: &str) -> Cache {
-    let cache = Cache::builder(client.clone())
-        .prefix(prefix)
-        .build()
-        .await
-        .unwrap();
-    cache
-        .wait_ready_timeout(Duration::from_secs(20))
-        .await
-        .unwrap();
-    cache
-}
 
 /// The next response with events (skipping `created` and progress).
 async fn next_events(s: &mut WatchStream) -> WatchResponse {
@@ -56,10 +35,9 @@ fn keys(r: &WatchResponse) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_follow_replay_txn_prevkv_filters() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
         for i in 0..25 {
             client
                 .put(format!("/app/pre{i:02}"), format!("v{i}"), None)
@@ -201,7 +179,12 @@ async fn load_follow_replay_txn_prevkv_filters() {
             .await
             .unwrap();
         for want in [r2, r3, r4] {
-            assert_eq!(next_events(&mut replay).await.revision(), want);
+            let r = next_events(&mut replay).await;
+            assert_eq!(r.events()[0].revision(), want);
+            assert!(
+                r.revision() >= want,
+                "the header is at least the events' revision"
+            );
         }
         let r5 = client
             .put("/app/live", "1", None)
@@ -240,18 +223,10 @@ async fn load_follow_replay_txn_prevkv_filters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compacted_start_revision_and_bad_input() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/app/")
-            .history_window(4)
-            .max_watchers(3)
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client, cache) =
+            testkit::cache_on_etcd(|b| b.prefix("/app/").history_window(4).max_watchers(3)).await;
         let mut live = cache
             .watch("/app/", Some(WatchOptions::new().with_prefix()))
             .await
@@ -285,13 +260,15 @@ async fn compacted_start_revision_and_bad_input() {
             )
             .await
             .unwrap();
+        // As etcd: created, then canceled with the compact revision, then the end.
+        assert!(old.message().await.unwrap().unwrap().created());
         match old.message().await {
-            Err(Error::Compacted { compact_revision }) => assert_eq!(compact_revision, floor),
-            other => panic!("expected Compacted, got {other:?}"),
+            Ok(Some(r)) if r.canceled() => assert_eq!(r.compact_revision(), floor),
+            other => panic!("expected a canceled response, got {other:?}"),
         }
         assert!(
             old.message().await.unwrap().is_none(),
-            "stream ends after Compacted"
+            "stream ends after the compaction signal"
         );
         drop(old);
 
@@ -375,7 +352,7 @@ async fn compacted_start_revision_and_bad_input() {
             s1.message().await.unwrap().is_none(),
             "scope drop ends its streams"
         );
-        assert_eq!(cache.watcher_count(), 2);
+        assert_eq!(cache.watcher_count(), 1, "an ended watch frees its slot");
         drop(s1);
         assert_eq!(cache.watcher_count(), 1);
 
@@ -403,18 +380,14 @@ async fn compacted_start_revision_and_bad_input() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let client = support::client(&[etcd.endpoint()]).await;
-        let cache = Cache::builder(client.clone())
-            .prefix("/burst/")
-            .subscriber_buffer(1)
-            .history_window(20_000)
-            .build()
-            .await
-            .unwrap();
-        cache.wait_ready().await.unwrap();
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, client, cache) = testkit::cache_on_etcd(|b| {
+            b.prefix("/burst/")
+                .subscriber_buffer(1)
+                .history_window(20_000)
+        })
+        .await;
         let start = cache.revision();
         let mut slow = cache
             .watch("/burst/", Some(WatchOptions::new().with_prefix()))
@@ -458,11 +431,9 @@ async fn capacity_one_subscriber_gets_every_revision_of_a_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_equals_etcd_for_every_form() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "").await;
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         for i in 0..40 {
             client
                 .put(
@@ -558,11 +529,9 @@ async fn get_equals_etcd_for_every_form() {
 /// even when the cache has not applied it yet (etcd's semantics for start revision 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_now_skips_writes_completed_before_it() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "/now/").await;
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/now/")).await;
         for i in 0..100 {
             let before = client
                 .put("/now/k", format!("before-{i}"), None)
@@ -715,11 +684,9 @@ impl Form {
 /// ranges) deliver exactly what a direct etcd watch of the same form delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
-    support::init_tracing();
-    bounded(async {
-        let etcd = support::blocking(EtcdServer::start).await;
-        let mut client = support::client(&[etcd.endpoint()]).await;
-        let cache = cache_on(&client, "").await;
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b).await;
         let forms: Vec<(&str, WatchOptions, etcd_client::WatchOptions)> = vec![
             (
                 "",

@@ -1,28 +1,8 @@
-//! Helpers shared by the end-to-end benchmarks (`mod common;`): connecting to etcd and
-//! reading `/proc`.
+//! Helpers shared by the end-to-end benchmarks (`mod common;`): reading `/proc` and the
+//! quick-mode switch. Their etcd and clients come from `testkit`.
 #![allow(dead_code)]
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-
-/// Connects to `ep`, retrying for up to 10 s until a `status` call answers.
-pub(crate) async fn connect(ep: &str) -> Result<etcd_client::Client, String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let err = match etcd_client::Client::connect([ep], None).await {
-            Ok(mut c) => match tokio::time::timeout(Duration::from_secs(2), c.status()).await {
-                Ok(Ok(_)) => return Ok(c),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "timeout".into(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(format!("cannot connect to {ep}: {err}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Clock ticks per second (`getconf CLK_TCK`, 100 if unknown), for `/proc/*/stat` times.
 pub(crate) fn clk_tck() -> f64 {

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use tokio_test::{assert_pending, assert_ready, task};
 
-use super::scripted::{del, put, ListCall, ScriptedUpstream};
 use super::*;
-use crate::get::GetOptions;
 use crate::key_range::KeyRange;
+use crate::read::GetOptions;
+use crate::upstream::fake::{del, put, FakeUpstream, ListCall};
 use crate::watch::WatchOptions;
 
 async fn values(cache: &Cache) -> Vec<(String, String)> {
@@ -29,7 +29,7 @@ async fn values(cache: &Cache) -> Vec<(String, String)> {
 #[tokio::test(start_paused = true)]
 async fn load_pages_at_first_revision_then_watch_from_next() {
     let data = keys(5);
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &refs(&data), 40);
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &refs(&data), 40);
     let cfg = Config {
         page_size: 2,
         ..config()
@@ -266,16 +266,22 @@ async fn replay_from_window_then_live() {
         )
         .await
         .unwrap();
-    created(&mut s).await;
+    assert_eq!(created(&mut s).await, 15, "created at the cache's revision");
     let r = next(&mut s).await.unwrap().unwrap();
-    assert_eq!(r.revision(), 13);
+    assert_eq!(r.events()[0].revision(), 13);
+    assert_eq!(
+        r.revision(),
+        15,
+        "a replay reports the stream's revision, as etcd"
+    );
     assert_eq!(r.events()[0].prev_kv().unwrap().value(), b"v12");
     assert_eq!(next_rev(&mut s).await, 14);
     assert_eq!(next_rev(&mut s).await, 15);
     h.watch.events(vec![put("/app/a", "v16", 11, 16, 6)]);
     assert_eq!(next_rev(&mut s).await, 16);
-    // Below the window: Compacted, then the end.
+    // Below the window: created, canceled as compacted, then the end.
     let mut old = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(10)).await;
+    created(&mut old).await;
     assert_eq!(is_compacted(&next(&mut old).await), Some(11));
     assert!(next(&mut old).await.unwrap().is_none());
 }
@@ -460,6 +466,7 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     assert!(next(&mut current).await.unwrap().is_none());
     // A new watch inside the lost span is compacted too.
     let mut lost = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(20)).await;
+    created(&mut lost).await;
     assert_eq!(is_compacted(&next(&mut lost).await), Some(26));
 
     w.created();
@@ -472,8 +479,8 @@ async fn compacted_resume_relists_and_compacts_only_the_behind() {
     assert_eq!(h.cache.stats().lists, 2);
     assert_eq!(
         h.cache.watcher_count(),
-        4,
-        "ended streams keep their slot until dropped"
+        2,
+        "a watch frees its slot when it ends, not when its stream is dropped"
     );
     drop((current, lost));
     assert_eq!(h.cache.watcher_count(), 2);
@@ -505,7 +512,7 @@ async fn not_ready_while_relisting() {
 /// created and deleted in the gap) and a prefix are compacted.
 #[tokio::test(start_paused = true)]
 async fn relist_keeps_single_keys_that_provably_did_not_change() {
-    use super::scripted::kv;
+    use crate::upstream::fake::kv;
     let mut h = ready(
         config(),
         &["3.5.13"],
@@ -550,7 +557,7 @@ async fn relist_keeps_single_keys_that_provably_did_not_change() {
 #[tokio::test(start_paused = true)]
 async fn failed_list_page_restarts_the_list() {
     let data = keys(5);
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &refs(&data), 40);
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &refs(&data), 40);
     up.failing_lists.lock().push(1);
     let cfg = Config {
         page_size: 2,
@@ -589,11 +596,12 @@ async fn failed_list_page_restarts_the_list() {
     assert_eq!(assert_ready!(get.poll()).unwrap().kvs().len(), 5);
 }
 
-/// A watch opened before the first snapshot waits for it and then starts at its
-/// revision; one that waits longer than the consistent-read timeout is refused.
+/// A watch opened before the first snapshot is refused at once with `NotReady` (the
+/// cache never waits for its first load on a caller's behalf; `wait_ready` does), and
+/// frees its slot; after the load it starts at the snapshot's revision.
 #[tokio::test(start_paused = true)]
-async fn watch_before_load_waits_for_the_snapshot() {
-    let (up, mut watches) = ScriptedUpstream::new(&["3.5.13"], &[], 40);
+async fn watch_before_load_is_refused_at_once() {
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[], 40);
     up.pause_lists(true);
     let cfg = Config {
         consistent_read_timeout: Duration::from_secs(1),
@@ -603,17 +611,17 @@ async fn watch_before_load_waits_for_the_snapshot() {
     let t0 = tokio::time::Instant::now();
     let e = cache.watch(PREFIX, prefix_opts()).await.unwrap_err();
     assert!(matches!(e, crate::Error::NotReady), "{e:?}");
-    assert_eq!(t0.elapsed(), Duration::from_secs(1));
+    assert_eq!(t0.elapsed(), Duration::ZERO);
     assert_eq!(cache.watcher_count(), 0, "the refused watch freed its slot");
 
-    let mut pending = task::spawn(cache.watch(PREFIX, prefix_opts()));
+    let mut pending = task::spawn(cache.wait_ready());
     assert_pending!(pending.poll());
     up.pause_lists(false);
     let w = next_watch(&mut watches).await;
-    assert!(pending.is_woken());
-    let mut s = assert_ready!(pending.poll()).unwrap();
-    assert_eq!(created(&mut s).await, 40);
     w.created();
+    within(pending).await.unwrap();
+    let mut s = cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    assert_eq!(created(&mut s).await, 40);
     w.events(vec![put("/app/a", "1", 41, 41, 1)]);
     assert_eq!(next_rev(&mut s).await, 41);
 }

@@ -6,10 +6,10 @@ use std::time::Duration;
 use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready, task};
 
-use super::scripted::put;
 use super::*;
 use crate::config::{ProgressTrust, ReadFallback};
-use crate::get::GetOptions;
+use crate::read::GetOptions;
+use crate::upstream::fake::put;
 use crate::watch::WatchOptions;
 
 /// 6. A `RequestProgress` answer moves the cache only on fixed servers; per-watch

@@ -1,8 +1,8 @@
 //! Slow subscribers, limits, scopes, shutdown and bad input.
 
-use super::scripted::put;
 use super::*;
-use crate::get::GetOptions;
+use crate::read::GetOptions;
+use crate::upstream::fake::put;
 use crate::watch::WatchOptions;
 
 /// Pushes revisions `from..=to` (a put of `/app/a` each, and of `/app/b` as well in
@@ -438,7 +438,7 @@ async fn invalid_config_is_refused() {
             ..config()
         },
     ] {
-        let (up, mut watches) = scripted::ScriptedUpstream::new(&["3.5.13"], &[], 1);
+        let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[], 1);
         let e = Cache::start(cfg, up.clone()).unwrap_err();
         assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
         settle().await;

@@ -429,6 +429,10 @@ pub struct SubLog {
     pub spec: SubSpec,
     pub responses: Vec<Resp>,
     pub end: End,
+    /// The highest header revision seen on the stream.
+    pub last_header: i64,
+    /// Header revisions that went down, or fell below their events' revision.
+    pub header_violations: Vec<String>,
 }
 
 /// One violation, with enough context to replay it.
@@ -473,6 +477,9 @@ pub fn check_sub(
             detail: format!("{d}; spec {spec:?}"),
         })
     };
+    for h in &log.header_violations {
+        v("ordered", h.clone());
+    }
     if let End::OpenFailed(e) = &log.end {
         v(
             "resumable",
@@ -823,6 +830,8 @@ mod self_test {
             spec: spec(prev),
             responses,
             end,
+            last_header: 0,
+            header_violations: Vec::new(),
         };
         let mut out = Vec::new();
         check_sub(&log, &truth(), 6, &mut out);

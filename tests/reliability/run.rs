@@ -43,27 +43,17 @@ pub fn seed() -> u64 {
 }
 
 /// A client with short keep-alives (so a stalled connection is noticed in ~2 s),
-/// retried until a status call answers.
+/// retried for up to 20 s until a status call answers.
 pub async fn connect(endpoints: &[String]) -> etcd_client::Client {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(1))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
-            .with_keep_alive_while_idle(true);
-        if let Ok(Ok(mut c)) = timeout(
-            Duration::from_secs(3),
-            etcd_client::Client::connect(endpoints, Some(opts)),
-        )
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .with_keep_alive_while_idle(true);
+    testkit::Connect::new()
+        .options(options)
+        .retry_for(Duration::from_secs(20))
+        .client(endpoints)
         .await
-        {
-            if let Ok(Ok(_)) = timeout(Duration::from_secs(2), c.status()).await {
-                return c;
-            }
-        }
-        assert!(Instant::now() < deadline, "cannot connect to {endpoints:?}");
-        sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The knobs of one run.
@@ -575,20 +565,43 @@ fn record(
 ) -> Option<End> {
     match m {
         Ok(Some(r)) => {
+            // The header revision never goes down on a stream, and is at least the
+            // revision of the events it carries.
+            let header = r.header().map_or(0, |h| h.revision());
+            if header != r.revision() || header < log.last_header {
+                log.header_violations.push(format!(
+                    "header revision {header} (revision() {}) after {}",
+                    r.revision(),
+                    log.last_header
+                ));
+            }
+            log.last_header = log.last_header.max(header);
+            if r.canceled() {
+                return Some(if r.compact_revision() > 0 {
+                    End::Compacted(r.compact_revision())
+                } else {
+                    End::Error(format!("canceled: {}", r.cancel_reason()))
+                });
+            }
             if r.created() {
                 log.responses.push(Resp::Created(r.revision()));
             } else if r.is_progress_notify() {
                 log.responses.push(Resp::Progress(r.revision()));
             } else {
+                let revision = r.events().first().map_or(0, |e| e.revision());
+                if header < revision {
+                    log.header_violations.push(format!(
+                        "header revision {header} below its events' {revision}"
+                    ));
+                }
                 log.responses.push(Resp::Events(
-                    r.revision(),
+                    revision,
                     r.events().iter().map(Ev::from_cache).collect(),
                 ));
             }
             None
         }
         Ok(None) => Some(End::Ended),
-        Err(Error::Compacted { compact_revision }) => Some(End::Compacted(compact_revision)),
         Err(e) => Some(End::Error(e.to_string())),
     }
 }
@@ -599,6 +612,8 @@ async fn subscriber(cache: Cache, spec: SubSpec, mut drain: watch::Receiver<i64>
         spec: spec.clone(),
         responses: Vec::new(),
         end: End::Drained,
+        last_header: 0,
+        header_violations: Vec::new(),
     };
     let mut stream = match cache.watch(spec.key.clone(), Some(spec.options())).await {
         Ok(s) => s,

@@ -1,34 +1,33 @@
-//! Real etcd processes for tests, examples and benchmarks.
-//!
-//! Self-contained: std and `tempfile` only, so that examples and benches can include it with
-//! `#[path = "../tests/support/etcd.rs"] mod etcd;`.
+//! One etcd process on loopback: start, kill, restart, logs.
 //!
 //! Every server listens on 127.0.0.1 with free ports picked at random, keeps its data in a
 //! temporary directory and its stdout/stderr in `etcd.log` next to the data, and is killed
 //! (SIGKILL) when dropped. All calls here block the calling thread (they wait for `/health`);
-//! from an async test use a multi-threaded runtime or `tokio::task::spawn_blocking`.
+//! from an async test use a multi-threaded runtime or [`blocking`](crate::blocking).
 //!
-//! ```ignore
+//! ```no_run
+//! # use testkit::EtcdServer;
 //! let mut etcd = EtcdServer::start();
 //! let endpoint = etcd.endpoint(); // "http://127.0.0.1:PORT"
 //! etcd.kill(); // kill -9
 //! etcd.restart(); // same ports, same data dir, waits until healthy
 //! ```
-#![allow(dead_code, unreachable_pub)]
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::http::{is_healthy, member_status, MemberStatus};
+
 /// How many times a start is retried when a freshly picked port turns out to be taken.
-const START_ATTEMPTS: usize = 5;
+pub(crate) const START_ATTEMPTS: usize = 5;
 /// How long `/health` may take to answer `true` after a start, unless overridden.
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of etcd's log printed when a start fails.
-const LOG_TAIL_LINES: usize = 40;
+pub(crate) const LOG_TAIL_LINES: usize = 40;
 
 /// The etcd binary: `$ETCD_BIN` when set, otherwise `etcd` on `PATH`.
 ///
@@ -69,7 +68,7 @@ pub fn free_port() -> u16 {
         .expect("cannot bind 127.0.0.1:0 to find a free port")
 }
 
-/// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`].
+/// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`](crate::EtcdCluster::start_with).
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
     /// `--experimental-watch-progress-notify-interval` (etcd's default is 10 minutes).
@@ -143,14 +142,14 @@ impl EtcdOptions {
 }
 
 /// Why a start did not give a healthy server.
-enum StartError {
+pub(crate) enum StartError {
     /// The process exited and its log says a port was taken: pick new ports and retry.
     PortInUse(String),
     /// Anything else; the message includes the log tail.
     Failed(String),
 }
 
-/// One etcd process (a single-member cluster, or one member of an [`EtcdCluster`]).
+/// One etcd process (a single-member cluster, or one member of an [`EtcdCluster`](crate::EtcdCluster)).
 ///
 /// Killed with SIGKILL when dropped; its temporary directory is removed then.
 #[derive(Debug)]
@@ -197,7 +196,7 @@ impl EtcdServer {
         panic!("etcd could not start after {START_ATTEMPTS} attempts (ports in use): {last}");
     }
 
-    fn new(
+    pub(crate) fn new(
         name: &str,
         client_port: u16,
         peer_port: u16,
@@ -238,7 +237,7 @@ impl EtcdServer {
     }
 
     /// Starts the process (does not wait for health).
-    fn spawn(&mut self) -> Result<(), StartError> {
+    pub(crate) fn spawn(&mut self) -> Result<(), StartError> {
         assert!(
             self.child.is_none(),
             "etcd {} is already running",
@@ -276,7 +275,7 @@ impl EtcdServer {
     }
 
     /// Waits until `/health` says true, the process exits, or `timeout` passes.
-    fn wait_healthy_inner(&mut self, timeout: Duration) -> Result<(), StartError> {
+    pub(crate) fn wait_healthy_inner(&mut self, timeout: Duration) -> Result<(), StartError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(child) = self.child.as_mut() {
@@ -394,7 +393,7 @@ impl EtcdServer {
     /// healthy. Kills it first if it is still running.
     ///
     /// In a cluster, a restarted member is healthy only once a quorum is up; use
-    /// [`EtcdCluster::restart_all`] to bring back several members at once.
+    /// [`EtcdCluster::restart_all`](crate::EtcdCluster::restart_all) to bring back several members at once.
     pub fn restart(&mut self) {
         self.kill();
         let mut last = String::new();
@@ -417,7 +416,7 @@ impl EtcdServer {
     }
 
     /// Spawns the process again without waiting for health (for cluster restarts).
-    fn respawn_no_wait(&mut self) {
+    pub(crate) fn respawn_no_wait(&mut self) {
         self.kill();
         if let Err(StartError::PortInUse(msg) | StartError::Failed(msg)) = self.spawn() {
             panic!("{msg}");
@@ -436,427 +435,8 @@ impl Drop for EtcdServer {
     }
 }
 
-/// What `/v3/maintenance/status` says about one member.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    /// This member's id.
-    pub member_id: u64,
-    /// The leader's member id (0 when there is none).
-    pub leader: u64,
-    /// The member's current store revision.
-    pub revision: i64,
-    /// The raft term.
-    pub raft_term: u64,
-    /// The server version, e.g. `3.4.23`.
-    pub version: String,
-}
-
-/// Three etcd members on loopback, a static `--initial-cluster`.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    members: Vec<EtcdServer>,
-}
-
-impl EtcdCluster {
-    /// Number of members.
-    pub const SIZE: usize = 3;
-
-    /// Starts three members with default options and waits until all are healthy.
-    pub fn start() -> EtcdCluster {
-        Self::start_with(EtcdOptions::default())
-    }
-
-    /// Starts three members with `opts` and waits until all are healthy.
-    pub fn start_with(opts: EtcdOptions) -> EtcdCluster {
-        let mut last = String::new();
-        'attempt: for _ in 0..START_ATTEMPTS {
-            let ports: Vec<(u16, u16)> = (0..Self::SIZE)
-                .map(|_| (free_port(), free_port()))
-                .collect();
-            let initial_cluster = ports
-                .iter()
-                .enumerate()
-                .map(|(i, (_, peer))| format!("etcd{i}=http://127.0.0.1:{peer}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            let mut members: Vec<EtcdServer> = ports
-                .iter()
-                .enumerate()
-                .map(|(i, &(client, peer))| {
-                    EtcdServer::new(&format!("etcd{i}"), client, peer, &initial_cluster, &opts)
-                })
-                .collect();
-            for m in &mut members {
-                if let Err(StartError::PortInUse(msg) | StartError::Failed(msg)) = m.spawn() {
-                    panic!("{msg}");
-                }
-            }
-            for i in 0..members.len() {
-                match members[i].wait_healthy_inner(opts.start_timeout) {
-                    Ok(()) => {}
-                    Err(StartError::PortInUse(msg)) => {
-                        last = msg;
-                        continue 'attempt; // `members` dropped: all killed
-                    }
-                    Err(StartError::Failed(msg)) => {
-                        let others: String = members
-                            .iter()
-                            .enumerate()
-                            .filter(|&(j, _)| j != i)
-                            .map(|(_, m)| format!("\n--- log of {}:\n{}", m.name, m.log_tail(15)))
-                            .collect();
-                        panic!("etcd cluster failed to start: {msg}{others}");
-                    }
-                }
-            }
-            return EtcdCluster { members };
-        }
-        panic!(
-            "etcd cluster could not start after {START_ATTEMPTS} attempts (ports in use): {last}"
-        );
-    }
-
-    /// Client URLs of all members, in member order (including stopped ones).
-    pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(EtcdServer::endpoint).collect()
-    }
-
-    /// Client URLs of the members that are running now.
-    pub fn running_endpoints(&mut self) -> Vec<String> {
-        self.members
-            .iter_mut()
-            .filter_map(|m| m.is_running().then(|| m.endpoint()))
-            .collect()
-    }
-
-    /// Member `i`.
-    pub fn member(&self, i: usize) -> &EtcdServer {
-        &self.members[i]
-    }
-
-    /// Member `i`, mutable.
-    pub fn member_mut(&mut self, i: usize) -> &mut EtcdServer {
-        &mut self.members[i]
-    }
-
-    /// Number of members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// SIGKILLs member `i` and waits for it to exit.
-    pub fn kill(&mut self, i: usize) {
-        self.members[i].kill();
-    }
-
-    /// Restarts member `i` on its ports and data dir and waits until it is healthy (which needs
-    /// a quorum of members running).
-    pub fn restart(&mut self, i: usize) {
-        self.members[i].restart();
-    }
-
-    /// Starts every stopped member, then waits until every member is healthy.
-    pub fn restart_all(&mut self) {
-        for m in &mut self.members {
-            if !m.is_running() {
-                m.respawn_no_wait();
-            }
-        }
-        for m in &mut self.members {
-            m.wait_healthy();
-        }
-    }
-
-    /// Index of the current leader, as reported by the running members, or `None` when they do
-    /// not (yet) agree on one that is running.
-    pub fn leader_index(&self) -> Option<usize> {
-        let statuses: Vec<Option<MemberStatus>> =
-            self.members.iter().map(EtcdServer::status).collect();
-        let leader = statuses
-            .iter()
-            .flatten()
-            .map(|s| s.leader)
-            .find(|&l| l != 0)?;
-        statuses.iter().position(|s| {
-            s.as_ref()
-                .is_some_and(|s| s.member_id == leader && s.leader == leader)
-        })
-    }
-
-    /// Index of the current leader; waits up to `timeout` for one to be elected, then panics.
-    pub fn wait_for_leader(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(i) = self.leader_index() {
-                return i;
-            }
-            if Instant::now() >= deadline {
-                let logs: String = self
-                    .members
-                    .iter()
-                    .map(|m| format!("\n--- log of {}:\n{}", m.name, m.log_tail(10)))
-                    .collect();
-                panic!("no etcd leader within {timeout:?}{logs}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Index of the current leader, waiting up to 15 s for an election.
-    pub fn leader(&self) -> usize {
-        self.wait_for_leader(Duration::from_secs(15))
-    }
-
-    /// Kills the current leader and returns its index.
-    pub fn kill_leader(&mut self) -> usize {
-        let i = self.leader();
-        self.kill(i);
-        i
-    }
-}
-
-/// An `etcd grpc-proxy start` process, killed (SIGKILL) when dropped.
-#[derive(Debug)]
-pub struct ProxyProcess {
-    port: u16,
-    log_path: PathBuf,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl ProxyProcess {
-    /// The proxy's client URL, `http://127.0.0.1:PORT`.
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// The process id while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The last `lines` lines of the proxy's log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        file_tail(&self.log_path, lines)
-    }
-
-    /// Kills the proxy with SIGKILL and waits for it.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Starts `etcd grpc-proxy start --endpoints=<endpoints> --listen-addr=127.0.0.1:PORT` and waits
-/// until its `/health` answers `true`. Endpoints may be given with or without `http://`.
-pub fn grpc_proxy<S: AsRef<str>>(endpoints: &[S]) -> ProxyProcess {
-    assert!(
-        !endpoints.is_empty(),
-        "grpc_proxy needs at least one endpoint"
-    );
-    let eps = endpoints
-        .iter()
-        .map(|e| {
-            let e = e.as_ref();
-            e.strip_prefix("http://")
-                .unwrap_or(e)
-                .trim_end_matches('/')
-                .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut last = String::new();
-    for _ in 0..START_ATTEMPTS {
-        let dir = tempfile::Builder::new()
-            .prefix("etcd-grpc-proxy-")
-            .tempdir()
-            .expect("cannot create a temporary directory for the grpc proxy");
-        let log_path = dir.path().join("grpc-proxy.log");
-        let log = File::create(&log_path).expect("cannot create the grpc proxy log");
-        let stderr = log.try_clone().expect("cannot clone log file handle");
-        let port = free_port();
-        let mut cmd = Command::new(etcd_binary());
-        cmd.args([
-            "grpc-proxy".to_string(),
-            "start".to_string(),
-            format!("--endpoints={eps}"),
-            format!("--listen-addr=127.0.0.1:{port}"),
-            format!("--data-dir={}", dir.path().join("data").display()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(stderr))
-        .current_dir(dir.path());
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("ETCD") {
-                cmd.env_remove(key);
-            }
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run etcd grpc-proxy: {e}"));
-        let mut proxy = ProxyProcess {
-            port,
-            log_path,
-            child: Some(child),
-            dir,
-        };
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + DEFAULT_START_TIMEOUT;
-        loop {
-            if let Some(Ok(Some(status))) = proxy.child.as_mut().map(Child::try_wait) {
-                proxy.child = None;
-                let tail = proxy.log_tail(LOG_TAIL_LINES);
-                last = format!("etcd grpc-proxy exited with {status}; log:\n{tail}");
-                if tail.contains("address already in use") {
-                    break; // retry with another port
-                }
-                panic!("{last}");
-            }
-            if is_healthy(addr) {
-                return proxy;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "etcd grpc-proxy on {addr} did not become healthy within {DEFAULT_START_TIMEOUT:?}; log:\n{}",
-                    proxy.log_tail(LOG_TAIL_LINES)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    panic!("etcd grpc-proxy could not start after {START_ATTEMPTS} attempts: {last}");
-}
-
-/// Whether `GET /health` on `addr` answers `{"health":"true"}`.
-pub fn is_healthy(addr: SocketAddr) -> bool {
-    match http_request(addr, "GET", "/health", None, Duration::from_secs(2)) {
-        Ok((200, body)) => body.replace(' ', "").contains(r#""health":"true""#),
-        _ => false,
-    }
-}
-
-/// `POST /v3/maintenance/status` on `addr` (etcd's grpc-gateway), parsed by hand.
-pub fn member_status(addr: SocketAddr) -> Option<MemberStatus> {
-    let (code, body) = http_request(
-        addr,
-        "POST",
-        "/v3/maintenance/status",
-        Some("{}"),
-        Duration::from_secs(2),
-    )
-    .ok()?;
-    if code != 200 {
-        return None;
-    }
-    // {"header":{"cluster_id":"..","member_id":"..","revision":"..","raft_term":".."},
-    //  "version":"3.4.23",..,"leader":"..",..}
-    let header_start = body.find(r#""header""#)?;
-    let header_end = header_start + body[header_start..].find('}')?;
-    let header = &body[header_start..header_end];
-    let rest = format!("{}{}", &body[..header_start], &body[header_end..]);
-    Some(MemberStatus {
-        member_id: json_field(header, "member_id")
-            .or_else(|| json_field(header, "memberId"))?
-            .parse()
-            .ok()?,
-        leader: json_field(&rest, "leader")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-        revision: json_field(header, "revision")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-        raft_term: json_field(header, "raft_term")
-            .or_else(|| json_field(header, "raftTerm"))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-        version: json_field(&rest, "version").unwrap_or_default(),
-    })
-}
-
-/// The value of `"name": value` in a flat JSON text, without quotes (string or number).
-fn json_field(json: &str, name: &str) -> Option<String> {
-    let key = format!("\"{name}\"");
-    let at = json.find(&key)? + key.len();
-    let rest = json[at..].trim_start().strip_prefix(':')?.trim_start();
-    if let Some(s) = rest.strip_prefix('"') {
-        Some(s[..s.find('"')?].to_string())
-    } else {
-        let end = rest
-            .find(|c: char| c == ',' || c == '}' || c.is_whitespace())
-            .unwrap_or(rest.len());
-        Some(rest[..end].to_string())
-    }
-}
-
-/// A minimal HTTP/1.1 request over a std `TcpStream` (`Connection: close`), returning the status
-/// code and the body (chunked transfer encoding is decoded).
-pub fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    timeout: Duration,
-) -> io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: etcd-test-harness\r\n\
-         Accept: application/json\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, payload) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no HTTP header end"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad HTTP status line"))?;
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase().starts_with("transfer-encoding:")
-            && l.to_ascii_lowercase().contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(payload)
-    } else {
-        payload.to_string()
-    };
-    Ok((code, body))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
-}
-
 /// The last `lines` lines of a file (at most the last 64 KiB are read).
-fn file_tail(path: &Path, lines: usize) -> String {
+pub(crate) fn file_tail(path: &Path, lines: usize) -> String {
     let Ok(mut f) = File::open(path) else {
         return format!("(no log at {})", path.display());
     };

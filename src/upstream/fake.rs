@@ -1,4 +1,6 @@
-//! A scripted [`Upstream`]: the test decides every answer the cache gets from "etcd".
+//! The fake [`Upstream`]: the test (or benchmark) decides every answer the cache gets
+//! from "etcd". The one fake of the crate, used by the unit tests and, through
+//! `internals`, by the micro-benchmarks.
 //!
 //! - `versions`, the keyspace served by `list_page` and `current_revision` are plain
 //!   state the test sets;
@@ -6,6 +8,11 @@
 //!   start revisions; progress requests; fallback reads);
 //! - each `watch()` hands the test an [`OpenedWatch`]: the sending half of the channel
 //!   the cache's [`UpstreamWatch`] reads from. Dropping it ends the stream (`Ok(None)`).
+//!   [`FakeUpstream::preset_watch`] makes the channel of the next watch in advance, for
+//!   callers that feed events without waiting for the cache to connect.
+
+// Test and benchmark support: not every helper is used by every build.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -16,11 +23,19 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
+use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
+
+/// The identity the fake etcd answers with.
+pub(crate) const FAKE_HEADER: Header = Header {
+    cluster_id: 0xc1,
+    member_id: 0x3e,
+    raft_term: 7,
+    revision: 0,
+};
 use crate::error::{Error, Result};
-use crate::get::GetResponse;
 use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
-use crate::upstream::{Page, Upstream, UpstreamWatch, WatchMsg};
+use crate::range_request::{RangeRequest, RangeResult};
 
 /// One `list_page` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +53,8 @@ struct Data {
     kvs: BTreeMap<Bytes, KeyValue>,
 }
 
-/// The scripted etcd.
-pub(crate) struct ScriptedUpstream {
+/// The fake etcd.
+pub(crate) struct FakeUpstream {
     versions: Mutex<Vec<String>>,
     pub(crate) versions_calls: AtomicUsize,
     data: Mutex<Data>,
@@ -58,7 +73,18 @@ pub(crate) struct ScriptedUpstream {
     /// The key of every fallback get, as sent to etcd.
     fallback_keys: Mutex<Vec<Vec<u8>>>,
     stalled: watch::Sender<bool>,
+    /// The channel the next watch reads from, made in advance by `preset_watch`.
+    preset: Mutex<Option<mpsc::UnboundedReceiver<Result<WatchMsg>>>>,
+    /// The next this many revision probes never answer.
+    hung_probes: AtomicUsize,
+    /// How long `versions` takes.
+    versions_delay: Mutex<std::time::Duration>,
+    /// Every list fails with this gRPC code (a permanent failure), while set.
+    list_refusal: Mutex<Option<tonic::Code>>,
 }
+
+/// The reason of the scripted error that makes the fake watch panic.
+const PANIC: &str = "fake: panic in the upstream watch";
 
 /// The test's end of one upstream watch.
 pub(crate) struct OpenedWatch {
@@ -96,9 +122,21 @@ impl OpenedWatch {
         }));
     }
 
+    /// Sends any message (or error) as the upstream.
+    pub(crate) fn send_raw(&self, msg: Result<WatchMsg>) {
+        self.send(msg);
+    }
+
+    /// Makes the follower's poll of this watch panic (a bug in the cache, simulated).
+    pub(crate) fn panic(&self) {
+        self.send(Err(Error::Internal {
+            reason: PANIC.into(),
+        }));
+    }
+
     /// The stream fails (transport error).
     pub(crate) fn fail(&self) {
-        self.send(Err(Error::invalid("scripted transport error")));
+        self.send(Err(Error::transport("scripted transport error")));
     }
 
     /// True once the cache dropped its end (the follower left this watch).
@@ -107,19 +145,29 @@ impl OpenedWatch {
     }
 }
 
-struct ScriptedWatch {
+struct FakeWatch {
     rx: mpsc::UnboundedReceiver<Result<WatchMsg>>,
     requests: Arc<AtomicUsize>,
 }
 
-impl UpstreamWatch for ScriptedWatch {
+impl UpstreamWatch for FakeWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
-        Box::pin(async move { self.rx.recv().await.transpose() })
+        Box::pin(async move {
+            let msg = self.rx.recv().await.transpose();
+            if let Err(Error::Internal { reason }) = &msg {
+                assert_ne!(reason, PANIC, "{PANIC}");
+            }
+            msg
+        })
     }
 
     fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(()) })
+    }
+
+    fn header(&self) -> Header {
+        FAKE_HEADER
     }
 }
 
@@ -146,7 +194,7 @@ pub(crate) fn del(key: &str, rev: i64) -> (EventType, KeyValue) {
     )
 }
 
-impl ScriptedUpstream {
+impl FakeUpstream {
     /// A scripted etcd with these server versions, serving `keys` (created at revision 2,
     /// one revision each) at list revision `revision`.
     pub(crate) fn new(
@@ -155,7 +203,7 @@ impl ScriptedUpstream {
         revision: i64,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<OpenedWatch>) {
         let (opened, opened_rx) = mpsc::unbounded_channel();
-        let up = Arc::new(ScriptedUpstream {
+        let up = Arc::new(FakeUpstream {
             versions: Mutex::new(versions.iter().map(|v| v.to_string()).collect()),
             versions_calls: AtomicUsize::new(0),
             data: Mutex::new(Data::default()),
@@ -170,6 +218,10 @@ impl ScriptedUpstream {
             fallback_gets: AtomicUsize::new(0),
             fallback_keys: Mutex::new(Vec::new()),
             stalled: watch::Sender::new(false),
+            preset: Mutex::new(None),
+            hung_probes: AtomicUsize::new(0),
+            versions_delay: Mutex::new(std::time::Duration::ZERO),
+            list_refusal: Mutex::new(None),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -206,6 +258,21 @@ impl ScriptedUpstream {
         self.current_revision.store(revision, Ordering::SeqCst);
     }
 
+    /// The next `n` revision probes never answer (a half-open connection).
+    pub(crate) fn hang_next_probes(&self, n: usize) {
+        self.hung_probes.store(n, Ordering::SeqCst);
+    }
+
+    /// `versions` takes this long (black-holed members).
+    pub(crate) fn set_versions_delay(&self, delay: std::time::Duration) {
+        *self.versions_delay.lock() = delay;
+    }
+
+    /// While `Some`, every list fails with this gRPC code.
+    pub(crate) fn refuse_lists(&self, code: Option<tonic::Code>) {
+        *self.list_refusal.lock() = code;
+    }
+
     /// While set, unary calls (the current-revision probe) never answer.
     pub(crate) fn set_stalled(&self, stalled: bool) {
         self.stalled.send_replace(stalled);
@@ -235,16 +302,38 @@ impl ScriptedUpstream {
     pub(crate) fn lists(&self) -> Vec<ListCall> {
         self.list_calls.lock().clone()
     }
+
+    /// Makes the channel of the next watch now: what is sent through the returned end
+    /// is what that watch reads, whenever the cache opens it. (Its `start` and `range`
+    /// are unknown here and left empty.)
+    pub(crate) fn preset_watch(&self) -> OpenedWatch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.preset.lock() = Some(rx);
+        OpenedWatch {
+            start: 0,
+            range: KeyRange::for_prefix(b""),
+            tx,
+        }
+    }
 }
 
-impl Upstream for ScriptedUpstream {
+impl Upstream for FakeUpstream {
     fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         self.versions_calls.fetch_add(1, Ordering::SeqCst);
         let v = self.versions.lock().clone();
-        Box::pin(async move { Ok(v) })
+        let delay = *self.versions_delay.lock();
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Ok(v)
+        })
     }
 
-    fn list_page(&self, range: KeyRange, revision: i64, limit: i64) -> BoxFuture<'_, Result<Page>> {
+    fn list_page(
+        &self,
+        range: KeyRange,
+        revision: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<RangeResponse>> {
         Box::pin(async move {
             let mut paused = self.list_paused.subscribe();
             let _ = paused.wait_for(|p| !*p).await;
@@ -258,33 +347,47 @@ impl Upstream for ScriptedUpstream {
                 });
                 calls.len() - 1
             };
+            if let Some(code) = *self.list_refusal.lock() {
+                return Err(Error::Upstream(etcd_client::Error::GRpcStatus(
+                    tonic::Status::new(code, "etcdserver: scripted refusal"),
+                )));
+            }
             if self.failing_lists.lock().contains(&call) {
-                return Err(Error::invalid(format!(
+                return Err(Error::transport(format!(
                     "scripted failure of list call {call}"
                 )));
             }
             let d = self.data.lock();
             if revision != 0 && revision != d.revision {
-                return Err(Error::invalid(format!(
+                return Err(Error::protocol(format!(
                     "scripted etcd only serves revision {}, asked {revision}",
                     d.revision
                 )));
             }
-            let all: Vec<KeyValue> = d
-                .kvs
-                .range(range.bounds())
-                .map(|(_, kv)| kv.clone())
-                .collect();
             let limit = if limit > 0 {
                 limit as usize
             } else {
                 usize::MAX
             };
-            let more = all.len() > limit;
-            Ok(Page {
+            let mut kvs: Vec<KeyValue> = d
+                .kvs
+                .range(range.bounds())
+                .map(|(_, kv)| kv.clone())
+                .take(limit.saturating_add(1))
+                .collect();
+            let more = kvs.len() > limit;
+            kvs.truncate(limit);
+            Ok(RangeResponse {
                 revision: d.revision,
-                kvs: all.into_iter().take(limit).collect(),
-                more,
+                header: Header {
+                    revision: d.revision,
+                    ..FAKE_HEADER
+                },
+                result: RangeResult {
+                    count: kvs.len() as i64,
+                    kvs,
+                    more,
+                },
             })
         })
     }
@@ -296,13 +399,20 @@ impl Upstream for ScriptedUpstream {
     ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
         Box::pin(async move {
             self.watch_starts.lock().push(start_revision);
-            let (tx, rx) = mpsc::unbounded_channel();
-            let _ = self.opened.send(OpenedWatch {
-                start: start_revision,
-                range,
-                tx,
-            });
-            Ok(Box::new(ScriptedWatch {
+            let preset = self.preset.lock().take();
+            let rx = match preset {
+                Some(rx) => rx,
+                None => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let _ = self.opened.send(OpenedWatch {
+                        start: start_revision,
+                        range,
+                        tx,
+                    });
+                    rx
+                }
+            };
+            Ok(Box::new(FakeWatch {
                 rx,
                 requests: self.progress_requests.clone(),
             }) as Box<dyn UpstreamWatch>)
@@ -312,7 +422,14 @@ impl Upstream for ScriptedUpstream {
     fn current_revision(&self, _range: KeyRange) -> BoxFuture<'_, Result<i64>> {
         self.current_calls.fetch_add(1, Ordering::SeqCst);
         let mut stalled = self.stalled.subscribe();
+        let hung = self
+            .hung_probes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
         Box::pin(async move {
+            if hung {
+                std::future::pending::<()>().await;
+            }
             // While stalled (a black-holed connection) the probe does not answer; when
             // released it answers with the revision etcd has then.
             let _ = stalled.wait_for(|s| !*s).await;
@@ -320,39 +437,24 @@ impl Upstream for ScriptedUpstream {
         })
     }
 
-    fn get(
-        &self,
-        key: Vec<u8>,
-        _options: etcd_client::GetOptions,
-    ) -> BoxFuture<'_, Result<GetResponse>> {
+    fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {
         self.fallback_gets.fetch_add(1, Ordering::SeqCst);
-        self.fallback_keys.lock().push(key.clone());
-        // Answers the single key at the current revision, as etcd would.
+        self.fallback_keys.lock().push(request.range.start.to_vec());
+        // Answers from the listed data at the current revision, as etcd would.
         let revision = self.current_revision.load(Ordering::SeqCst);
-        let found = self.data.lock().kvs.get(key.as_slice()).cloned();
+        let result = {
+            let d = self.data.lock();
+            request.answer(d.kvs.range(request.range.bounds()).map(|(_, kv)| kv))
+        };
         Box::pin(async move {
-            use etcd_client::proto::{PbKeyValue, PbRangeResponse, PbResponseHeader};
-            let kvs: Vec<PbKeyValue> = found
-                .into_iter()
-                .map(|kv| PbKeyValue {
-                    key: kv.key().to_vec(),
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    mod_revision: kv.mod_revision(),
-                    version: kv.version(),
-                    lease: kv.lease(),
-                })
-                .collect();
-            let pb = PbRangeResponse {
-                header: Some(PbResponseHeader {
+            Ok(RangeResponse {
+                revision,
+                header: Header {
                     revision,
-                    ..Default::default()
-                }),
-                count: kvs.len() as i64,
-                kvs,
-                more: false,
-            };
-            Ok(GetResponse::from_etcd(etcd_client::GetResponse(pb)))
+                    ..FAKE_HEADER
+                },
+                result,
+            })
         })
     }
 }

@@ -1,15 +1,17 @@
 //! A TCP forwarder between a client and etcd, for fault injection.
 //!
-//! ```ignore
+//! ```no_run
+//! # async fn example(etcd: &testkit::EtcdServer) {
+//! # use testkit::TcpProxy;
 //! let proxy = TcpProxy::start(etcd.client_addr()).await;
-//! let client = support::client(&[proxy.endpoint()]).await;
+//! let client = testkit::client(&[proxy.endpoint()]).await;
 //! proxy.drop_all_connections(); // every open connection is reset; new ones are accepted
 //! proxy.set_blackhole(true); // connections stay open, no byte moves either way
 //! proxy.set_refuse(true); // new connections are reset at once
+//! # }
 //! ```
 //!
 //! Needs a tokio runtime. Dropping the proxy stops its listener and every connection.
-#![allow(dead_code, unreachable_pub)]
 
 use std::fmt::Display;
 use std::io;

@@ -1,0 +1,155 @@
+//! The single writer: applies what the upstream sends to the store, then the history,
+//! then the subscribers, then publishes the new snapshot — always in that order and
+//! under the index lock, so a subscriber registered at revision R has every revision
+//! after R pushed to it and none before.
+
+use std::sync::Arc;
+use std::task::Waker;
+
+use tracing::{debug, warn};
+
+use crate::error::{Error, Result};
+use crate::history::Batch;
+use crate::kv::{EventType, KeyValue};
+use crate::shared::Shared;
+use crate::store::{KvMap, Store};
+use crate::subscribers::Dispatcher;
+
+/// The follower's writing half.
+pub(super) struct Writer {
+    shared: Arc<Shared>,
+    store: Store,
+    /// Newest revision applied (as published).
+    applied: i64,
+    /// Consumers to wake (collected while the index lock is held, woken after).
+    wakers: Vec<Waker>,
+}
+
+impl Writer {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        Writer {
+            shared,
+            store: Store::default(),
+            applied: 0,
+            wakers: Vec::new(),
+        }
+    }
+
+    /// Newest revision applied.
+    pub(super) fn applied(&self) -> i64 {
+        self.applied
+    }
+
+    /// Replaces the store with a fresh list at `revision`. After a gap (any list but
+    /// the first), subscribers positioned before `revision` may have missed events, so
+    /// they end as compacted — unless they watch one key that exists before and after
+    /// with the same `mod_revision`: any put or delete in between would have changed it.
+    /// (An absent key proves nothing: it may have been created and deleted in the gap.)
+    pub(super) fn install(&mut self, map: KvMap, revision: i64) {
+        let first = !self.shared.status().loaded;
+        let revision = revision.max(self.applied);
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        if !first {
+            let store = &self.store;
+            let (ended, kept) = index.cull_after_gap(revision, |filter| {
+                let key = &filter.range.start;
+                filter.range.is_single()
+                    && match (store.get(key), map.get(&key[..])) {
+                        (Some(old), Some(new)) => old.mod_revision() == new.0.mod_revision(),
+                        _ => false,
+                    }
+            });
+            warn!(
+                revision,
+                compacted_watchers = ended,
+                kept_watchers = kept,
+                "re-listed after a compaction gap"
+            );
+        }
+        self.store.replace(map);
+        shared.history.write().reset(revision);
+        self.publish(&mut index, revision);
+        drop(index);
+        shared.set_loaded();
+    }
+
+    /// Applies one upstream message: one batch per revision, dispatched in order.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] if the message's revisions go backwards (etcd never sends
+    /// that; a buggy proxy could): nothing of it is applied, and the follower
+    /// reconnects from its last applied revision.
+    pub(super) fn apply(&mut self, events: Vec<(EventType, KeyValue)>) -> Result<()> {
+        if let Some(w) = events
+            .windows(2)
+            .find(|w| w[1].1.mod_revision() < w[0].1.mod_revision())
+        {
+            return Err(Error::protocol(format!(
+                "an upstream message whose revisions go backwards ({} after {})",
+                w[1].1.mod_revision(),
+                w[0].1.mod_revision()
+            )));
+        }
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        let mut last = self.applied;
+        let mut batch_events = Vec::new();
+        let mut lagged = 0;
+        let mut iter = events.into_iter().peekable();
+        while let Some((t, kv)) = iter.next() {
+            let rev = kv.mod_revision();
+            if rev <= self.applied {
+                // A resumed or buggy watch (etcd#20221) may repeat old events.
+                continue;
+            }
+            batch_events.push(self.store.apply(t, kv));
+            let boundary = iter
+                .peek()
+                .map_or(true, |(_, next)| next.mod_revision() != rev);
+            if boundary {
+                let batch = Batch::new(rev, std::mem::take(&mut batch_events));
+                shared.history.write().push(batch.clone());
+                lagged += index.dispatch(&batch).lagged;
+                last = rev;
+            }
+        }
+        if lagged > 0 {
+            debug!(
+                lagged,
+                revision = last,
+                "subscribers fell behind; they will catch up from history"
+            );
+        }
+        if last > self.applied {
+            self.publish(&mut index, last);
+        }
+        index.take_wakers(&mut self.wakers);
+        Ok(())
+    }
+
+    /// A trusted progress notification: nothing happened in the prefix up to `revision`.
+    pub(super) fn progress(&mut self, revision: i64) {
+        if revision <= self.applied {
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        shared.history.write().advance(revision);
+        self.publish(&mut index, revision);
+    }
+
+    /// Wakes the consumers that got deliveries since the last call.
+    pub(super) fn wake_consumers(&mut self) {
+        for waker in self.wakers.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Publishes the snapshot at `revision`. Takes the index lock as proof that no
+    /// dispatch or registration runs meanwhile.
+    fn publish(&mut self, _index: &mut Dispatcher<'_>, revision: i64) {
+        self.applied = revision;
+        self.shared.publish(self.store.snapshot(revision));
+    }
+}

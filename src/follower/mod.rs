@@ -1,0 +1,418 @@
+//! The follower: the one task that owns the upstream. It lists the prefix, follows it
+//! with one watch, and is the only writer of the store, the history and the published
+//! view.
+//!
+//! - this file: the session loop (server versions, backoff, liveness, progress
+//!   requests);
+//! - [`list`]: the paged list;
+//! - [`apply`]: the single writer (store, history, subscribers, publish).
+//!
+//! ## Recovery
+//! When the upstream watch breaks (etcd restarted, member lost, connection cut), the
+//! follower marks the cache not ready, waits with exponential backoff and jitter, and
+//! watches again from its last applied revision + 1. Events at or below the applied
+//! revision are dropped, so subscribers see no duplicate, and nothing in between is
+//! skipped, so they see no gap. If etcd answers that the resume revision was
+//! compacted, the follower lists the prefix again; subscribers whose position falls in
+//! the unrecoverable gap get the compaction signal (see [`apply::Writer::install`]).
+
+mod apply;
+mod list;
+mod versions;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::shared::{CacheStatus, Shared};
+use crate::subscribers::mailbox::End;
+use crate::upstream::{UpstreamWatch, WatchMsg};
+use apply::Writer;
+use versions::VersionProbe;
+
+/// A re-list sooner than this after the previous one backs off first.
+const RELIST_QUIET: Duration = Duration::from_secs(1);
+
+/// Upstream messages already received that are applied before consumers are woken.
+const DRAIN_READY: usize = 64;
+
+/// How long a liveness probe of a silent upstream may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A session that stayed up this long resets the reconnect backoff (at least; the
+/// configured longest backoff if that is longer). A session that breaks sooner (a
+/// flapping upstream, a watch that is compacted right after it is created) makes the
+/// next delay grow.
+const HEALTHY_AFTER: Duration = Duration::from_secs(1);
+
+/// An upstream call that must answer within `upstream_idle_timeout`: a connection that
+/// died without a reset must not stall the cache forever.
+pub(super) async fn bounded<T>(
+    config: &Config,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let limit = config.upstream_idle_timeout;
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(Error::transport(format!(
+            "etcd did not answer {what} within {limit:?} (upstream_idle_timeout)"
+        )))
+    })
+}
+
+/// Why a session ended.
+enum SessionEnd {
+    Shutdown,
+    /// The resume revision is gone: list again.
+    Compacted(i64),
+    /// Transport or server error: back off and resume.
+    Broken(Error),
+}
+
+/// Ends every stream and marks the cache closed when the task ends, also by a panic,
+/// so that no waiter and no stream is left hanging. After a panic the streams end with
+/// [`Error::Internal`], so that a consumer can tell the cache died.
+struct CloseOnExit(Arc<Shared>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let error = Arc::new(Error::Internal {
+                reason: "the follower task panicked; the cache is closed".into(),
+            });
+            self.0.subscribers.end_all(End::Failed(error.clone()));
+            self.0.set_state(CacheStatus::Failed { error });
+        } else {
+            self.0.subscribers.end_all(End::Closed);
+            self.0.set_state(CacheStatus::Closed);
+        }
+    }
+}
+
+/// Runs until shutdown, or until etcd refuses the cache for good.
+pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let _close = CloseOnExit(shared.clone());
+    let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
+    let span = info_span!("etcd_cache", prefix = %prefix);
+    Follower {
+        writer: Writer::new(shared.clone()),
+        versions: VersionProbe::start(shared.clone()),
+        shared,
+        need_list: true,
+        shutdown,
+        last_request: None,
+        outstanding: false,
+    }
+    .run()
+    .instrument(span)
+    .await;
+}
+
+struct Follower {
+    shared: Arc<Shared>,
+    writer: Writer,
+    versions: VersionProbe,
+    need_list: bool,
+    shutdown: watch::Receiver<bool>,
+    /// When the last `RequestProgress` was sent.
+    last_request: Option<Instant>,
+    /// A `RequestProgress` is unanswered.
+    outstanding: bool,
+}
+
+impl Follower {
+    async fn run(mut self) {
+        let cfg = &self.shared.config;
+        let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
+        let healthy_after = HEALTHY_AFTER.max(cfg.backoff_max);
+        let mut last_relist: Option<Instant> = None;
+        let mut attempts = 0u32;
+        loop {
+            let started = Instant::now();
+            let (end, confirmed) = self.session().await;
+            if confirmed.is_some_and(|t| t.elapsed() >= healthy_after) {
+                backoff.reset();
+                attempts = 0;
+            }
+            match end {
+                SessionEnd::Shutdown => break,
+                SessionEnd::Compacted(compact_revision) => {
+                    warn!(
+                        revision = self.writer.applied(),
+                        compact_revision, "resume revision compacted; re-listing"
+                    );
+                    // Behind a gap: the data cannot be vouched for until the re-list.
+                    self.shared
+                        .set_state(CacheStatus::Relisting { compact_revision });
+                    self.need_list = true;
+                    // Re-listing again right after a re-list (compaction outruns the
+                    // list and the watch): back off instead of listing in a loop.
+                    if last_relist.is_some_and(|t| t.elapsed() < RELIST_QUIET) {
+                        let delay = backoff.next_delay();
+                        if self.sleep(delay).await {
+                            break;
+                        }
+                    }
+                    last_relist = Some(Instant::now());
+                }
+                SessionEnd::Broken(e) if e.is_permanent_upstream_failure() => {
+                    error!(error = %e, "etcd refused the cache; it stops (retrying would not help)");
+                    let error = Arc::new(e);
+                    self.shared.subscribers.end_all(End::Failed(error.clone()));
+                    self.shared.set_state(CacheStatus::Failed { error });
+                    break;
+                }
+                SessionEnd::Broken(e) => {
+                    attempts += 1;
+                    let delay = backoff.next_delay();
+                    warn!(
+                        revision = self.writer.applied(),
+                        error = %e,
+                        attempts,
+                        session = ?started.elapsed(),
+                        ?delay,
+                        "upstream disconnected; reconnecting"
+                    );
+                    self.shared.set_state(CacheStatus::Reconnecting {
+                        error: Arc::new(e),
+                        attempts,
+                    });
+                    if self.sleep(delay).await {
+                        break;
+                    }
+                }
+            }
+            if *self.shutdown.borrow() {
+                break;
+            }
+        }
+        info!(revision = self.writer.applied(), "cache closed");
+    }
+
+    /// Sleeps for `delay`; true if shutdown came first.
+    async fn sleep(&self, delay: Duration) -> bool {
+        let mut sd = self.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => false,
+            _ = sd.wait_for(|s| *s) => true,
+        }
+    }
+
+    /// One session: (re-)list if needed, watch, follow. Returns how it ended and when
+    /// its watch was confirmed, if it was.
+    async fn session(&mut self) -> (SessionEnd, Option<Instant>) {
+        let mut sd = self.shutdown.clone();
+        let mut confirmed = None;
+        let end = tokio::select! {
+            biased;
+            _ = sd.wait_for(|s| *s) => SessionEnd::Shutdown,
+            end = self.connect_and_follow(&mut confirmed) => end,
+        };
+        (end, confirmed)
+    }
+
+    async fn connect_and_follow(&mut self, confirmed: &mut Option<Instant>) -> SessionEnd {
+        let config = &self.shared.config;
+        let upstream = self.shared.upstream.clone();
+        // A new connection may reach other members: trust progress answers again only
+        // once the versions have been probed anew (in the background).
+        self.versions.recheck();
+
+        if self.need_list {
+            match list::list(&self.shared).await {
+                Ok((map, revision)) => {
+                    self.shared.counters.heard();
+                    self.shared.counters.saw_cluster_revision(revision);
+                    self.writer.install(map, revision);
+                    self.need_list = false;
+                }
+                Err(e) => return SessionEnd::Broken(e),
+            }
+        }
+        let start = self.writer.applied() + 1;
+        let mut watch = match bounded(
+            config,
+            "the watch request",
+            upstream.watch(self.shared.range.clone(), start),
+        )
+        .await
+        {
+            Ok(w) => w,
+            Err(e) => return SessionEnd::Broken(e),
+        };
+        // Wait for the watch to be confirmed: etcd sends that first.
+        match bounded(config, "the watch creation", watch.message()).await {
+            Ok(Some(WatchMsg::Created)) => self.shared.counters.set_identity(watch.header()),
+            Ok(Some(WatchMsg::Canceled {
+                compact_revision,
+                reason,
+            })) => {
+                if compact_revision > 0 {
+                    return SessionEnd::Compacted(compact_revision);
+                }
+                return SessionEnd::Broken(Error::protocol(format!("watch refused: {reason}")));
+            }
+            Ok(Some(other)) => {
+                // Dropping this would be a silent gap, so start over instead.
+                return SessionEnd::Broken(Error::protocol(format!(
+                    "etcd sent {other:?} before confirming the watch"
+                )));
+            }
+            Ok(None) => {
+                return SessionEnd::Broken(Error::transport(
+                    "the watch stream ended before the watch was created",
+                ))
+            }
+            Err(e) => return SessionEnd::Broken(e),
+        }
+        *confirmed = Some(Instant::now());
+        self.shared.counters.connected();
+        self.shared.counters.heard();
+        info!(
+            revision = self.writer.applied(),
+            start_revision = start,
+            "upstream watch confirmed"
+        );
+        self.shared.set_state(CacheStatus::Ready);
+        let end = self.follow(watch.as_mut()).await;
+        self.writer.wake_consumers();
+        end
+    }
+
+    /// When the next `RequestProgress` may go out, if one is wanted (see `progress`).
+    fn next_request(&self) -> Option<Instant> {
+        let progress = &self.shared.progress;
+        if progress.waiting() == 0 || !self.shared.counters.progress_trusted() {
+            return None;
+        }
+        let interval = self.shared.config.progress_request_interval;
+        match self.last_request {
+            None => Some(Instant::now()),
+            Some(_) if progress.fresh() && !self.outstanding => Some(Instant::now()),
+            Some(sent) => Some(sent + interval),
+        }
+    }
+
+    async fn follow(&mut self, watch: &mut dyn UpstreamWatch) -> SessionEnd {
+        let idle = self.shared.config.upstream_idle_timeout;
+        self.outstanding = false;
+        let mut last_heard = Instant::now();
+        let shared = self.shared.clone();
+        let mut trust_changes = self.versions.subscribe();
+        loop {
+            // Consumers are woken once per burst of upstream messages, not per revision.
+            self.writer.wake_consumers();
+            let next_request = self.next_request();
+            tokio::select! {
+                biased;
+                msg = watch.message() => {
+                    last_heard = Instant::now();
+                    shared.counters.heard();
+                    shared.counters.set_identity(watch.header());
+                    if let Some(end) = self.handle(msg) {
+                        return end;
+                    }
+                    // Take what is already here before waking anyone.
+                    for _ in 0..DRAIN_READY {
+                        let Some(msg) = watch.message().now_or_never() else {
+                            break;
+                        };
+                        if let Some(end) = self.handle(msg) {
+                            return end;
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(last_heard + idle) => {
+                    // A silent stream may be a quiet prefix or a dead connection that
+                    // nothing reported (no keep-alive): one cheap unary call tells.
+                    let probe = shared.upstream.current_revision(shared.range.clone());
+                    match tokio::time::timeout(idle.min(PROBE_TIMEOUT), probe).await {
+                        Ok(Ok(revision)) => {
+                            last_heard = Instant::now();
+                            shared.counters.heard();
+                            shared.counters.saw_cluster_revision(revision);
+                        }
+                        Ok(Err(e)) => return SessionEnd::Broken(e),
+                        Err(_) => return SessionEnd::Broken(Error::transport(format!(
+                            "the upstream watch was silent for {idle:?} (upstream_idle_timeout) and a liveness probe did not answer within {:?}",
+                            idle.min(PROBE_TIMEOUT)
+                        ))),
+                    }
+                }
+                _ = async { tokio::time::sleep_until(next_request.unwrap_or_else(Instant::now)).await }, if next_request.is_some() => {
+                    if shared.progress.waiting() == 0 {
+                        // The reads finished while the timer ran.
+                        continue;
+                    }
+                    if let Err(e) = watch.request_progress().await {
+                        return SessionEnd::Broken(e);
+                    }
+                    shared.progress.record_sent();
+                    self.last_request = Some(Instant::now());
+                    self.outstanding = true;
+                }
+                _ = shared.progress.wake.notified() => {
+                    // A read started waiting: look again.
+                }
+                _ = trust_changes.changed() => {
+                    // The trust in progress answers changed: look again.
+                }
+            }
+        }
+    }
+
+    /// Handles one upstream message; `Some` ends the session.
+    fn handle(&mut self, msg: Result<Option<WatchMsg>>) -> Option<SessionEnd> {
+        match msg {
+            Ok(Some(WatchMsg::Events(events))) => {
+                if let Err(e) = self.writer.apply(events) {
+                    return Some(SessionEnd::Broken(e));
+                }
+            }
+            Ok(Some(WatchMsg::Progress {
+                revision,
+                requested,
+            })) => {
+                self.shared.counters.saw_cluster_revision(revision);
+                if requested {
+                    self.outstanding = false;
+                }
+                if requested && !self.shared.counters.progress_trusted() {
+                    debug!(
+                        revision,
+                        "ignoring RequestProgress answer from a server with etcd#15220"
+                    );
+                } else {
+                    self.writer.progress(revision);
+                }
+            }
+            Ok(Some(WatchMsg::Created)) => {}
+            Ok(Some(WatchMsg::Canceled {
+                compact_revision,
+                reason,
+            })) => {
+                if compact_revision > 0 {
+                    return Some(SessionEnd::Compacted(compact_revision));
+                }
+                return Some(SessionEnd::Broken(Error::protocol(format!(
+                    "etcd cancelled the watch: {reason}"
+                ))));
+            }
+            Ok(None) => {
+                return Some(SessionEnd::Broken(Error::transport(
+                    "the upstream watch stream ended",
+                )))
+            }
+            Err(e) => return Some(SessionEnd::Broken(e)),
+        }
+        None
+    }
+}

@@ -1,0 +1,199 @@
+//! Reads from memory: the path of [`Cache::get`](crate::Cache::get).
+//!
+//! - **Serializable** (`with_serializable`): answered from the newest snapshot, or from
+//!   the snapshot and the history for an older revision inside the window.
+//! - **Consistent** (the default, as in etcd): one cheap round trip learns the cluster's
+//!   current revision (a count-only, limit-1 read, shared between concurrent callers);
+//!   the read waits until the cache has applied it, then answers from memory. Where the
+//!   cache cannot prove it is current in time, etcd answers (`ReadFallback`). See
+//!   `docs/GUARANTEES.md` for why this is linearizable on every etcd version.
+//!
+//! [`options`] holds [`GetOptions`] and [`GetResponse`]; etcd's range semantics are in
+//! `range_request`, shared with the upstream's fallback.
+
+pub(crate) mod options;
+
+use std::sync::Arc;
+
+use crate::config::ReadFallback;
+use crate::error::{Error, Result};
+use crate::range_request::RangeRequest;
+use crate::shared::Shared;
+pub use options::{GetOptions, GetResponse};
+
+/// Answers `request` from memory at its revision (0: the newest snapshot). The
+/// header carries the newest revision applied, at least `known` (the cluster revision
+/// a consistent read learned).
+fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<GetResponse> {
+    let snap = shared.snapshot();
+    let header = shared.header(snap.revision.max(known));
+    let revision = request.revision;
+    if revision == 0 || revision == snap.revision {
+        return Ok(GetResponse::new(
+            snap.revision,
+            header,
+            request.answer(snap.range(&request.range)),
+        ));
+    }
+    if revision > snap.revision {
+        return Err(Error::FutureRevision {
+            requested: revision,
+            current: snap.revision,
+        });
+    }
+    let history = shared.history.read();
+    // Events in (revision, snap.revision] must all be held.
+    if revision + 1 < history.floor() {
+        // The same number a watch gets: reads and watches from it are served.
+        return Err(Error::Compacted {
+            compact_revision: history.floor(),
+        });
+    }
+    // Take the few batches needed and let the writer go before merging.
+    let later: Vec<Arc<crate::history::Batch>> = history
+        .after(revision)
+        .take_while(|b| b.revision <= snap.revision)
+        .cloned()
+        .collect();
+    drop(history);
+    let kvs = snap.range_at(&request.range, later.iter());
+    Ok(GetResponse::new(
+        revision,
+        header,
+        request.answer(kvs.iter()),
+    ))
+}
+
+/// Answers `request` by etcd itself.
+async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
+    if shared.is_closed() {
+        return Err(Shared::closed_error(&shared.status()));
+    }
+    shared.counters.read_from_etcd();
+    tracing::debug!(revision = shared.revision(), "read answered by etcd");
+    // Linearizable at etcd: a serializable read there could reach a member that has
+    // not applied the revision yet.
+    let request = RangeRequest {
+        serializable: false,
+        ..request.clone()
+    };
+    let resp = shared.upstream.range(request.clone()).await?;
+    shared.counters.saw_cluster_revision(resp.revision);
+    // As from memory: the revision the answer reflects; the header is etcd's.
+    let revision = if request.revision > 0 {
+        request.revision
+    } else {
+        resp.revision
+    };
+    let header = crate::upstream::etcd::response_header(&resp.header, resp.revision);
+    Ok(GetResponse::new(revision, header, resp.result))
+}
+
+/// What a read does when the cache cannot answer it in time: etcd answers, or the
+/// error is returned, as `read_fallback` says. A closed cache answers nothing.
+async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result<GetResponse> {
+    if matches!(err, Error::Closed | Error::Failed { .. }) {
+        return Err(err);
+    }
+    match shared.config.read_fallback {
+        ReadFallback::Etcd => read_from_etcd(shared, request).await,
+        _ => Err(err),
+    }
+}
+
+/// The cluster's current revision (one linearizable round trip, shared with
+/// concurrent callers), within the consistent-read timeout.
+async fn cluster_revision(shared: &Shared) -> Result<i64> {
+    let limit = shared.config.consistent_read_timeout;
+    let revision = shared
+        .probe
+        .current(&shared.upstream, &shared.range, limit)
+        .await?;
+    shared.counters.saw_cluster_revision(revision);
+    Ok(revision)
+}
+
+/// Answers `request` once the cache has applied `need` — from memory when the cache
+/// gets there in time, else as `read_fallback` says. On a server whose progress
+/// answers cannot be trusted the cache cannot prove it will get there (a quiet prefix
+/// is only advanced by events or the periodic notification), so etcd answers at once.
+async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result<GetResponse> {
+    if shared.revision() < need {
+        let can_wait = shared.counters.progress_trusted()
+            || shared.config.read_fallback == ReadFallback::Error;
+        if !can_wait {
+            // etcd#15220: without trustworthy progress answers the cache cannot prove
+            // it is current, so etcd answers.
+            return read_from_etcd(shared, request).await;
+        }
+        let limit = shared.config.consistent_read_timeout;
+        let waited = tokio::time::timeout(limit, shared.wait_for_revision(need))
+            .await
+            .map_err(|_| Error::timeout("the cache to reach the read's revision", limit))
+            .and_then(|r| r);
+        if let Err(e) = waited {
+            return fallback(shared, request, e).await;
+        }
+    }
+    read_local(shared, request, need)
+}
+
+/// The read path of [`Cache::get`](crate::Cache::get).
+pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
+    // Fast path: a serializable read of one key at the latest revision is one map
+    // lookup in the current snapshot, without building a range.
+    if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {
+        let request = opts.shaping()?;
+        return Ok(shared.with_snapshot(|snap| {
+            GetResponse::new(
+                snap.revision,
+                shared.header(snap.revision),
+                request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
+            )
+        }));
+    }
+    let request = opts.request(key)?;
+    request.range.check_within(&shared.range)?;
+    let status = shared.status();
+    if status.closed() {
+        return Err(Shared::closed_error(&status));
+    }
+    if !status.loaded {
+        if opts.serializable() {
+            shared
+                .wait_loaded(shared.config.consistent_read_timeout)
+                .await?;
+        } else {
+            return fallback(shared, &request, Error::NotReady).await;
+        }
+    }
+    // Data at a revision the cache has applied never changes: a read at such a
+    // revision needs no round trip, serializable or not.
+    if request.revision > 0 && request.revision <= shared.revision() {
+        return read_local(shared, &request, 0);
+    }
+    if opts.serializable() && request.revision == 0 {
+        return read_local(shared, &request, 0);
+    }
+    if !opts.serializable() && !shared.is_ready() {
+        return fallback(shared, &request, Error::NotReady).await;
+    }
+    // A consistent read, or a read at a revision the cache has not applied: learn how
+    // far the cluster is.
+    let current = match cluster_revision(shared).await {
+        Ok(current) => current,
+        Err(e) => return fallback(shared, &request, e).await,
+    };
+    if request.revision > current {
+        return Err(Error::FutureRevision {
+            requested: request.revision,
+            current,
+        });
+    }
+    let need = if request.revision > 0 {
+        request.revision
+    } else {
+        current
+    };
+    answer_at(shared, &request, need).await
+}

@@ -1,0 +1,342 @@
+//! The subscriber index: which subscribers a batch goes to, found without scanning
+//! every subscriber.
+//!
+//! Subscribers with the same [`Filter`] (key range, `prev_kv`, event filters) form one
+//! *group*; a batch's payload is selected once per group and the same `Arc<[Event]>` is
+//! pushed to every member, so a delivery costs a reference count. Dispatch cost grows
+//! with the number of *matching* groups and members, not with all subscribers:
+//! - single keys: a hash map from key to groups;
+//! - prefixes: a hash map from prefix to groups, probed once per distinct prefix length;
+//! - other ranges (from-key, explicit ranges that are not prefixes, all keys): a list
+//!   of the distinct ranges, scanned per event (there are few distinct ranges in practice).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::Waker;
+
+use bytes::Bytes;
+use indexmap::IndexMap;
+use slab::Slab;
+
+use super::filter::Filter;
+use super::mailbox::{LagCount, Mailbox, Pushed};
+use super::SubId;
+use crate::history::Batch;
+
+type GroupId = usize;
+
+/// The members of a group. Most exact-key groups have one member, which is kept inline;
+/// larger groups use an `IndexMap` for O(1) removal and a dense iteration.
+#[derive(Default)]
+enum Members {
+    #[default]
+    Empty,
+    One(SubId, Arc<Mailbox>),
+    Many(IndexMap<SubId, Arc<Mailbox>>),
+}
+
+impl Members {
+    fn insert(&mut self, id: SubId, mailbox: Arc<Mailbox>) {
+        match std::mem::take(self) {
+            Members::Empty => *self = Members::One(id, mailbox),
+            Members::One(first, first_mailbox) => {
+                let mut map = IndexMap::with_capacity(2);
+                map.insert(first, first_mailbox);
+                map.insert(id, mailbox);
+                *self = Members::Many(map);
+            }
+            Members::Many(mut map) => {
+                map.insert(id, mailbox);
+                *self = Members::Many(map);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
+        match self {
+            Members::One(first, _) if *first == id => match std::mem::take(self) {
+                Members::One(_, mailbox) => Some(mailbox),
+                _ => unreachable!("matched One above"),
+            },
+            Members::Many(map) => {
+                let mailbox = map.swap_remove(&id);
+                if map.is_empty() {
+                    *self = Members::Empty;
+                }
+                mailbox
+            }
+            _ => None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Members::Empty)
+    }
+
+    fn mailboxes(&self) -> impl Iterator<Item = &Arc<Mailbox>> + '_ {
+        self.iter().map(|(_, m)| m)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<Mailbox>)> + '_ {
+        let (one, many) = match self {
+            Members::Empty => (None, None),
+            Members::One(id, m) => (Some((*id, m)), None),
+            Members::Many(map) => (None, Some(map.iter().map(|(id, m)| (*id, m)))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
+struct Group {
+    filter: Filter,
+    members: Members,
+}
+
+/// The subscriber index. Guarded by the registry's mutex; the follower holds it for one
+/// upstream message at a time, registration and unsubscription hold it to add/remove.
+#[derive(Default)]
+pub(crate) struct Index {
+    groups: Slab<Group>,
+    by_filter: HashMap<Filter, GroupId>,
+    exact: HashMap<Bytes, Vec<GroupId>>,
+    prefix: HashMap<Bytes, Vec<GroupId>>,
+    /// Distinct prefix lengths with a count of prefix groups of that length.
+    prefix_lens: Vec<(usize, usize)>,
+    ranges: Vec<GroupId>,
+    subs: HashMap<SubId, GroupId>,
+    /// Scratch space for multi-event batches.
+    scratch: Vec<GroupId>,
+    /// Set (under the lock) when the cache closed: no subscriber may be added after.
+    pub(crate) closed: bool,
+    /// Wakers of consumers that got deliveries and were parked; see [`Index::take_wakers`].
+    wakers: Vec<Waker>,
+}
+
+impl Index {
+    /// Adds a subscriber.
+    pub(crate) fn insert(&mut self, id: SubId, filter: Filter, mailbox: Arc<Mailbox>) {
+        let gid = match self.by_filter.get(&filter) {
+            Some(&g) => g,
+            None => {
+                let g = self.groups.insert(Group {
+                    filter: filter.clone(),
+                    members: Members::default(),
+                });
+                let range = &filter.range;
+                if range.is_single() {
+                    self.exact.entry(range.start.clone()).or_default().push(g);
+                } else if let Some(p) = range.as_prefix() {
+                    self.prefix.entry(p.clone()).or_default().push(g);
+                    let len = p.len();
+                    match self.prefix_lens.iter_mut().find(|(l, _)| *l == len) {
+                        Some((_, n)) => *n += 1,
+                        None => {
+                            self.prefix_lens.push((len, 1));
+                            self.prefix_lens.sort_unstable();
+                        }
+                    }
+                } else {
+                    self.ranges.push(g);
+                }
+                self.by_filter.insert(filter, g);
+                g
+            }
+        };
+        self.groups[gid].members.insert(id, mailbox);
+        self.subs.insert(id, gid);
+    }
+
+    /// Removes a subscriber; returns its mailbox.
+    pub(crate) fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
+        let gid = self.subs.remove(&id)?;
+        let group = &mut self.groups[gid];
+        let mailbox = group.members.remove(id);
+        if group.members.is_empty() {
+            let group = self.groups.remove(gid);
+            self.by_filter.remove(&group.filter);
+            let range = &group.filter.range;
+            let drop_from = |map: &mut HashMap<Bytes, Vec<GroupId>>, key: &Bytes| {
+                if let Some(v) = map.get_mut(key) {
+                    v.retain(|&g| g != gid);
+                    if v.is_empty() {
+                        map.remove(key);
+                    }
+                }
+            };
+            if range.is_single() {
+                drop_from(&mut self.exact, &range.start);
+            } else if let Some(p) = range.as_prefix() {
+                drop_from(&mut self.prefix, p);
+                let len = p.len();
+                if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
+                    self.prefix_lens[i].1 -= 1;
+                    if self.prefix_lens[i].1 == 0 {
+                        self.prefix_lens.remove(i);
+                    }
+                }
+            } else {
+                self.ranges.retain(|&g| g != gid);
+            }
+        }
+        mailbox
+    }
+
+    /// Calls `f` with every group whose range holds `key`.
+    #[inline]
+    fn for_groups(&self, key: &[u8], mut f: impl FnMut(GroupId)) {
+        if let Some(gs) = self.exact.get(key) {
+            gs.iter().for_each(|&g| f(g));
+        }
+        for &(len, _) in &self.prefix_lens {
+            if len > key.len() {
+                break;
+            }
+            if let Some(gs) = self.prefix.get(&key[..len]) {
+                gs.iter().for_each(|&g| f(g));
+            }
+        }
+        for &g in &self.ranges {
+            if self.groups[g].filter.range.contains(key) {
+                f(g);
+            }
+        }
+    }
+
+    /// Pushes `batch` to every matching subscriber. Returns how many became lagging.
+    pub(crate) fn dispatch(&mut self, batch: &Batch, lag: &LagCount) -> DispatchStats {
+        let mut stats = DispatchStats::default();
+        let events = batch.all();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        if events.len() == 1 {
+            self.for_groups(events[0].key(), |g| scratch.push(g));
+        } else {
+            for ev in events {
+                self.for_groups(ev.key(), |g| scratch.push(g));
+            }
+            scratch.sort_unstable();
+            scratch.dedup();
+        }
+        for &g in &scratch {
+            let group = &self.groups[g];
+            let Some(payload) = group.filter.select(batch) else {
+                continue;
+            };
+            for mailbox in group.members.mailboxes() {
+                match mailbox.push(batch.revision, &payload, lag, &mut self.wakers) {
+                    Pushed::Queued => stats.delivered += 1,
+                    Pushed::Skipped => {}
+                    Pushed::BecameLagging => stats.lagged += 1,
+                }
+            }
+        }
+        self.scratch = scratch;
+        stats
+    }
+
+    /// Moves out the wakers collected by [`dispatch`](Self::dispatch) since the last
+    /// call. Wake them after releasing the index lock.
+    pub(crate) fn take_wakers(&mut self, into: &mut Vec<Waker>) {
+        into.append(&mut self.wakers);
+    }
+
+    /// Every subscriber's mailbox (for close and re-list; not on the dispatch path).
+    pub(crate) fn all(&self) -> impl Iterator<Item = (SubId, &Filter, &Arc<Mailbox>)> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|(_, g)| g.members.iter().map(move |(id, m)| (id, &g.filter, m)))
+    }
+}
+
+/// Counters from one dispatch.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DispatchStats {
+    pub(crate) delivered: usize,
+    pub(crate) lagged: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key_range::RangeSpec;
+    use crate::kv::KeyValue;
+    use proptest::prelude::*;
+
+    use crate::key_range::KeyRange;
+    use crate::kv::{Event, EventType};
+
+    fn shape(key: &[u8], spec: RangeSpec) -> Filter {
+        Filter::range(KeyRange::new(key, &spec).unwrap())
+    }
+
+    fn put(key: &[u8], rev: i64) -> Event {
+        Event::new(
+            EventType::Put,
+            KeyValue::new(key.to_vec(), "v", rev, rev, 1, 0),
+            None,
+        )
+    }
+
+    #[test]
+    fn partial_batches_share_group_payload() {
+        let mut index = Index::default();
+        let s = shape(b"a", RangeSpec::Single);
+        let lag = LagCount::default();
+        let m1 = Mailbox::new(8, 0, false, &lag);
+        let m2 = Mailbox::new(8, 0, false, &lag);
+        index.insert(1, s.clone(), m1.clone());
+        index.insert(2, s, m2.clone());
+        let b = Batch::new(5, vec![put(b"a", 5), put(b"b", 5)]);
+        let stats = index.dispatch(&b, &lag);
+        assert_eq!(stats.delivered, 2);
+        let d1 = m1.take_queued().pop().unwrap();
+        let d2 = m2.take_queued().pop().unwrap();
+        assert_eq!(d1.events.len(), 1);
+        assert!(Arc::ptr_eq(&d1.events, &d2.events), "one payload per group");
+        assert!(index.remove(1).is_some());
+        assert!(index.remove(2).is_some());
+        assert!(index.exact.is_empty() && index.groups.is_empty());
+    }
+
+    fn arb_shape() -> impl Strategy<Value = Filter> {
+        let key = proptest::collection::vec(b'a'..b'd', 1..4);
+        (key.clone(), 0u8..5, key).prop_filter_map("valid", |(k, spec, end)| {
+            let spec = match spec {
+                0 => RangeSpec::Single,
+                1 => RangeSpec::Prefix,
+                2 => RangeSpec::FromKey,
+                3 => RangeSpec::AllKeys,
+                _ => RangeSpec::Range(end),
+            };
+            KeyRange::new(&k, &spec).ok().map(Filter::range)
+        })
+    }
+
+    proptest! {
+        /// The index finds exactly the subscribers that a brute-force scan finds,
+        /// also after removals.
+        #[test]
+        fn index_matches_brute_force(shapes in proptest::collection::vec(arb_shape(), 1..40),
+                                     keys in proptest::collection::vec(proptest::collection::vec(b'a'..b'e', 1..5), 1..20),
+                                     remove_every in 2usize..5) {
+            let mut index = Index::default();
+            let mut live = Vec::new();
+            for (i, s) in shapes.iter().enumerate() {
+                index.insert(i as u64, s.clone(), Mailbox::new(1000, 0, false, &LagCount::default()));
+                live.push((i as u64, s.clone()));
+            }
+            for i in (0..shapes.len()).step_by(remove_every) {
+                index.remove(i as u64);
+                live.retain(|(id, _)| *id != i as u64);
+            }
+            for key in keys {
+                let mut found = Vec::new();
+                index.for_groups(&key, |g| found.extend(index.groups[g].members.iter().map(|(id, _)| id)));
+                found.sort_unstable();
+                let mut want: Vec<u64> = live.iter().filter(|(_, s)| s.range.contains(&key)).map(|(id, _)| *id).collect();
+                want.sort_unstable();
+                prop_assert_eq!(found, want);
+            }
+        }
+    }
+}

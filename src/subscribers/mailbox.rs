@@ -1,0 +1,386 @@
+//! A subscriber's mailbox: the bounded queue between the follower (the producer, which
+//! never blocks on it) and the subscriber's stream (the consumer), with the lagging
+//! state and the catch-up from the history.
+//!
+//! ## Lagging
+//! A mailbox holds at most `subscriber_buffer` deliveries. When the producer finds it
+//! full, the subscriber becomes *lagging*: the producer skips it from then on, and the
+//! consumer, once it has read what is queued, refills the queue from the history
+//! itself, in order ([`Mailbox::poll`]), and rejoins the live stream without a gap or a
+//! duplicate. If its position has left the history window by then, the subscription
+//! ends as compacted. Lagging subscribers are counted in one [`LagCount`], changed only
+//! by the transitions in this file, under the mailbox lock.
+//!
+//! ## Ordering
+//! The position `last_rev` says: every matching event with a revision `<= last_rev` is
+//! queued or was delivered. The producer pushes revisions in increasing order and never
+//! one at or below the position, and the catch-up moves the position forward only, so a
+//! consumer sees strictly increasing revisions, each once.
+//!
+//! Lock order: the index, then the history, then a mailbox. The producer never holds
+//! the history lock while it pushes; see [`Mailbox::poll`] for why the hand-over from
+//! catch-up to live delivery loses nothing.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::filter::Filter;
+use crate::error::Error;
+use crate::history::History;
+use crate::kv::Event;
+
+/// One response's worth of events for one subscriber.
+#[derive(Debug, Clone)]
+pub(crate) struct Delivery {
+    pub(crate) revision: i64,
+    pub(crate) events: Arc<[Event]>,
+}
+
+/// Why a subscription ended.
+#[derive(Debug, Clone)]
+pub(crate) enum End {
+    /// The cache was closed: deliver what is queued (and caught up), then end.
+    Closed,
+    /// The cache stopped on this failure (a permanent upstream error, or its follower
+    /// panicked): deliver what is queued (and caught up), then the error.
+    Failed(Arc<Error>),
+    /// The watch was cancelled: end after what is queued.
+    Cancelled,
+    /// The position left the window: deliver what is queued, then the compaction
+    /// signal with this compact revision.
+    Compacted(i64),
+}
+
+/// The number of lagging subscribers. Owned by the subscriber registry; changed only by
+/// the mailbox transitions below.
+#[derive(Debug, Default)]
+pub(crate) struct LagCount(AtomicUsize);
+
+impl LagCount {
+    /// Subscribers lagging now.
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn enter(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn leave(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What one push did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    Queued,
+    Skipped,
+    BecameLagging,
+}
+
+/// What the consumer found.
+#[derive(Debug)]
+pub(crate) enum Polled {
+    /// The next delivery.
+    Delivery(Delivery),
+    /// Nothing queued, not lagging, not ended: every matching event up to `revision`
+    /// (the cache's revision, read under the mailbox lock) has been delivered. The
+    /// consumer's waker is registered.
+    Idle { revision: i64 },
+    /// The subscription ended, after everything it was owed.
+    Ended(End),
+}
+
+#[derive(Debug)]
+struct State {
+    queue: VecDeque<Delivery>,
+    cap: usize,
+    waker: Option<Waker>,
+    /// Events after `last_rev` must come from the history, not from the producer.
+    lagging: bool,
+    /// Every matching event with a revision <= `last_rev` is queued or was delivered.
+    last_rev: i64,
+    end: Option<End>,
+}
+
+/// A subscriber's bounded queue.
+#[derive(Debug)]
+pub(crate) struct Mailbox {
+    state: Mutex<State>,
+}
+
+/// Batches a catch-up scans per call at most (while it holds the history read lock).
+const CATCH_UP_SCAN: usize = 512;
+
+impl Mailbox {
+    /// A mailbox positioned at `last_rev`; `lagging` if it must first catch up from the
+    /// history (a replay), which `lag` counts.
+    pub(crate) fn new(cap: usize, last_rev: i64, lagging: bool, lag: &LagCount) -> Arc<Self> {
+        if lagging {
+            lag.enter();
+        }
+        Arc::new(Mailbox {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                cap,
+                waker: None,
+                lagging,
+                last_rev,
+                end: None,
+            }),
+        })
+    }
+
+    /// Producer side: never blocks on the consumer. A parked consumer's waker is moved
+    /// to `wakers`: the producer wakes everyone once per burst of upstream messages, so
+    /// a consumer gets one wake-up for all the revisions of that burst.
+    #[inline]
+    pub(crate) fn push(
+        &self,
+        revision: i64,
+        events: &Arc<[Event]>,
+        lag: &LagCount,
+        wakers: &mut Vec<Waker>,
+    ) -> Pushed {
+        let mut s = self.state.lock();
+        if s.lagging || s.end.is_some() || revision <= s.last_rev {
+            return Pushed::Skipped;
+        }
+        if s.queue.len() >= s.cap {
+            s.lagging = true;
+            // Pushes come in revision order to every matching subscriber that is not
+            // lagging, so every matching revision below this one is queued already:
+            // the catch-up starts here, not at the last queued revision (which may be
+            // far behind when the revisions in between did not match).
+            s.last_rev = revision - 1;
+            // Counted under the lock, before the consumer can clear it.
+            lag.enter();
+            return Pushed::BecameLagging;
+        }
+        s.queue.push_back(Delivery {
+            revision,
+            events: events.clone(),
+        });
+        s.last_rev = revision;
+        if let Some(w) = s.waker.take() {
+            wakers.push(w);
+        }
+        Pushed::Queued
+    }
+
+    /// Ends the subscription (idempotent; the first reason wins) and wakes the consumer.
+    /// A cancelled or compacted subscription stops lagging: it is owed nothing more.
+    pub(crate) fn end(&self, why: End, lag: &LagCount) {
+        let mut s = self.state.lock();
+        let owed_nothing = matches!(why, End::Compacted(_) | End::Cancelled);
+        if s.end.is_none() {
+            s.end = Some(why);
+        }
+        if s.lagging && owed_nothing {
+            s.lagging = false;
+            lag.leave();
+        }
+        let waker = s.waker.take();
+        drop(s);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// The position: every matching event up to it is queued or delivered.
+    pub(crate) fn last_rev(&self) -> i64 {
+        self.state.lock().last_rev
+    }
+
+    /// Moves a live (not lagging, not ended) subscriber's position to `revision`
+    /// without a delivery, when it is known that nothing it matches happened in
+    /// between. Returns false if the subscriber is lagging or ended.
+    pub(crate) fn skip_to(&self, revision: i64) -> bool {
+        let mut s = self.state.lock();
+        if s.lagging || s.end.is_some() {
+            return false;
+        }
+        s.last_rev = s.last_rev.max(revision);
+        true
+    }
+
+    /// `revision()` (read under the lock) if nothing is queued, the subscriber is not
+    /// catching up and not ended: every matching event up to it has been delivered.
+    pub(crate) fn idle_revision(&self, revision: impl Fn() -> i64) -> Option<i64> {
+        let s = self.state.lock();
+        (s.queue.is_empty() && !s.lagging && s.end.is_none()).then(revision)
+    }
+
+    /// Consumer side: the next delivery, catching up from `history` while lagging.
+    ///
+    /// When the history has no batch after the position, clearing `lagging` cannot miss
+    /// a batch: a later batch is appended after the history read lock is released and
+    /// is then pushed by the producer; a batch that is appended but not yet pushed is
+    /// read here and skipped by the producer (`revision <= last_rev`).
+    pub(crate) fn poll(
+        &self,
+        waker: &Waker,
+        history: &RwLock<History>,
+        filter: &Filter,
+        lag: &LagCount,
+        revision: impl Fn() -> i64,
+    ) -> Polled {
+        loop {
+            let mut s = self.state.lock();
+            if let Some(d) = s.queue.pop_front() {
+                return Polled::Delivery(d);
+            }
+            if s.lagging {
+                drop(s);
+                let history = history.read();
+                self.catch_up(&history, filter, lag);
+                continue;
+            }
+            if let Some(end) = &s.end {
+                return Polled::Ended(end.clone());
+            }
+            match &s.waker {
+                Some(w) if w.will_wake(waker) => {}
+                _ => s.waker = Some(waker.clone()),
+            }
+            // Read under the lock: the producer publishes a revision after its pushes,
+            // so every push up to it is in the (empty) queue already.
+            return Polled::Idle {
+                revision: revision(),
+            };
+        }
+    }
+
+    /// Refills a lagging subscriber's queue from the history (a bounded scan per call).
+    fn catch_up(&self, history: &History, filter: &Filter, lag: &LagCount) {
+        let mut s = self.state.lock();
+        if !s.lagging {
+            return;
+        }
+        if s.last_rev + 1 < history.floor() {
+            s.lagging = false;
+            lag.leave();
+            if matches!(s.end, None | Some(End::Closed) | Some(End::Failed(_))) {
+                s.end = Some(End::Compacted(history.floor()));
+            }
+            return;
+        }
+        let mut pos = s.last_rev;
+        for (scanned, batch) in history.after(s.last_rev).enumerate() {
+            // Bounded work per call, so the writer waits for at most this many batches;
+            // the consumer calls again.
+            if s.queue.len() >= s.cap || scanned >= CATCH_UP_SCAN {
+                s.last_rev = pos;
+                return;
+            }
+            if let Some(events) = filter.select(batch) {
+                s.queue.push_back(Delivery {
+                    revision: batch.revision,
+                    events,
+                });
+            }
+            pos = batch.revision;
+        }
+        s.last_rev = pos.max(history.head());
+        s.lagging = false;
+        lag.leave();
+    }
+
+    /// Whether the subscriber is lagging now (benchmarks).
+    #[cfg(feature = "bench-internals")]
+    pub(crate) fn is_lagging(&self) -> bool {
+        self.state.lock().lagging
+    }
+
+    /// Takes every queued delivery out (benchmarks and tests).
+    #[cfg(any(test, feature = "bench-internals"))]
+    pub(crate) fn take_queued(&self) -> Vec<Delivery> {
+        self.state.lock().queue.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Batch;
+    use crate::key_range::{KeyRange, RangeSpec};
+    use crate::kv::{EventType, KeyValue};
+
+    fn put(key: &[u8], rev: i64) -> Event {
+        Event::new(
+            EventType::Put,
+            KeyValue::new(key.to_vec(), "v", rev, rev, 1, 0),
+            None,
+        )
+    }
+
+    fn filter(key: &[u8]) -> Filter {
+        Filter::range(KeyRange::new(key, &RangeSpec::Prefix).unwrap())
+    }
+
+    /// Drains a mailbox as a stream would; returns the revisions and how it ended.
+    fn drain(
+        mb: &Mailbox,
+        history: &RwLock<History>,
+        f: &Filter,
+        lag: &LagCount,
+    ) -> (Vec<i64>, Option<End>) {
+        let mut got = Vec::new();
+        loop {
+            match mb.poll(futures_util::task::noop_waker_ref(), history, f, lag, || 0) {
+                Polled::Delivery(d) => got.push(d.revision),
+                Polled::Idle { .. } => return (got, None),
+                Polled::Ended(e) => return (got, Some(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_one_lags_and_catches_up_in_order() {
+        let history = RwLock::new(History::new(100));
+        history.write().reset(1);
+        let lag = LagCount::default();
+        let f = filter(b"k");
+        let mb = Mailbox::new(1, 1, false, &lag);
+        let mut wakers = Vec::new();
+        for rev in 2..10 {
+            let b = Batch::new(rev, vec![put(b"k1", rev)]);
+            history.write().push(b.clone());
+            if let Some(events) = f.select(&b) {
+                mb.push(rev, &events, &lag, &mut wakers);
+            }
+        }
+        assert_eq!(lag.get(), 1);
+        let (got, end) = drain(&mb, &history, &f, &lag);
+        assert_eq!(got, (2..10).collect::<Vec<_>>());
+        assert!(end.is_none());
+        assert_eq!(lag.get(), 0);
+        // Live again: the next batch is pushed, not skipped.
+        let b = Batch::new(10, vec![put(b"k1", 10)]);
+        history.write().push(b.clone());
+        let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
+        assert_eq!(pushed, Pushed::Queued);
+        assert_eq!(drain(&mb, &history, &f, &lag).0, [10]);
+    }
+
+    #[test]
+    fn behind_the_window_ends_compacted_and_uncounts() {
+        let history = RwLock::new(History::new(2));
+        history.write().reset(1);
+        let lag = LagCount::default();
+        let f = filter(b"k");
+        let mb = Mailbox::new(4, 1, true, &lag);
+        for rev in 2..10 {
+            history.write().push(Batch::new(rev, vec![put(b"k1", rev)]));
+        }
+        let (got, end) = drain(&mb, &history, &f, &lag);
+        assert!(got.is_empty());
+        assert!(matches!(end, Some(End::Compacted(f)) if f == history.read().floor()));
+        assert_eq!(lag.get(), 0);
+    }
+}

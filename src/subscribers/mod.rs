@@ -1,0 +1,295 @@
+//! The subscriber registry: registration, unsubscription, ending, culling after a
+//! compaction gap, watch slots and scopes. It owns the subscriber index, the watch
+//! counters and the lag count.
+//!
+//! - [`index`]: which subscribers a batch goes to;
+//! - [`mailbox`]: one subscriber's bounded queue, its lagging state and catch-up;
+//! - [`filter`]: what one subscriber receives.
+//!
+//! ## Lifecycle
+//! A watch takes a [`Slot`] (cache-wide and, through a scope, per scope) before it is
+//! registered, so a limit is enforced before any work. Registration puts its mailbox
+//! into the index under the index lock, at a position decided under the same lock, so
+//! the follower (which dispatches under that lock) either delivers a revision to it or
+//! the revision is already behind its position. Unsubscription (a drop, a cancel, a
+//! scope dropped) removes it from the index and ends its mailbox; the slot is freed when
+//! the stream lets go of it. After a compaction gap the follower culls the subscribers
+//! whose position the new snapshot cannot serve. On close, every mailbox ends and no
+//! subscriber can be added any more.
+
+pub(crate) mod filter;
+pub(crate) mod index;
+pub(crate) mod mailbox;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use crate::error::{Error, Result};
+use crate::history::{Batch, History};
+use filter::Filter;
+use index::{DispatchStats, Index};
+use mailbox::{End, LagCount, Mailbox};
+
+/// Identifies one subscriber, unique within a cache.
+pub(crate) type SubId = u64;
+
+/// The registry. Lock order: the index, then the history, then a mailbox.
+pub(crate) struct Subscribers {
+    index: Mutex<Index>,
+    lag: LagCount,
+    /// Open watches (slots held), shared with every [`Slot`].
+    watchers: Arc<AtomicUsize>,
+    max_watchers: usize,
+    buffer: usize,
+    next_id: AtomicU64,
+}
+
+/// The outcome of a registration.
+#[derive(Debug)]
+pub(crate) enum Registered {
+    /// Live (or catching up from the history): deliveries arrive in `mailbox`, every
+    /// matching revision after `position` (for a watch from now: the revision it
+    /// starts after, which its `created` response must report).
+    Live {
+        id: SubId,
+        mailbox: Arc<Mailbox>,
+        position: i64,
+    },
+    /// The start revision is below the window: the watch gets the compaction signal.
+    Compacted { floor: i64 },
+}
+
+impl Subscribers {
+    pub(crate) fn new(max_watchers: usize, buffer: usize) -> Self {
+        Subscribers {
+            index: Mutex::new(Index::default()),
+            lag: LagCount::default(),
+            watchers: Arc::default(),
+            max_watchers,
+            buffer,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Open watches.
+    pub(crate) fn watchers(&self) -> usize {
+        self.watchers.load(Ordering::Relaxed)
+    }
+
+    /// Lagging watches.
+    pub(crate) fn lagging(&self) -> usize {
+        self.lag.get()
+    }
+
+    /// The lag count, for consumers polling their mailbox.
+    pub(crate) fn lag(&self) -> &LagCount {
+        &self.lag
+    }
+
+    /// Takes a watch slot, cache-wide and in `scope`.
+    ///
+    /// # Errors
+    /// [`Error::WatchLimit`] naming the limit that was reached.
+    pub(crate) fn acquire(&self, scope: Option<&Arc<Scope>>) -> Result<Slot> {
+        let limit = self.max_watchers;
+        if self.watchers.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.watchers.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::WatchLimit { limit });
+        }
+        if let Some(scope) = scope {
+            if scope.count.fetch_add(1, Ordering::AcqRel) >= scope.limit {
+                scope.count.fetch_sub(1, Ordering::AcqRel);
+                self.watchers.fetch_sub(1, Ordering::AcqRel);
+                return Err(Error::WatchLimit { limit: scope.limit });
+            }
+        }
+        Ok(Slot {
+            watchers: self.watchers.clone(),
+            scope: scope.cloned(),
+        })
+    }
+
+    /// Registers a subscriber with `filter` that starts at `start_revision` (0: after
+    /// `now` or the cache's revision, whichever is newer). `revision` reads the cache's
+    /// revision; it is read under the index lock, where the follower publishes it.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] if the cache closed.
+    pub(crate) fn register(
+        &self,
+        filter: Filter,
+        start_revision: i64,
+        now: i64,
+        history: &RwLock<History>,
+        revision: impl Fn() -> i64,
+        slot: &Slot,
+    ) -> Result<Registered> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut index = self.index.lock();
+        if index.closed {
+            return Err(Error::Closed);
+        }
+        let (last_rev, lagging) = match start_revision {
+            // A revision the cache has not reached makes a future-start subscriber:
+            // events up to it are skipped, the first one after it is delivered.
+            0 => (revision().max(now), false),
+            start => {
+                let history = history.read();
+                if start < history.floor() {
+                    return Ok(Registered::Compacted {
+                        floor: history.floor(),
+                    });
+                }
+                (start - 1, start - 1 < history.head())
+            }
+        };
+        let mailbox = Mailbox::new(self.buffer, last_rev, lagging, &self.lag);
+        if let Some(scope) = &slot.scope {
+            scope.ids.lock().insert(id);
+        }
+        index.insert(id, filter, mailbox.clone());
+        Ok(Registered::Live {
+            id,
+            mailbox,
+            position: last_rev,
+        })
+    }
+
+    /// Removes a subscriber from the index and ends its mailbox (idempotent).
+    pub(crate) fn unsubscribe(&self, id: SubId, why: End) {
+        let removed = self.index.lock().remove(id);
+        if let Some(mailbox) = removed {
+            mailbox.end(why, &self.lag);
+        }
+    }
+
+    /// Ends every subscription and refuses new ones (close, or the follower's exit).
+    pub(crate) fn end_all(&self, why: End) {
+        let mut index = self.index.lock();
+        index.closed = true;
+        for (_, _, mailbox) in index.all() {
+            mailbox.end(why.clone(), &self.lag);
+        }
+    }
+
+    /// The index, locked for the follower's dispatch of one upstream message.
+    pub(crate) fn lock(&self) -> Dispatcher<'_> {
+        Dispatcher {
+            index: self.index.lock(),
+            lag: &self.lag,
+        }
+    }
+}
+
+/// The index locked by the follower: dispatch, wakers, culling after a gap.
+pub(crate) struct Dispatcher<'a> {
+    index: MutexGuard<'a, Index>,
+    lag: &'a LagCount,
+}
+
+impl Dispatcher<'_> {
+    /// Pushes `batch` to every matching subscriber.
+    pub(crate) fn dispatch(&mut self, batch: &Batch) -> DispatchStats {
+        self.index.dispatch(batch, self.lag)
+    }
+
+    /// Moves out the wakers of consumers that got deliveries. Wake them after the lock
+    /// is released.
+    pub(crate) fn take_wakers(&mut self, into: &mut Vec<Waker>) {
+        self.index.take_wakers(into);
+    }
+
+    /// After a re-list at `revision`: ends, as compacted, every subscriber positioned
+    /// before `revision` unless `unchanged` proves it missed nothing (its position then
+    /// moves to `revision`). Returns `(ended, kept)`.
+    pub(crate) fn cull_after_gap(
+        &mut self,
+        revision: i64,
+        unchanged: impl Fn(&Filter) -> bool,
+    ) -> (usize, usize) {
+        let mut gone = Vec::new();
+        let mut kept = 0usize;
+        for (id, filter, mailbox) in self.index.all() {
+            if mailbox.last_rev() >= revision {
+                continue;
+            }
+            if unchanged(filter) && mailbox.skip_to(revision) {
+                kept += 1;
+            } else {
+                gone.push(id);
+            }
+        }
+        for id in &gone {
+            if let Some(mailbox) = self.index.remove(*id) {
+                mailbox.end(End::Compacted(revision + 1), self.lag);
+            }
+        }
+        (gone.len(), kept)
+    }
+}
+
+/// The bookkeeping of one watch scope: its limit, how many are open, which.
+#[derive(Debug)]
+pub(crate) struct Scope {
+    limit: usize,
+    count: AtomicUsize,
+    ids: Mutex<HashSet<SubId>>,
+}
+
+impl Scope {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Scope {
+            limit,
+            count: AtomicUsize::new(0),
+            ids: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Watches open through the scope.
+    pub(crate) fn open(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The scope's limit.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Ends every watch opened through the scope (their streams end after what was
+    /// delivered, as on close).
+    pub(crate) fn cancel_all(&self, subscribers: &Subscribers) {
+        let ids: Vec<SubId> = self.ids.lock().drain().collect();
+        for id in ids {
+            subscribers.unsubscribe(id, End::Closed);
+        }
+    }
+}
+
+/// A counted watch slot (cache-wide and, for scoped watches, per scope). Freed on drop.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    watchers: Arc<AtomicUsize>,
+    scope: Option<Arc<Scope>>,
+}
+
+impl Slot {
+    /// Forgets `id` in the scope (the subscriber is gone).
+    pub(crate) fn forget(&self, id: SubId) {
+        if let Some(scope) = &self.scope {
+            scope.ids.lock().remove(&id);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.watchers.fetch_sub(1, Ordering::AcqRel);
+        if let Some(scope) = &self.scope {
+            scope.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Several watches on one stream, as etcd-client's `WatchStream`: a `created` response
+//! per watch with its id, events tagged with their watch's id, `cancel(id)`, stream-wide
+//! progress, `split()`, chosen ids, headers, and the compaction signal as etcd sends it.
+
+use std::time::Duration;
+
+use tokio::time::advance;
+use tokio_test::{assert_pending, assert_ready, task};
+
+use super::*;
+use crate::upstream::fake::{put, FAKE_HEADER};
+
+/// The next response, which must exist.
+async fn resp(s: &mut WatchStream) -> WatchResponse {
+    next(s).await.expect("no error").expect("not ended")
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_watches_share_one_stream_and_cancel_by_id() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    s.watch(k("b"), None).await.unwrap();
+    let (c0, c1) = (resp(&mut s).await, resp(&mut s).await);
+    assert!(c0.created() && c1.created());
+    assert_eq!(
+        (c0.watch_id(), c1.watch_id()),
+        (0, 1),
+        "ids from 0, as etcd"
+    );
+    assert_eq!(s.watch_id(), 0);
+    h.watch.events(vec![put(&k("b"), "1", 11, 11, 1)]);
+    h.watch.events(vec![put(&k("a"), "1", 12, 12, 1)]);
+    let r = resp(&mut s).await;
+    assert_eq!((r.watch_id(), r.events()[0].revision()), (1, 11));
+    let r = resp(&mut s).await;
+    assert_eq!((r.watch_id(), r.events()[0].revision()), (0, 12));
+    assert_eq!(h.cache.watcher_count(), 2);
+
+    s.cancel(1).await.unwrap();
+    let r = resp(&mut s).await;
+    assert!(
+        r.canceled() && r.watch_id() == 1 && r.compact_revision() == 0,
+        "{r:?}"
+    );
+    assert_eq!(
+        h.cache.watcher_count(),
+        1,
+        "a canceled watch frees its slot"
+    );
+    s.cancel(42).await.unwrap(); // unknown ids are ignored, as etcd ignores them
+    h.watch.events(vec![put(&k("b"), "2", 11, 13, 2)]);
+    h.watch.events(vec![put(&k("a"), "2", 12, 14, 2)]);
+    let r = resp(&mut s).await;
+    assert_eq!((r.watch_id(), r.events()[0].revision()), (0, 14));
+    // The freed id is given again.
+    s.watch(k("c"), None).await.unwrap();
+    assert_eq!(resp(&mut s).await.watch_id(), 1);
+    s.cancel(0).await.unwrap();
+    s.cancel(1).await.unwrap();
+    assert!(resp(&mut s).await.canceled());
+    assert!(resp(&mut s).await.canceled());
+    assert!(
+        next(&mut s).await.unwrap().is_none(),
+        "no watch left: the end"
+    );
+    assert_eq!(h.cache.watcher_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn chosen_watch_ids_are_honoured_and_duplicates_refused() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h
+        .cache
+        .watch(k("a"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .unwrap();
+    assert_eq!(resp(&mut s).await.watch_id(), 7);
+    let e = s
+        .watch(k("b"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::WatchIdInUse { watch_id: 7 }), "{e:?}");
+    assert_eq!(h.cache.watcher_count(), 1, "the refused watch took no slot");
+    let e = s
+        .watch(k("b"), Some(WatchOptions::new().with_watch_id(-3)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("negative watch id"), "{e}");
+    s.watch(k("b"), None).await.unwrap();
+    assert_eq!(resp(&mut s).await.watch_id(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn responses_carry_the_upstream_identity_in_their_header() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = watch_prefix(&h.cache, WatchOptions::new()).await;
+    let c = resp(&mut s).await;
+    let header = c.header().expect("a header");
+    assert_eq!(
+        (header.cluster_id(), header.member_id(), header.raft_term()),
+        (
+            FAKE_HEADER.cluster_id,
+            FAKE_HEADER.member_id,
+            FAKE_HEADER.raft_term
+        )
+    );
+    assert_eq!(header.revision(), 10);
+    assert!(!c.fragment());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_below_the_window_is_created_then_canceled_as_compacted() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(3)).await;
+    assert!(resp(&mut s).await.created());
+    let r = resp(&mut s).await;
+    assert!(r.canceled(), "{r:?}");
+    assert_eq!(
+        r.compact_revision(),
+        11,
+        "the oldest revision a watch can start from"
+    );
+    assert!(
+        r.cancel_reason().contains("compacted"),
+        "{}",
+        r.cancel_reason()
+    );
+    assert!(next(&mut s).await.unwrap().is_none());
+    assert_eq!(h.cache.watcher_count(), 0);
+    // Reads name the same revision.
+    let e = h
+        .cache
+        .get(
+            k("a"),
+            Some(crate::read::GetOptions::new().with_revision(3)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Compacted {
+                compact_revision: 11
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+/// A stream-wide progress request is answered once, with watch id -1, at a revision up
+/// to which every watch on the stream has been delivered.
+#[tokio::test(start_paused = true)]
+async fn stream_progress_covers_every_watch_on_the_stream() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    s.watch(k("b"), None).await.unwrap();
+    resp(&mut s).await;
+    resp(&mut s).await;
+    h.watch.events(vec![put(&k("b"), "1", 11, 11, 1)]);
+    settle().await;
+    s.request_progress().await.unwrap();
+    // The event for watch 1 comes first: progress waits until it is delivered.
+    let r = resp(&mut s).await;
+    assert_eq!(r.events().len(), 1);
+    let p = resp(&mut s).await;
+    assert!(p.is_progress_notify());
+    assert_eq!((p.watch_id(), p.revision()), (-1, 11));
+    assert!(now(&mut s).is_none(), "one request, one answer");
+}
+
+/// A stream-wide progress request that the cache cannot answer yet (a watch from now
+/// starts at the cluster's revision, ahead of the cache) waits until the cache gets
+/// there, asking etcd for progress meanwhile, and never reports a revision below one
+/// already reported.
+#[tokio::test(start_paused = true)]
+async fn stream_progress_waits_for_the_cache_without_going_backwards() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    assert_eq!(resp(&mut s).await.revision(), 10);
+    h.up.set_current_revision(15);
+    s.watch(k("b"), None).await.unwrap();
+    assert_eq!(
+        resp(&mut s).await.revision(),
+        15,
+        "created at the cluster's revision"
+    );
+    let mut s = task::spawn(s);
+    futures_util::FutureExt::now_or_never(s.request_progress())
+        .expect("answered at once")
+        .unwrap();
+    assert_pending!(s.poll_next());
+    settle().await;
+    assert!(h.up.requests() >= 1, "the cache asks etcd for progress");
+    h.watch.progress(15, true);
+    settle().await;
+    let p = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert!(p.is_progress_notify());
+    assert_eq!((p.watch_id(), p.revision()), (-1, 15));
+}
+
+/// `split()`: one task adds watches while another reads; the response half ends once
+/// no watch is left and the sender is gone.
+#[tokio::test(start_paused = true)]
+async fn split_streams_add_watches_from_another_task() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let (mut tx, mut rx) = h.cache.watch_stream().split();
+    let mut reader = task::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(r) = rx.message().await.unwrap() {
+            seen.push((r.watch_id(), r.created(), r.canceled(), r.events().len()));
+        }
+        seen
+    });
+    assert_pending!(reader.poll(), "an empty split stream stays open");
+    tx.watch(k("a"), None).await.unwrap();
+    settle().await;
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    settle().await;
+    tx.cancel(0).await.unwrap();
+    settle().await;
+    assert_pending!(reader.poll(), "still open while the sender lives");
+    drop(tx);
+    let seen = within(reader).await;
+    assert_eq!(
+        seen,
+        [
+            (0, true, false, 0),
+            (0, false, false, 1),
+            (0, false, true, 0)
+        ]
+    );
+}
+
+/// Closing the cache ends every stream after what it was delivered, split or not.
+#[tokio::test(start_paused = true)]
+async fn close_ends_split_streams_too() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let (_tx, mut rx) = h.cache.watch_stream().split();
+    let mut reader = task::spawn(async move { rx.message().await });
+    assert_pending!(reader.poll());
+    h.cache.close().await;
+    advance(Duration::from_millis(1)).await;
+    assert!(within(reader).await.unwrap().is_none());
+}

@@ -1,0 +1,321 @@
+//! The production [`Upstream`]: an `etcd_client::Client`. Every conversion between the
+//! crate's types and `etcd_client`'s lives in this file.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use etcd_client::proto::PbKeyValue;
+use futures_util::future::BoxFuture;
+
+use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
+use crate::error::{Error, Result};
+use crate::key_range::KeyRange;
+use crate::kv::{Event, EventType, KeyValue};
+use crate::range_request::{RangeRequest, RangeResult};
+
+/// The production upstream.
+pub(crate) struct EtcdUpstream {
+    client: etcd_client::Client,
+}
+
+impl EtcdUpstream {
+    pub(crate) fn new(client: etcd_client::Client) -> Self {
+        EtcdUpstream { client }
+    }
+}
+
+impl From<PbKeyValue> for KeyValue {
+    /// Moves the protobuf buffers into `Bytes` without copying them.
+    fn from(kv: PbKeyValue) -> Self {
+        KeyValue::new(
+            Bytes::from(kv.key),
+            Bytes::from(kv.value),
+            kv.create_revision,
+            kv.mod_revision,
+            kv.version,
+            kv.lease,
+        )
+    }
+}
+
+impl From<etcd_client::KeyValue> for KeyValue {
+    /// Moves etcd-client's buffers in (no copy).
+    fn from(kv: etcd_client::KeyValue) -> Self {
+        KeyValue::from(kv.0)
+    }
+}
+
+impl From<&KeyValue> for etcd_client::KeyValue {
+    /// A copy as etcd-client's type, for helpers that take `&etcd_client::KeyValue`.
+    fn from(kv: &KeyValue) -> Self {
+        etcd_client::KeyValue(PbKeyValue {
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+            version: kv.version(),
+            lease: kv.lease(),
+        })
+    }
+}
+
+impl From<KeyValue> for etcd_client::KeyValue {
+    fn from(kv: KeyValue) -> Self {
+        etcd_client::KeyValue::from(&kv)
+    }
+}
+
+impl From<&Event> for etcd_client::Event {
+    /// A copy as etcd-client's type.
+    fn from(ev: &Event) -> Self {
+        etcd_client::Event(etcd_client::proto::PbEvent {
+            r#type: ev.event_type() as i32,
+            kv: ev.kv().map(|kv| etcd_client::KeyValue::from(kv).0),
+            prev_kv: ev.prev_kv().map(|kv| etcd_client::KeyValue::from(kv).0),
+        })
+    }
+}
+
+impl From<Event> for etcd_client::Event {
+    fn from(ev: Event) -> Self {
+        etcd_client::Event::from(&ev)
+    }
+}
+
+impl TryFrom<etcd_client::Event> for Event {
+    type Error = Error;
+
+    /// etcd-client's event as the cache's (no copy of the buffers).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] for an unknown event type or an event without a key-value.
+    fn try_from(ev: etcd_client::Event) -> Result<Self> {
+        let pb = ev.0;
+        let event_type = event_type(pb.r#type)?;
+        let kv = pb
+            .kv
+            .ok_or_else(|| Error::protocol("an event without a key-value"))?;
+        Ok(Event::new(
+            event_type,
+            KeyValue::from(kv),
+            pb.prev_kv.map(KeyValue::from),
+        ))
+    }
+}
+
+/// `etcd_client`'s request options for `request`, keyed at the range's start.
+fn get_options(request: &RangeRequest) -> etcd_client::GetOptions {
+    let range = &request.range;
+    let mut o = etcd_client::GetOptions::new();
+    if !range.end.is_empty() {
+        o = o.with_range(range.end.to_vec());
+    }
+    o = o.with_limit(request.limit).with_revision(request.revision);
+    if request.serializable {
+        o = o.with_serializable();
+    }
+    if request.keys_only {
+        o = o.with_keys_only();
+    }
+    if request.count_only {
+        o = o.with_count_only();
+    }
+    o.with_sort(request.sort_target, request.sort_order)
+        .with_min_mod_revision(request.min_mod_revision)
+        .with_max_mod_revision(request.max_mod_revision)
+        .with_min_create_revision(request.min_create_revision)
+        .with_max_create_revision(request.max_create_revision)
+}
+
+fn header(h: Option<&etcd_client::proto::PbResponseHeader>) -> Header {
+    h.map_or(Header::default(), |h| Header {
+        cluster_id: h.cluster_id,
+        member_id: h.member_id,
+        raft_term: h.raft_term,
+        revision: h.revision,
+    })
+}
+
+/// The public response header for `header`, at `revision`.
+pub(crate) fn response_header(header: &Header, revision: i64) -> etcd_client::ResponseHeader {
+    etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
+        cluster_id: header.cluster_id,
+        member_id: header.member_id,
+        revision,
+        raft_term: header.raft_term,
+    })
+}
+
+fn range_response(resp: etcd_client::GetResponse) -> RangeResponse {
+    let pb = resp.0;
+    RangeResponse {
+        revision: pb.header.as_ref().map_or(0, |h| h.revision),
+        header: header(pb.header.as_ref()),
+        result: RangeResult {
+            count: pb.count,
+            more: pb.more,
+            kvs: pb.kvs.into_iter().map(KeyValue::from).collect(),
+        },
+    }
+}
+
+fn event_type(code: i32) -> Result<EventType> {
+    EventType::try_from(code).map_err(|_| Error::protocol(format!("unknown event type {code}")))
+}
+
+struct EtcdWatch {
+    stream: etcd_client::WatchStream,
+    last_header: Header,
+}
+
+impl UpstreamWatch for EtcdWatch {
+    fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
+        Box::pin(async move {
+            let Some(resp) = self.stream.message().await? else {
+                return Ok(None);
+            };
+            let mut pb = resp.0;
+            let revision = pb.header.as_ref().map_or(0, |h| h.revision);
+            if pb.header.is_some() {
+                self.last_header = header(pb.header.as_ref());
+            }
+            // `canceled` first: etcd refuses a watch with `created` and `canceled` both set.
+            Ok(Some(if pb.canceled {
+                WatchMsg::Canceled {
+                    compact_revision: pb.compact_revision,
+                    reason: std::mem::take(&mut pb.cancel_reason),
+                }
+            } else if pb.created {
+                WatchMsg::Created
+            } else if pb.compact_revision != 0 {
+                WatchMsg::Canceled {
+                    compact_revision: pb.compact_revision,
+                    reason: "compacted".into(),
+                }
+            } else if pb.events.is_empty() {
+                WatchMsg::Progress {
+                    revision,
+                    requested: pb.watch_id == -1,
+                }
+            } else {
+                let mut out = Vec::with_capacity(pb.events.len());
+                for ev in std::mem::take(&mut pb.events) {
+                    let t = event_type(ev.r#type)?;
+                    let Some(kv) = ev.kv else {
+                        return Err(Error::protocol("an event without a key-value"));
+                    };
+                    out.push((t, KeyValue::from(kv)));
+                }
+                WatchMsg::Events(out)
+            }))
+        })
+    }
+
+    fn request_progress(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move { Ok(self.stream.request_progress().await?) })
+    }
+
+    fn header(&self) -> Header {
+        self.last_header
+    }
+}
+
+impl Upstream for EtcdUpstream {
+    fn versions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move {
+            let mut client = self.client.clone();
+            let mut versions = vec![client.status().await?.version().to_owned()];
+            // Status on every member: the client may be balanced over several.
+            let members = client.member_list().await?;
+            let urls: Vec<String> = members
+                .members()
+                .iter()
+                .flat_map(|m| m.client_urls().iter().cloned())
+                .collect();
+            let probes = urls.into_iter().map(|url| async move {
+                let probe = async {
+                    let opts = etcd_client::ConnectOptions::new()
+                        .with_connect_timeout(Duration::from_secs(2))
+                        .with_timeout(Duration::from_secs(2));
+                    let mut c = etcd_client::Client::connect([url.as_str()], Some(opts)).await?;
+                    Ok::<_, etcd_client::Error>(c.status().await?.version().to_owned())
+                };
+                match tokio::time::timeout(Duration::from_secs(3), probe).await {
+                    Ok(Ok(v)) => v,
+                    // Unknown (e.g. a TLS endpoint, which this plain probe cannot reach):
+                    // counts as a version that cannot be trusted, which is only slower.
+                    _ => format!("unreachable:{url}"),
+                }
+            });
+            versions.extend(futures_util::future::join_all(probes).await);
+            Ok(versions)
+        })
+    }
+
+    fn list_page(
+        &self,
+        range: KeyRange,
+        revision: i64,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<RangeResponse>> {
+        let request = RangeRequest {
+            revision,
+            limit,
+            ..RangeRequest::new(range)
+        };
+        self.range(request)
+    }
+
+    fn watch(
+        &self,
+        range: KeyRange,
+        start_revision: i64,
+    ) -> BoxFuture<'_, Result<Box<dyn UpstreamWatch>>> {
+        Box::pin(async move {
+            let mut opts = etcd_client::WatchOptions::new()
+                .with_start_revision(start_revision)
+                .with_progress_notify();
+            if !range.end.is_empty() {
+                opts = opts.with_range(range.end.to_vec());
+            }
+            let stream = self
+                .client
+                .watch_client()
+                .watch(range.start.to_vec(), Some(opts))
+                .await?;
+            Ok(Box::new(EtcdWatch {
+                stream,
+                last_header: Header::default(),
+            }) as Box<dyn UpstreamWatch>)
+        })
+    }
+
+    fn current_revision(&self, range: KeyRange) -> BoxFuture<'_, Result<i64>> {
+        Box::pin(async move {
+            // The header revision is the cluster's, whatever the key: a count-only read
+            // of one key costs O(log n) where a count over the prefix walks it (3.4).
+            let opts = etcd_client::GetOptions::new()
+                .with_count_only()
+                .with_limit(1);
+            let resp = self
+                .client
+                .kv_client()
+                .get(range.start.to_vec(), Some(opts))
+                .await?;
+            Ok(resp.header().map_or(0, |h| h.revision()))
+        })
+    }
+
+    fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {
+        Box::pin(async move {
+            // The range's start, not the user's key: etcd-client rewrites an empty key
+            // only for its own prefix/from-key/all-keys flags, which are not used here.
+            let resp = self
+                .client
+                .kv_client()
+                .get(request.range.start.to_vec(), Some(get_options(&request)))
+                .await?;
+            Ok(range_response(resp))
+        })
+    }
+}

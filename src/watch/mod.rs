@@ -1,0 +1,279 @@
+//! Watching through the cache: [`WatchOptions`], [`WatchStream`] (one stream carrying
+//! any number of watches, as etcd's and etcd-client's), [`WatchResponse`] and
+//! [`WatchScope`].
+//!
+//! - this file: the options and the registration of one watch;
+//! - [`subscription`]: one watch on a stream, over its mailbox;
+//! - [`stream`]: the stream, its request sender and response half;
+//! - [`response`]: the responses;
+//! - [`scope`]: watch budgets.
+//!
+//! ## Ordering
+//! Each watch sees revisions in strictly increasing order, each revision's matching
+//! events in one response, no gap and no duplicate, across upstream reconnects and
+//! while lagging. On one stream, the header revision of the responses never goes
+//! down, as etcd's does not.
+//!
+//! ## Lagging
+//! A watch that does not keep up fills its buffer (`subscriber_buffer` responses) and
+//! becomes lagging. Nothing waits for it: when its stream is polled again it catches up
+//! from the cache's history, in order, and then rejoins the live stream. If its
+//! position has left the history window by then, it gets what etcd sends a watch
+//! behind compaction: a canceled response with `compact_revision`, and then that watch
+//! ends (the others on the stream continue).
+//!
+//! ## Outages
+//! Unlike a direct etcd watch, whose stream breaks when the connection does, a cache
+//! watch stays open while the cache reconnects and resumes where it was, with nothing
+//! lost or repeated. `Cache::status_stream` tells when etcd is unreachable.
+//!
+//! ## Shutdown
+//! When the cache closes, every watch gets what was already delivered to it (a lagging
+//! one its catch-up too), and then the stream ends with `None`.
+
+mod response;
+mod scope;
+mod stream;
+mod subscription;
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::key_range::{KeyRange, RangeSpec};
+use crate::shared::Shared;
+use crate::subscribers::filter::Filter;
+use crate::subscribers::Scope;
+pub use response::{ResponseHeader, WatchResponse};
+pub use scope::WatchScope;
+pub use stream::{WatchRequestSender, WatchResponseStream, WatchStream};
+
+/// Server-side style event filters, applied per watch (etcd-client's type).
+pub use etcd_client::WatchFilterType;
+
+/// Options for [`Cache::watch`](crate::Cache::watch) and [`WatchStream::watch`], as
+/// `etcd_client::WatchOptions`: every builder method of it, with the same meaning.
+///
+/// ```
+/// use etcd_cache::{WatchFilterType, WatchOptions};
+///
+/// let opts = WatchOptions::new()
+///     .with_prefix()
+///     .with_start_revision(42)
+///     .with_prev_key()
+///     .with_progress_notify()
+///     .with_filters([WatchFilterType::NoDelete]);
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct WatchOptions {
+    key: Option<Vec<u8>>,
+    spec: RangeSpec,
+    start_revision: i64,
+    prev_kv: bool,
+    progress_notify: bool,
+    filters: Vec<WatchFilterType>,
+    watch_id: i64,
+    fragment: bool,
+}
+
+impl WatchOptions {
+    /// Watch one key, from the next revision.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the key (the key argument of `watch` wins over it, as in etcd-client).
+    pub fn with_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Watch every key with the key as prefix (the empty key: every key).
+    pub fn with_prefix(mut self) -> Self {
+        self.spec = RangeSpec::Prefix;
+        self
+    }
+
+    /// Watch `[key, end)`. `end = "\0"` means every key >= key.
+    pub fn with_range(mut self, end: impl Into<Vec<u8>>) -> Self {
+        self.spec = RangeSpec::Range(end.into());
+        self
+    }
+
+    /// Watch every key >= key.
+    pub fn with_from_key(mut self) -> Self {
+        self.spec = RangeSpec::FromKey;
+        self
+    }
+
+    /// Watch every key (the cache's prefix must be empty).
+    pub fn with_all_keys(mut self) -> Self {
+        self.spec = RangeSpec::AllKeys;
+        self
+    }
+
+    /// Start at `revision` (0: from the next revision). A revision inside the cache's
+    /// window replays from the history, then continues live; below it, the watch gets
+    /// a canceled response with `compact_revision`, as etcd sends for a compacted
+    /// revision; a future revision waits for it.
+    pub fn with_start_revision(mut self, revision: i64) -> Self {
+        self.start_revision = revision;
+        self
+    }
+
+    /// Attach each event's previous key-value (the cache knows it; etcd is not asked).
+    pub fn with_prev_key(mut self) -> Self {
+        self.prev_kv = true;
+        self
+    }
+
+    /// Receive periodic progress responses (no events; every matching event up to the
+    /// revision was delivered). Interval: `CacheBuilder::progress_notify_interval`.
+    pub fn with_progress_notify(mut self) -> Self {
+        self.progress_notify = true;
+        self
+    }
+
+    /// Drop events of these types.
+    pub fn with_filters(mut self, filters: impl Into<Vec<WatchFilterType>>) -> Self {
+        self.filters = filters.into();
+        self
+    }
+
+    /// Use this watch id on the stream (0, the default, picks the lowest free id, as
+    /// etcd does). An id already in use on the stream is refused with
+    /// [`Error::WatchIdInUse`].
+    pub fn with_watch_id(mut self, watch_id: i64) -> Self {
+        self.watch_id = watch_id;
+        self
+    }
+
+    /// Allow a revision's events to be split over several responses. Accepted for
+    /// etcd-client compatibility; the cache never needs to split (there is no message
+    /// size limit in memory), so every response is whole and `fragment()` is false.
+    pub fn with_fragment(mut self) -> Self {
+        self.fragment = true;
+        self
+    }
+
+    pub(crate) fn watch_id(&self) -> i64 {
+        self.watch_id
+    }
+
+    /// The key, the argument or else the one set with `with_key`.
+    fn key<'a>(&'a self, key: &'a [u8]) -> &'a [u8] {
+        match &self.key {
+            Some(k) if key.is_empty() => k,
+            _ => key,
+        }
+    }
+}
+
+/// A watch request, validated: what the stream registers.
+pub(crate) struct Request {
+    filter: Filter,
+    start_revision: i64,
+    progress_notify: bool,
+}
+
+impl Request {
+    /// Validates `options` for `key` against the cache's range.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRange`] (empty key, end not after the start, negative start
+    /// revision, negative watch id), [`Error::OutOfRange`].
+    pub(crate) fn new(shared: &Shared, key: &[u8], options: &WatchOptions) -> Result<Request> {
+        let range = KeyRange::new(options.key(key), &options.spec)?;
+        range.check_within(&shared.range)?;
+        if options.start_revision < 0 {
+            return Err(Error::invalid(format!(
+                "negative start revision {}",
+                options.start_revision
+            )));
+        }
+        if options.watch_id < 0 {
+            return Err(Error::invalid(format!(
+                "negative watch id {} (0 picks one)",
+                options.watch_id
+            )));
+        }
+        Ok(Request {
+            filter: Filter {
+                range,
+                prev_kv: options.prev_kv,
+                no_put: options.filters.contains(&WatchFilterType::NoPut),
+                no_delete: options.filters.contains(&WatchFilterType::NoDelete),
+            },
+            start_revision: options.start_revision,
+            progress_notify: options.progress_notify,
+        })
+    }
+}
+
+/// Registers one watch: takes a slot, learns "now" for a watch without a start
+/// revision, and puts it into the index. Its stream bookkeeping (the watch id) is the
+/// caller's.
+///
+/// # Errors
+/// [`Error::WatchLimit`]; [`Error::NotReady`] before the first snapshot is loaded
+/// (call `Cache::wait_ready` first); [`Error::Closed`] / [`Error::Failed`].
+async fn register(
+    shared: &Arc<Shared>,
+    request: Request,
+    scope: Option<&Arc<Scope>>,
+) -> Result<subscription::Registration> {
+    let status = shared.status();
+    if status.closed() {
+        return Err(Shared::closed_error(&status));
+    }
+    if !status.loaded {
+        return Err(Error::NotReady);
+    }
+    let slot = shared.subscribers.acquire(scope)?;
+    // "From now", as etcd means it: after every write that completed before this
+    // call, even those the cache has not applied yet.
+    let now = if request.start_revision == 0 {
+        cluster_revision_for_watch(shared).await
+    } else {
+        0
+    };
+    let registered = shared.subscribers.register(
+        request.filter.clone(),
+        request.start_revision,
+        now,
+        &shared.history,
+        || shared.revision(),
+        &slot,
+    )?;
+    Ok(subscription::Registration {
+        request,
+        registered,
+        slot,
+        revision: shared.revision(),
+    })
+}
+
+/// The cluster's current revision for a watch "from now" (one linearizable round
+/// trip, shared with concurrent callers), or 0 when it is not wanted or cannot be had
+/// in time: then the watch starts after the cache's own revision, and a warning says
+/// so.
+async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
+    if !shared.config.linearizable_watch_start || !shared.is_ready() {
+        return 0;
+    }
+    let limit = shared.config.consistent_read_timeout;
+    match shared
+        .probe
+        .current(&shared.upstream, &shared.range, limit)
+        .await
+    {
+        Ok(rev) => {
+            shared.counters.saw_cluster_revision(rev);
+            rev
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, revision = shared.revision(), "could not learn the cluster's revision for a watch from now; it starts after the cache's revision");
+            0
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! [`WatchResponse`], as `etcd_client::WatchResponse`.
+
+use std::sync::Arc;
+
+use crate::kv::Event;
+
+/// The header of a response: etcd-client's type, with the cache's revision and the
+/// upstream's cluster id, member id and raft term (0 until the cache has heard them).
+pub use etcd_client::ResponseHeader;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Created,
+    Events,
+    Progress,
+    Canceled,
+}
+
+/// One response of a [`WatchStream`](crate::WatchStream), as
+/// `etcd_client::WatchResponse`: the same accessors, the same meaning.
+///
+/// ```no_run
+/// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+/// let mut stream = cache.watch("/app/", Some(etcd_cache::WatchOptions::new().with_prefix())).await?;
+/// while let Some(resp) = stream.message().await? {
+///     if resp.canceled() && resp.compact_revision() > 0 {
+///         // Fell behind the cache's window: re-list, then watch again.
+///         break;
+///     }
+///     for ev in resp.events() {
+///         println!("{:?} at {}", ev.kv().map(|kv| kv.key()), resp.header().unwrap().revision());
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct WatchResponse {
+    header: Option<ResponseHeader>,
+    revision: i64,
+    watch_id: i64,
+    kind: Kind,
+    events: Option<Arc<[Event]>>,
+    compact_revision: i64,
+    cancel_reason: &'static str,
+}
+
+impl WatchResponse {
+    fn new(header: ResponseHeader, watch_id: i64, kind: Kind) -> Self {
+        WatchResponse {
+            revision: header.revision(),
+            header: Some(header),
+            watch_id,
+            kind,
+            events: None,
+            compact_revision: 0,
+            cancel_reason: "",
+        }
+    }
+
+    pub(super) fn new_created(header: ResponseHeader, watch_id: i64) -> Self {
+        Self::new(header, watch_id, Kind::Created)
+    }
+
+    pub(super) fn new_events(header: ResponseHeader, watch_id: i64, events: Arc<[Event]>) -> Self {
+        WatchResponse {
+            events: Some(events),
+            ..Self::new(header, watch_id, Kind::Events)
+        }
+    }
+
+    pub(super) fn new_progress(header: ResponseHeader, watch_id: i64) -> Self {
+        Self::new(header, watch_id, Kind::Progress)
+    }
+
+    pub(super) fn new_canceled(
+        header: ResponseHeader,
+        watch_id: i64,
+        compact_revision: i64,
+        cancel_reason: &'static str,
+    ) -> Self {
+        WatchResponse {
+            compact_revision,
+            cancel_reason,
+            ..Self::new(header, watch_id, Kind::Canceled)
+        }
+    }
+
+    /// The response header: the revision (see [`revision`](Self::revision)) and the
+    /// upstream's cluster id, member id and raft term. Always `Some` (an `Option` as in
+    /// etcd-client).
+    pub fn header(&self) -> Option<&ResponseHeader> {
+        self.header.as_ref()
+    }
+
+    /// Takes the header out, as etcd-client's.
+    pub fn take_header(&mut self) -> Option<ResponseHeader> {
+        self.header.take()
+    }
+
+    /// The header revision. For events: at least their revision (equal unless the
+    /// stream already reported a later one, as etcd reports its current revision on
+    /// a replay); for progress: every matching event up to it was delivered; for
+    /// `created`: the revision the watch is current at. Never below an earlier
+    /// response's on the same stream.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// The events, all of one revision. Shared with other subscribers, never copied.
+    pub fn events(&self) -> &[Event] {
+        self.events.as_deref().unwrap_or(&[])
+    }
+
+    /// True for a progress response: no events, and every matching event with a
+    /// revision <= [`revision`](Self::revision) was delivered. Its `watch_id` is the
+    /// watch's for a periodic notification, -1 for the answer to
+    /// [`request_progress`](crate::WatchStream::request_progress), as etcd sends them.
+    pub fn is_progress_notify(&self) -> bool {
+        self.kind == Kind::Progress
+    }
+
+    /// True for the first response of a watch; it carries the watch's id.
+    pub fn created(&self) -> bool {
+        self.kind == Kind::Created
+    }
+
+    /// True for the last response of a watch: cancelled by
+    /// [`cancel`](crate::WatchStream::cancel), or behind the cache's window (then
+    /// [`compact_revision`](Self::compact_revision) is set). Nothing more comes for it.
+    pub fn canceled(&self) -> bool {
+        self.kind == Kind::Canceled
+    }
+
+    /// Set (> 0) when the watch was canceled because its position is older than the
+    /// cache can replay: the oldest revision a watch can start from now. Re-list, and
+    /// watch again from the read's revision + 1.
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_revision
+    }
+
+    /// Why the watch was canceled (etcd's text for compaction), empty otherwise.
+    pub fn cancel_reason(&self) -> &str {
+        self.cancel_reason
+    }
+
+    /// Always false: the cache never splits a revision over several responses.
+    pub fn fragment(&self) -> bool {
+        false
+    }
+
+    /// The id of the watch on its stream (-1 for the answer to a stream-wide
+    /// progress request).
+    pub fn watch_id(&self) -> i64 {
+        self.watch_id
+    }
+}

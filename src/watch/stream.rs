@@ -1,0 +1,528 @@
+//! [`WatchStream`]: one stream carrying any number of watches, as etcd-client's. Its
+//! request half ([`WatchRequestSender`]) adds and cancels watches and asks for progress;
+//! its response half ([`WatchResponseStream`]) yields every watch's responses. They
+//! share a small control block: the watches added but not yet polled, the ids in use,
+//! and the progress requests.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use futures_util::stream::{SelectAll, StreamExt};
+use futures_util::task::AtomicWaker;
+use parking_lot::Mutex;
+
+use super::response::WatchResponse;
+use super::subscription::{Item, Subscription};
+use super::{register, Request, WatchOptions};
+use crate::error::{Error, Result};
+use crate::shared::{ProgressWait, Shared};
+use crate::subscribers::mailbox::End;
+use crate::subscribers::{Scope, SubId};
+
+/// A future that resolves when the cache publishes a change.
+type Changed = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The watch id of a response to a stream-wide progress request, as etcd's.
+const STREAM_WATCH_ID: i64 = -1;
+
+/// What the two halves of a stream share.
+struct Control {
+    shared: Arc<Shared>,
+    scope: Option<Arc<Scope>>,
+    inner: Mutex<ControlInner>,
+    /// Set by the sender when `inner` has news for the response half, so that the
+    /// response half takes the lock only then (not on every poll).
+    dirty: AtomicBool,
+    /// The response half's waker.
+    waker: AtomicWaker,
+}
+
+#[derive(Default)]
+struct ControlInner {
+    /// Added by the sender, not yet taken by the response half.
+    incoming: Vec<Subscription>,
+    /// Watch ids in use on the stream, with their registry ids.
+    ids: HashMap<i64, SubId>,
+    /// The next id to try for a watch that did not choose one.
+    next_id: i64,
+    /// Stream-wide progress requests not answered yet.
+    progress_requests: usize,
+    /// The request half was dropped (only after a split).
+    sender_gone: bool,
+}
+
+impl Control {
+    /// Tells the response half that there is news.
+    fn notify(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// The request half of a [`WatchStream`] (from [`WatchStream::split`]), as
+/// `etcd_client::WatchRequestSender`.
+pub struct WatchRequestSender {
+    control: Arc<Control>,
+}
+
+impl std::fmt::Debug for WatchRequestSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchRequestSender").finish_non_exhaustive()
+    }
+}
+
+impl WatchRequestSender {
+    /// Adds a watch to the stream; its `created` response carries its watch id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRange`], [`Error::OutOfRange`], [`Error::WatchLimit`],
+    /// [`Error::WatchIdInUse`], [`Error::NotReady`] before the cache's first snapshot,
+    /// [`Error::Closed`] / [`Error::Failed`]. Nothing is added then.
+    pub async fn watch(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        options: Option<WatchOptions>,
+    ) -> Result<()> {
+        let key = key.into();
+        let options = options.unwrap_or_default();
+        let control = &self.control;
+        let request = Request::new(&control.shared, &key, &options)?;
+        // Reserve the id first, so that a refused id costs no registration.
+        let watch_id = {
+            let mut inner = control.inner.lock();
+            let id = match options.watch_id() {
+                0 => {
+                    while inner.ids.contains_key(&inner.next_id) {
+                        inner.next_id += 1;
+                    }
+                    inner.next_id
+                }
+                chosen if inner.ids.contains_key(&chosen) => {
+                    return Err(Error::WatchIdInUse { watch_id: chosen })
+                }
+                chosen => chosen,
+            };
+            inner.ids.insert(id, 0);
+            id
+        };
+        let registration = match register(&control.shared, request, control.scope.as_ref()).await {
+            Ok(r) => r,
+            Err(e) => {
+                control.inner.lock().ids.remove(&watch_id);
+                return Err(e);
+            }
+        };
+        let weak = Arc::downgrade(control);
+        let on_end = Box::new(move |id: i64| {
+            if let Some(control) = weak.upgrade() {
+                control.inner.lock().ids.remove(&id);
+            }
+        });
+        let sub = Subscription::new(control.shared.clone(), registration, watch_id, on_end);
+        {
+            let mut inner = control.inner.lock();
+            inner.ids.insert(watch_id, sub.sub_id);
+            inner.incoming.push(sub);
+        }
+        control.notify();
+        Ok(())
+    }
+
+    /// Cancels the watch `watch_id`: what it was delivered stays, then a `canceled`
+    /// response ends it. An id not in use is ignored, as etcd ignores it.
+    ///
+    /// # Errors
+    /// None today; the `Result` mirrors etcd-client.
+    pub async fn cancel(&mut self, watch_id: i64) -> Result<()> {
+        let sub_id = self.control.inner.lock().ids.get(&watch_id).copied();
+        if let Some(sub_id) = sub_id.filter(|&id| id != 0) {
+            self.control
+                .shared
+                .subscribers
+                .unsubscribe(sub_id, End::Cancelled);
+        }
+        Ok(())
+    }
+
+    /// Asks for a progress response for the whole stream (watch id -1): it comes once
+    /// every watch on the stream has been delivered every matching event up to its
+    /// revision, as etcd (on fixed versions) answers it. Answered by the cache.
+    ///
+    /// # Errors
+    /// None today; the `Result` mirrors etcd-client.
+    pub async fn request_progress(&mut self) -> Result<()> {
+        self.control.inner.lock().progress_requests += 1;
+        self.control.notify();
+        Ok(())
+    }
+}
+
+impl Drop for WatchRequestSender {
+    fn drop(&mut self) {
+        self.control.inner.lock().sender_gone = true;
+        self.control.notify();
+    }
+}
+
+/// The response half of a [`WatchStream`] (from [`WatchStream::split`]), as
+/// `etcd_client::WatchResponseStream`: a `Stream` of every watch's responses.
+///
+/// It ends (`None`) once no watch is left and none can be added any more: its sender
+/// was dropped, or the cache closed. Dropping it cancels every watch on it.
+pub struct WatchResponseStream {
+    control: Arc<Control>,
+    /// The stream's only watch, polled directly: most streams carry one watch, and a
+    /// `SelectAll` would add a task-queue hop and a wake-up per burst to each of them.
+    solo: Option<Subscription>,
+    /// The other watches, polled as they are woken.
+    watches: SelectAll<Subscription>,
+    /// Which of the two goes first next time (fairness).
+    solo_first: bool,
+    /// True for an unsplit stream: it ends whenever no watch is left.
+    end_when_empty: bool,
+    /// The highest revision reported: no response goes below it.
+    reported: i64,
+    /// While a stream-wide progress request waits for the cache: the wait is
+    /// registered (so the cache asks etcd for progress) and a change of the cache's
+    /// revision wakes the stream.
+    progress_wait: Option<(ProgressWait, Changed)>,
+    /// While no watch is left on a split stream: a change of the cache's status (its
+    /// close) wakes the stream.
+    close_wait: Option<Changed>,
+    /// Copied from the control block when it has news.
+    sender_gone: bool,
+    progress_requests: usize,
+}
+
+impl std::fmt::Debug for WatchResponseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchResponseStream")
+            .field("watches", &self.len())
+            .field("reported", &self.reported)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchResponseStream {
+    /// The next response; `Ok(None)` when the stream has ended.
+    ///
+    /// # Errors
+    /// [`Error::Failed`] once, if the cache stopped on a permanent failure.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a response is removed from the stream only when it is returned.
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx))
+            .await
+            .transpose()
+    }
+
+    fn header(&mut self, revision: i64) -> crate::ResponseHeader {
+        self.reported = self.reported.max(revision);
+        self.control.shared.header(self.reported)
+    }
+
+    /// Watches on the stream (not counting those added but not yet polled).
+    fn len(&self) -> usize {
+        self.solo.iter().count() + self.watches.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Subscription> + '_ {
+        self.solo.iter().chain(self.watches.iter())
+    }
+
+    fn add(&mut self, sub: Subscription) {
+        if self.solo.is_none() && self.watches.is_empty() {
+            self.solo = Some(sub);
+        } else {
+            self.watches.push(sub);
+        }
+    }
+
+    /// The next item of any watch, if one is ready.
+    fn poll_watches(&mut self, cx: &mut Context<'_>) -> Poll<Option<(i64, Item)>> {
+        self.solo_first = !self.solo_first;
+        for solo_turn in [self.solo_first, !self.solo_first] {
+            if solo_turn {
+                if let Some(solo) = self.solo.as_mut() {
+                    match solo.poll_next_unpin(cx) {
+                        Poll::Ready(Some(item)) => return Poll::Ready(Some(item)),
+                        Poll::Ready(None) => self.solo = None,
+                        Poll::Pending => {}
+                    }
+                }
+            } else if !self.watches.is_empty() {
+                if let Poll::Ready(Some(item)) = self.watches.poll_next_unpin(cx) {
+                    return Poll::Ready(Some(item));
+                }
+            }
+        }
+        if self.len() == 0 {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// The revision that every watch on the stream has been delivered up to, if it
+    /// can be told now.
+    fn provable(&self) -> Option<i64> {
+        let mut revision = i64::MAX;
+        for watch in self.iter() {
+            revision = revision.min(watch.provable()?);
+        }
+        Some(if revision == i64::MAX {
+            self.control.shared.revision()
+        } else {
+            revision
+        })
+    }
+
+    fn respond(&mut self, item: Item, watch_id: i64) -> Option<Result<WatchResponse>> {
+        Some(Ok(match item {
+            Item::Created { revision } => {
+                let h = self.header(revision);
+                WatchResponse::new_created(h, watch_id)
+            }
+            Item::Events { revision, events } => {
+                let h = self.header(revision);
+                WatchResponse::new_events(h, watch_id, events)
+            }
+            Item::Progress { revision } => {
+                // A claim below what the stream reported already would move its
+                // revision backwards: skip this notification (etcd skips them for
+                // watches that are not synced).
+                if revision < self.reported {
+                    return None;
+                }
+                let h = self.header(revision);
+                WatchResponse::new_progress(h, watch_id)
+            }
+            Item::Canceled {
+                compact_revision,
+                reason,
+            } => {
+                let h = self.header(self.control.shared.revision());
+                WatchResponse::new_canceled(h, watch_id, compact_revision, reason)
+            }
+            Item::Failed(source) => return Some(Err(Error::Failed { source })),
+        }))
+    }
+}
+
+impl Stream for WatchResponseStream {
+    type Item = Result<WatchResponse>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        this.control.waker.register(cx.waker());
+        if this.control.dirty.swap(false, Ordering::AcqRel) {
+            let mut inner = this.control.inner.lock();
+            let incoming = std::mem::take(&mut inner.incoming);
+            this.sender_gone = inner.sender_gone;
+            this.progress_requests = inner.progress_requests;
+            drop(inner);
+            for sub in incoming {
+                this.add(sub);
+            }
+        }
+        let (sender_gone, progress_requests) = (this.sender_gone, this.progress_requests);
+        while let Poll::Ready(Some((watch_id, item))) = this.poll_watches(cx) {
+            if let Some(resp) = this.respond(item, watch_id) {
+                return Poll::Ready(Some(resp));
+            }
+        }
+        if progress_requests > 0 {
+            match this.provable().filter(|&r| r >= this.reported) {
+                Some(revision) => {
+                    this.progress_wait = None;
+                    this.progress_requests -= 1;
+                    this.control.inner.lock().progress_requests -= 1;
+                    let h = this.header(revision);
+                    return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
+                }
+                None => {
+                    // Not yet: the cache asks etcd for progress meanwhile, and a new
+                    // revision wakes this stream to look again.
+                    let shared = &this.control.shared;
+                    let wait = this.progress_wait.get_or_insert_with(|| {
+                        (ProgressWait::new(shared.clone()), shared.changed())
+                    });
+                    if wait.1.as_mut().poll(cx).is_ready() {
+                        wait.1 = shared.changed();
+                        cx.waker().wake_by_ref();
+                    }
+                }
+            }
+        }
+        let shared = &this.control.shared;
+        if this.len() == 0 {
+            if this.end_when_empty || sender_gone || shared.is_closed() {
+                return Poll::Ready(None);
+            }
+            let wait = this.close_wait.get_or_insert_with(|| shared.changed());
+            if wait.as_mut().poll(cx).is_ready() {
+                this.close_wait = None;
+                cx.waker().wake_by_ref();
+            }
+        } else {
+            this.close_wait = None;
+        }
+        Poll::Pending
+    }
+}
+
+/// A watch stream: any number of watches, added with [`watch`](Self::watch), each
+/// answered in order with a `created` response carrying its id, its events, and a
+/// `canceled` response when it ends. Made by [`Cache::watch`](crate::Cache::watch)
+/// (with one watch) or [`Cache::watch_stream`](crate::Cache::watch_stream) (empty).
+/// Mirrors `etcd_client::WatchStream`; a `futures::Stream` of
+/// `Result<WatchResponse>`. Dropping it cancels every watch on it and frees their slots
+/// at once.
+///
+/// [`message`](Self::message) gives `Ok(None)` once no watch is left on the stream.
+///
+/// ```no_run
+/// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+/// use std::collections::HashMap;
+///
+/// let mut stream = cache.watch("/app/a", None).await?;
+/// stream.watch("/app/b", None).await?;
+/// let mut names = HashMap::new();
+/// while let Some(resp) = stream.message().await? {
+///     if resp.created() {
+///         names.insert(resp.watch_id(), names.len());
+///     }
+///     for ev in resp.events() {
+///         println!("watch {} saw {:?}", resp.watch_id(), ev.kv().map(|kv| kv.key()));
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct WatchStream {
+    sender: WatchRequestSender,
+    responses: WatchResponseStream,
+}
+
+impl std::fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchStream")
+            .field("responses", &self.responses)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchStream {
+    /// An empty stream on `shared`, counting its watches against `scope`.
+    pub(crate) fn empty(shared: Arc<Shared>, scope: Option<Arc<Scope>>) -> WatchStream {
+        let control = Arc::new(Control {
+            shared,
+            scope,
+            inner: Mutex::default(),
+            dirty: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        });
+        WatchStream {
+            sender: WatchRequestSender {
+                control: control.clone(),
+            },
+            responses: WatchResponseStream {
+                control,
+                solo: None,
+                watches: SelectAll::new(),
+                solo_first: false,
+                end_when_empty: true,
+                reported: 0,
+                progress_wait: None,
+                close_wait: None,
+                sender_gone: false,
+                progress_requests: 0,
+            },
+        }
+    }
+
+    /// Adds a watch to this stream. As [`WatchRequestSender::watch`].
+    ///
+    /// # Errors
+    /// As [`WatchRequestSender::watch`].
+    pub async fn watch(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        options: Option<WatchOptions>,
+    ) -> Result<()> {
+        self.sender.watch(key, options).await
+    }
+
+    /// Cancels the watch `watch_id`. As [`WatchRequestSender::cancel`].
+    ///
+    /// # Errors
+    /// None today; the `Result` mirrors etcd-client.
+    pub async fn cancel(&mut self, watch_id: i64) -> Result<()> {
+        self.sender.cancel(watch_id).await
+    }
+
+    /// Asks for a progress response for every watch on the stream. As
+    /// [`WatchRequestSender::request_progress`].
+    ///
+    /// # Errors
+    /// None today; the `Result` mirrors etcd-client.
+    pub async fn request_progress(&mut self) -> Result<()> {
+        self.sender.request_progress().await
+    }
+
+    /// The next response; `Ok(None)` once no watch is left on the stream. As
+    /// `etcd_client::WatchStream::message`.
+    ///
+    /// # Errors
+    /// [`Error::Failed`] once, if the cache stopped on a permanent failure.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a response is removed from the stream only when it is returned.
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
+        self.responses.message().await
+    }
+
+    /// Splits the stream into its request sender and its response stream, as
+    /// etcd-client's: one task can add and cancel watches while another reads. The
+    /// response stream then ends once no watch is left *and* the sender is dropped.
+    pub fn split(self) -> (WatchRequestSender, WatchResponseStream) {
+        let WatchStream {
+            sender,
+            mut responses,
+        } = self;
+        responses.end_when_empty = false;
+        (sender, responses)
+    }
+
+    /// The id of the first watch of a stream made by `Cache::watch` (0 unless chosen
+    /// with `with_watch_id`). Each response carries its own watch's id.
+    pub fn watch_id(&self) -> i64 {
+        self.responses
+            .iter()
+            .map(|w| w.watch_id)
+            .chain(
+                self.sender
+                    .control
+                    .inner
+                    .lock()
+                    .incoming
+                    .iter()
+                    .map(|w| w.watch_id),
+            )
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+impl Stream for WatchStream {
+    type Item = Result<WatchResponse>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.get_mut().responses).poll_next(cx)
+    }
+}

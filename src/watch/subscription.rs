@@ -1,0 +1,256 @@
+//! One watch on a stream: its `created` response, its deliveries from the mailbox, its
+//! periodic progress, and its last response (canceled, compacted, failed).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use tokio::time::{Instant, Sleep};
+
+use super::Request;
+use crate::error::Error;
+use crate::kv::Event;
+use crate::shared::Shared;
+use crate::subscribers::filter::Filter;
+use crate::subscribers::mailbox::{End, Mailbox, Polled};
+use crate::subscribers::{Registered, Slot, SubId};
+
+/// etcd's reason for a watch canceled behind compaction (`mvcc.ErrCompacted`).
+pub(super) const COMPACTED_REASON: &str = "mvcc: required revision has been compacted";
+
+/// A registered watch, before its stream gives it an id.
+pub(super) struct Registration {
+    pub(super) request: Request,
+    pub(super) registered: Registered,
+    pub(super) slot: Slot,
+    /// The cache's revision just after registration.
+    pub(super) revision: i64,
+}
+
+/// What one watch yields, before its stream turns it into a response.
+#[derive(Debug)]
+pub(super) enum Item {
+    Created {
+        revision: i64,
+    },
+    Events {
+        revision: i64,
+        events: Arc<[Event]>,
+    },
+    /// A periodic progress notification: every matching event up to `revision`
+    /// has been delivered.
+    Progress {
+        revision: i64,
+    },
+    /// The watch ended: cancelled (`compact_revision == 0`) or behind the window.
+    Canceled {
+        compact_revision: i64,
+        reason: &'static str,
+    },
+    /// The cache stopped on this error.
+    Failed(Arc<Error>),
+}
+
+/// One watch and the items it still owes; a `Stream` that ends after its last item.
+pub(super) struct Subscription {
+    shared: Arc<Shared>,
+    /// Its id on the stream.
+    pub(super) watch_id: i64,
+    /// Its id in the cache's registry (0 for a watch compacted at creation).
+    pub(super) sub_id: SubId,
+    mailbox: Option<Arc<Mailbox>>,
+    filter: Filter,
+    /// Freed as soon as the watch ends, not when the stream is dropped.
+    slot: Option<Slot>,
+    created: Option<i64>,
+    compacted: Option<i64>,
+    /// Every matching event up to this revision was delivered once the mailbox is
+    /// drained: the revision reported when it was created.
+    floor: i64,
+    progress_timer: Option<Pin<Box<Sleep>>>,
+    progress_due: bool,
+    /// Called with the watch id once the watch has ended (frees the id).
+    on_end: Option<Box<dyn FnOnce(i64) + Send>>,
+}
+
+impl Subscription {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        registration: Registration,
+        watch_id: i64,
+        on_end: Box<dyn FnOnce(i64) + Send>,
+    ) -> Self {
+        let Registration {
+            request,
+            registered,
+            slot,
+            revision,
+        } = registration;
+        let (sub_id, mailbox, compacted, created) = match registered {
+            Registered::Live {
+                id,
+                mailbox,
+                position,
+            } => {
+                // A watch from now is current at the revision it starts after, which
+                // may be ahead of the cache's.
+                let created = if request.start_revision == 0 {
+                    position.max(revision)
+                } else {
+                    revision
+                };
+                (id, Some(mailbox), None, created)
+            }
+            Registered::Compacted { floor } => (0, None, Some(floor), revision),
+        };
+        let progress_timer = (request.progress_notify && mailbox.is_some())
+            .then(|| Box::pin(tokio::time::sleep(shared.config.progress_notify_interval)));
+        Subscription {
+            shared,
+            watch_id,
+            sub_id,
+            mailbox,
+            filter: request.filter,
+            slot: Some(slot),
+            created: Some(created),
+            compacted,
+            floor: created,
+            progress_timer,
+            progress_due: false,
+            on_end: Some(on_end),
+        }
+    }
+
+    /// The revision up to which every matching event has been delivered to this watch
+    /// now, if it has nothing queued and is not catching up.
+    pub(super) fn provable(&self) -> Option<i64> {
+        if self.created.is_some() || self.compacted.is_some() {
+            return None;
+        }
+        let revision = self
+            .mailbox
+            .as_ref()?
+            .idle_revision(|| self.shared.revision())?;
+        Some(revision.max(self.floor))
+    }
+
+    /// Ends the watch: out of the index, its slot and its id freed.
+    fn finish(&mut self) {
+        if self.mailbox.take().is_some() {
+            self.shared
+                .subscribers
+                .unsubscribe(self.sub_id, End::Cancelled);
+        }
+        if let Some(slot) = self.slot.take() {
+            slot.forget(self.sub_id);
+        }
+        self.progress_timer = None;
+        if let Some(on_end) = self.on_end.take() {
+            on_end(self.watch_id);
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.on_end.is_none()
+    }
+}
+
+impl Stream for Subscription {
+    /// The watch's id and its next item.
+    type Item = (i64, Item);
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<(i64, Item)>> {
+        let this = self.get_mut();
+        let watch_id = this.watch_id;
+        this.poll_item(cx)
+            .map(|item| item.map(|item| (watch_id, item)))
+    }
+}
+
+impl Subscription {
+    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        let this = self;
+        if this.ended() {
+            return Poll::Ready(None);
+        }
+        if let Some(revision) = this.created.take() {
+            return Poll::Ready(Some(Item::Created { revision }));
+        }
+        if let Some(compact_revision) = this.compacted.take() {
+            this.finish();
+            return Poll::Ready(Some(Item::Canceled {
+                compact_revision,
+                reason: COMPACTED_REASON,
+            }));
+        }
+        let Some(mailbox) = this.mailbox.as_ref() else {
+            this.finish();
+            return Poll::Ready(None);
+        };
+        let shared = &this.shared;
+        loop {
+            let polled = mailbox.poll(
+                cx.waker(),
+                &shared.history,
+                &this.filter,
+                shared.subscribers.lag(),
+                || shared.revision(),
+            );
+            let item = match polled {
+                Polled::Delivery(d) => Item::Events {
+                    revision: d.revision,
+                    events: d.events,
+                },
+                Polled::Ended(End::Closed) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Polled::Ended(End::Cancelled) => Item::Canceled {
+                    compact_revision: 0,
+                    reason: "",
+                },
+                Polled::Ended(End::Compacted(compact_revision)) => {
+                    tracing::debug!(
+                        watch_id = this.watch_id,
+                        compact_revision,
+                        "a watch fell behind the history window; it is canceled as compacted"
+                    );
+                    Item::Canceled {
+                        compact_revision,
+                        reason: COMPACTED_REASON,
+                    }
+                }
+                Polled::Ended(End::Failed(error)) => Item::Failed(error),
+                Polled::Idle { revision } => {
+                    if this.progress_due {
+                        this.progress_due = false;
+                        return Poll::Ready(Some(Item::Progress {
+                            revision: revision.max(this.floor),
+                        }));
+                    }
+                    if let Some(timer) = this.progress_timer.as_mut() {
+                        if timer.as_mut().poll(cx).is_ready() {
+                            let next = Instant::now() + shared.config.progress_notify_interval;
+                            timer.as_mut().reset(next);
+                            this.progress_due = true;
+                            continue;
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            };
+            if matches!(item, Item::Canceled { .. } | Item::Failed(_)) {
+                this.finish();
+            }
+            return Poll::Ready(Some(item));
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

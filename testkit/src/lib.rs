@@ -1,0 +1,54 @@
+//! Test support for etcd-cache, shared by its integration tests, benchmarks and examples.
+//!
+//! Not published: a dev-dependency of the root crate (a dev-dependency cycle, which cargo
+//! allows for integration tests, benches and examples; the unit tests inside `src/` do not
+//! use it, as they would see a second copy of `etcd_cache`).
+//!
+//! - Real etcd processes: [`EtcdServer`] (one member on loopback with free ports and a
+//!   temporary data directory, killed on drop), [`EtcdCluster`] (three members), and
+//!   [`grpc_proxy`] (etcd's own gRPC proxy). Their calls block; from async code wrap them in
+//!   [`blocking`].
+//! - Faults: [`TcpProxy`], a forwarder that drops, black-holes or refuses connections.
+//! - Clients: [`client`] and [`Connect`], connect and retry until `status` answers.
+//! - Fixtures: [`cache_on_etcd`] (an etcd, a client and a ready cache), or its two halves
+//!   [`etcd_with_client`] and [`ready_cache`].
+//! - Test bodies: [`bounded`] (a time limit that fails instead of hanging) and
+//!   [`init_tracing`].
+//!
+//! The etcd binary is `$ETCD_BIN` or `etcd` on `PATH`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+//! async fn a_put_reaches_the_cache() {
+//!     testkit::init_tracing();
+//!     testkit::bounded(Duration::from_secs(60), async {
+//!         let (_etcd, mut client, cache) =
+//!             testkit::cache_on_etcd(|builder| builder.prefix("/app/")).await;
+//!         let put = client.put("/app/a", "1", None).await.unwrap();
+//!         cache.wait_for_revision(put.header().unwrap().revision()).await.unwrap();
+//!         assert_eq!(cache.get("/app/a", None).await.unwrap().kvs().len(), 1);
+//!     })
+//!     .await;
+//! }
+//! # fn main() {}
+//! ```
+
+mod cluster;
+mod connect;
+mod etcd;
+mod fixture;
+mod grpc_proxy;
+mod http;
+mod run;
+mod tcp_proxy;
+
+pub use cluster::EtcdCluster;
+pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
+pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
+pub use fixture::{cache_on_etcd, etcd_with_client, ready_cache, READY_TIMEOUT};
+pub use grpc_proxy::{grpc_proxy, ProxyProcess};
+pub use http::{http_request, is_healthy, member_status, MemberStatus};
+pub use run::{blocking, bounded, init_tracing};
+pub use tcp_proxy::TcpProxy;
