@@ -6,7 +6,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 
-use crate::watch::ConnBudget;
+use crate::watch::ConnScope;
 
 /// How long to pause accepting after an accept error (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -28,7 +27,7 @@ pub(crate) struct ConnInfo {
     pub(crate) id: u64,
     pub(crate) remote: Option<SocketAddr>,
     /// The connection's watch budget (`--max-watches-per-connection`).
-    pub(crate) watches: Arc<ConnBudget>,
+    pub(crate) watches: ConnScope,
 }
 
 /// The connection of a request, if it came through [`incoming`].
@@ -103,7 +102,7 @@ pub(crate) fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<C
                     let info = ConnInfo {
                         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                         remote: Some(remote),
-                        watches: Arc::default(),
+                        watches: ConnScope::default(),
                     };
                     return Some((Ok(Conn { io, info }), listener));
                 }

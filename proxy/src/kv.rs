@@ -7,6 +7,7 @@ use etcd_cache::{GetOptions, SortOrder, SortTarget};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use crate::pb::etcdserverpb::ResponseHeader;
 use crate::pb::etcdserverpb::{
     kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
     DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RangeStreamResponse,
@@ -57,9 +58,21 @@ impl KvService {
                 tracing::debug!(error = %e, "range not served from the cache; forwarding");
                 status::from_cache_read(&e)
             })?;
-        let revision = self.st.cache.revision().max(resp.revision());
+        // The cache's header: the newest revision it applied and etcd's identity.
+        let header = match resp.header() {
+            Some(h) if h.cluster_id() != 0 => ResponseHeader {
+                cluster_id: h.cluster_id(),
+                member_id: h.member_id(),
+                revision: h.revision(),
+                raft_term: h.raft_term(),
+            },
+            _ => self
+                .st
+                .up
+                .header(self.st.cache.revision().max(resp.revision())),
+        };
         Ok(RangeResponse {
-            header: Some(self.st.up.header(revision)),
+            header: Some(header),
             kvs: resp.kvs().iter().map(|kv| self.kv_out(kv)).collect(),
             more: resp.more(),
             count: resp.count(),

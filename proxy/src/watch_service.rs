@@ -13,7 +13,7 @@
 //! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
 //! reconnecting and resuming each watch after its last revision.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +27,12 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::conn;
 use crate::pb::etcdserverpb::{
     watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
-    WatchCreateRequest, WatchRequest, WatchResponse,
+    ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse,
 };
 use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
 use crate::state::State;
 use crate::status;
-use crate::watch::{Create, Reply, Watches};
+use crate::watch::{Create, Watches};
 
 /// etcd's `clientv3.InvalidWatchID`.
 const INVALID_WATCH_ID: i64 = -1;
@@ -68,17 +68,18 @@ impl Watch for WatchService {
             .is_some_and(|v| v.as_bytes() == b"true");
         let conn = conn::info(req.extensions());
         tracing::debug!(remote = ?conn.and_then(|c| c.remote), require_leader, "watch stream");
-        let budget = conn.map(|c| c.watches.clone()).unwrap_or_default();
+        let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
         let (tx, rx) = mpsc::channel(self.st.limits.watch_send_queue.max(1));
         let session = Session {
             watches: Watches::new(
-                self.st.cache.clone(),
-                budget,
+                &self.st.cache,
+                &scope,
                 self.st.limits.watches_per_connection,
             ),
             st: self.st.clone(),
             tx,
             fragment: HashSet::new(),
+            fragment_pending: VecDeque::new(),
             require_leader,
         };
         tokio::spawn(session.run(req.into_inner()));
@@ -90,7 +91,7 @@ impl Watch for WatchService {
 enum Step {
     Shutdown,
     Request(Option<Result<WatchRequest, Status>>),
-    Reply(Reply),
+    Reply(Option<etcd_cache::WatchResponse>),
     LeaderCheck(tokio::time::Instant),
 }
 
@@ -100,6 +101,9 @@ struct Session {
     tx: mpsc::Sender<Result<WatchResponse, Status>>,
     /// Watches created with `fragment`.
     fragment: HashSet<i64>,
+    /// The `fragment` flag of each accepted create, in order, until its `created`
+    /// response names its id (the cache answers creates in the order they were made).
+    fragment_pending: VecDeque<bool>,
     require_leader: bool,
 }
 
@@ -139,7 +143,11 @@ impl Session {
                         return;
                     }
                 }
-                Step::Reply(reply) => {
+                Step::Reply(None) => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                Step::Reply(Some(reply)) => {
                     if self.send_reply(reply).await.is_err() {
                         return;
                     }
@@ -160,20 +168,11 @@ impl Session {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
-                if self.watches.cancel(c.watch_id) {
-                    self.fragment.remove(&c.watch_id);
-                    let resp = WatchResponse {
-                        header: Some(self.st.up.header(self.watches.revision())),
-                        watch_id: c.watch_id,
-                        canceled: true,
-                        ..Default::default()
-                    };
-                    self.send(resp).await?;
-                }
+                self.watches.cancel(c.watch_id).await;
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
-                self.watches.request_progress();
+                self.watches.request_progress().await;
                 Ok(())
             }
             None => Ok(()),
@@ -204,10 +203,8 @@ impl Session {
             watch_id: c.watch_id,
         };
         match self.watches.create(create).await {
-            Ok(id) => {
-                if c.fragment {
-                    self.fragment.insert(id);
-                }
+            Ok(()) => {
+                self.fragment_pending.push_back(c.fragment);
                 Ok(())
             }
             Err(refused) => self.refuse(refused.0).await,
@@ -224,64 +221,52 @@ impl Session {
             cancel_reason: reason,
             ..Default::default()
         };
-        self.send(resp).await
+        send(&self.tx, resp).await
     }
 
-    async fn send(&self, resp: WatchResponse) -> Result<(), ()> {
-        self.tx.send(Ok(resp)).await.map_err(drop)
-    }
-
-    async fn send_reply(&mut self, reply: Reply) -> Result<(), ()> {
-        let up = &self.st.up;
-        let resp = match reply {
-            Reply::Created { watch_id, revision } => WatchResponse {
-                header: Some(up.header(revision)),
-                watch_id,
-                created: true,
-                ..Default::default()
-            },
-            Reply::Progress { watch_id, revision } => WatchResponse {
-                header: Some(up.header(revision)),
-                watch_id,
-                ..Default::default()
-            },
-            Reply::StreamProgress { revision } => WatchResponse {
-                header: Some(up.header(revision)),
-                watch_id: INVALID_WATCH_ID,
-                ..Default::default()
-            },
-            Reply::Canceled {
-                watch_id,
-                compact_revision,
-                reason,
-            } => {
-                self.fragment.remove(&watch_id);
-                WatchResponse {
-                    header: Some(up.header(self.watches.revision())),
-                    watch_id,
-                    canceled: true,
-                    compact_revision,
-                    cancel_reason: reason,
-                    ..Default::default()
-                }
+    async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let watch_id = r.watch_id();
+        if r.created() && !r.canceled() {
+            if self.fragment_pending.pop_front().unwrap_or(false) {
+                self.fragment.insert(watch_id);
             }
-            Reply::Events { watch_id, response } => {
-                let resp = WatchResponse {
-                    header: Some(up.header(response.revision())),
-                    watch_id,
-                    events: response.events().iter().map(|e| self.event(e)).collect(),
-                    ..Default::default()
-                };
-                if self.fragment.contains(&watch_id) {
-                    for part in fragments(resp, self.st.limits.max_request_bytes) {
-                        self.send(part).await?;
-                    }
-                    return Ok(());
-                }
-                resp
-            }
+        } else if r.created() {
+            // Created and canceled at once (below the window): no fragments ever.
+            self.fragment_pending.pop_front();
+        } else if r.canceled() {
+            self.fragment.remove(&watch_id);
+        }
+        let header = match r.header() {
+            Some(h) if h.cluster_id() != 0 => ResponseHeader {
+                cluster_id: h.cluster_id(),
+                member_id: h.member_id(),
+                revision: h.revision(),
+                raft_term: h.raft_term(),
+            },
+            _ => self.st.up.header(r.revision()),
         };
-        self.send(resp).await
+        let resp = WatchResponse {
+            header: Some(header),
+            watch_id,
+            created: r.created(),
+            canceled: r.canceled(),
+            compact_revision: r.compact_revision(),
+            // etcd gives no reason with a compaction (its clients read compact_revision).
+            cancel_reason: if r.compact_revision() > 0 {
+                String::new()
+            } else {
+                r.cancel_reason().to_string()
+            },
+            fragment: false,
+            events: r.events().iter().map(|e| self.event(e)).collect(),
+        };
+        if self.fragment.contains(&watch_id) && resp.events.len() > 1 {
+            for part in fragments(resp, self.st.limits.max_request_bytes) {
+                send(&self.tx, part).await?;
+            }
+            return Ok(());
+        }
+        send(&self.tx, resp).await
     }
 
     fn event(&self, e: &etcd_cache::Event) -> Event {
@@ -306,6 +291,14 @@ impl Session {
             lease: kv.lease(),
         }
     }
+}
+
+/// Queues a response for the client (waits while the queue is full).
+async fn send(
+    tx: &mpsc::Sender<Result<WatchResponse, Status>>,
+    resp: WatchResponse,
+) -> Result<(), ()> {
+    tx.send(Ok(resp)).await.map_err(drop)
 }
 
 /// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is

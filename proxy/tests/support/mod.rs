@@ -1,9 +1,6 @@
-//! Test support: real etcd processes (the crate's harness, included by path until the
-//! `testkit` crate lands) and the `etcd-cache-proxy` binary as a child process.
+//! Test support: real etcd processes (from `testkit`) and the `etcd-cache-proxy` binary
+//! as a child process.
 #![allow(dead_code, unreachable_pub)]
-
-#[path = "../../../tests/support/etcd.rs"]
-pub mod etcd;
 
 use std::fs::File;
 use std::net::{SocketAddr, TcpStream};
@@ -11,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use etcd::{EtcdOptions, EtcdServer};
+pub use testkit::{free_port, EtcdOptions, EtcdServer};
 
 /// How long the proxy may take to serve after it is started.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,7 +26,7 @@ impl Proxy {
     /// Starts the proxy in front of `etcd` (an endpoint URL) with extra flags, and waits
     /// until it serves a Range.
     pub fn start(etcd: &str, extra: &[&str]) -> Proxy {
-        let port = etcd::free_port();
+        let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut args = vec![
             "--endpoints".to_string(),
