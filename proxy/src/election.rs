@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::pb::v3electionpb::*;
 use crate::state::State;
+use crate::upstream::fresh;
 
 /// etcd's Election service.
 pub(crate) struct ElectionService {
@@ -71,6 +72,7 @@ impl election_server::Election for ElectionService {
             async move { c.proclaim(q).await }
         })
         .await
+        .map(fresh)
     }
 
     async fn leader(
@@ -136,5 +138,6 @@ impl election_server::Election for ElectionService {
             async move { c.resign(q).await }
         })
         .await
+        .map(fresh)
     }
 }

@@ -28,6 +28,7 @@ macro_rules! forward {
                     async move { c.$method(q).await }
                 })
                 .await
+                .map($crate::upstream::fresh)
             })
         }
     };

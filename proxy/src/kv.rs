@@ -284,6 +284,6 @@ impl Kv for KvService {
                 async move { c.compact(q).await }
             })
             .await?;
-        Ok(resp)
+        Ok(crate::upstream::fresh(resp))
     }
 }

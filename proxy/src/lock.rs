@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::pb::v3lockpb::*;
 use crate::state::State;
+use crate::upstream::fresh;
 
 /// etcd's Lock service.
 pub(crate) struct LockService {
@@ -50,5 +51,6 @@ impl lock_server::Lock for LockService {
             async move { c.unlock(q).await }
         })
         .await
+        .map(fresh)
     }
 }

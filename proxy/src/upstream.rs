@@ -233,6 +233,12 @@ impl Upstream {
     }
 }
 
+/// etcd's answer without etcd's response metadata (its HTTP/2 headers are not ours to
+/// send: passing them on breaks the client's stream).
+pub(crate) fn fresh<R>(resp: Response<R>) -> Response<R> {
+    Response::new(resp.into_inner())
+}
+
 /// etcd's answer to an expired or unknown token (`ErrGRPCInvalidAuthToken`).
 fn token_rejected(s: &Status) -> bool {
     s.code() == tonic::Code::Unauthenticated && s.message().contains("invalid auth token")
