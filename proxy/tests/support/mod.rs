@@ -141,6 +141,17 @@ impl Proxy {
         self.spawn();
     }
 
+    /// Stops with SIGTERM (graceful), then starts the same command line again.
+    pub fn restart_graceful(&mut self) {
+        let status = self.terminate(Duration::from_secs(15));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "graceful stop failed ({status:?}):\n{}",
+            self.log_tail()
+        );
+        self.spawn();
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
