@@ -22,8 +22,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// What the proxy knows of one client connection.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnInfo {
-    /// Unique per accepted connection.
-    #[allow(dead_code)]
+    /// Unique per accepted connection (in logs).
     pub(crate) id: u64,
     pub(crate) remote: Option<SocketAddr>,
     /// The connection's watch budget (`--max-watches-per-connection`).

@@ -55,7 +55,8 @@ impl KeepAlives {
 }
 
 struct InFlight {
-    sent: Instant,
+    /// When the keep-alive was last sent upstream (`None`: not yet).
+    sent: Option<Instant>,
     waiters: Vec<oneshot::Sender<Answer>>,
 }
 
@@ -75,14 +76,14 @@ async fn coalesce(
             ask = asks.recv() => {
                 let Some((id, waiter)) = ask else { return };
                 let entry = inflight.entry(id).or_insert_with(|| InFlight {
-                    sent: Instant::now() - RESEND_AFTER,
+                    sent: None,
                     waiters: Vec::new(),
                 });
                 entry.waiters.push(waiter);
-                if entry.sent.elapsed() < RESEND_AFTER {
+                if entry.sent.is_some_and(|t| t.elapsed() < RESEND_AFTER) {
                     continue; // coalesced with the keep-alive in flight
                 }
-                entry.sent = Instant::now();
+                entry.sent = Some(Instant::now());
                 if stream.is_none() {
                     match open(&up, id).await {
                         Ok(s) => stream = Some(s),

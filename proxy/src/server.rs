@@ -5,7 +5,6 @@
 //! `Unavailable` (clients reconnect and resume), unary calls in flight finish, and the
 //! process exits once every connection is closed or `--shutdown-timeout` has passed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -242,9 +241,4 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-#[allow(dead_code)]
-fn _assert_state_send(st: Arc<State>) -> impl Send {
-    st
 }

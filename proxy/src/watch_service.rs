@@ -67,7 +67,12 @@ impl Watch for WatchService {
             .get("hasleader")
             .is_some_and(|v| v.as_bytes() == b"true");
         let conn = conn::info(req.extensions());
-        tracing::debug!(remote = ?conn.and_then(|c| c.remote), require_leader, "watch stream");
+        tracing::debug!(
+            conn = conn.map(|c| c.id),
+            remote = ?conn.and_then(|c| c.remote),
+            require_leader,
+            "watch stream"
+        );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
         let (tx, rx) = mpsc::channel(self.st.limits.watch_send_queue.max(1));
         let session = Session {
