@@ -144,11 +144,20 @@ fn main() -> ExitCode {
             vec![ep]
         }
     };
+    // With the `metrics` feature (as `cargo xtask demo` builds it), the cache records
+    // into a Prometheus recorder and the demo prints a summary from the same metrics.
+    #[cfg(feature = "metrics")]
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("a metrics recorder");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(args, endpoints)) {
+    let outcome = runtime.block_on(run(args, endpoints));
+    #[cfg(feature = "metrics")]
+    print_metrics(&prometheus.render());
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -424,4 +433,44 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
         }
         Ok(false)
     }
+}
+
+/// A summary of the cache's own metrics (the Prometheus text the recorder renders).
+#[cfg(feature = "metrics")]
+fn print_metrics(text: &str) {
+    let value = |name: &str, label: &str| -> f64 {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    println!("metrics    (from the cache's metrics, Prometheus names in docs/METRICS.md)");
+    println!(
+        "  upstream   {} events in {} revisions, {} connects, {} lists",
+        value("etcd_cache_upstream_events_total", ""),
+        value("etcd_cache_upstream_revisions_total", ""),
+        value("etcd_cache_upstream_connects_total", ""),
+        value("etcd_cache_list_pages_total", ""),
+    );
+    println!(
+        "  fan-out    {} deliveries, {} watches opened, {} lagged, {} ended (dropped {})",
+        value("etcd_cache_deliveries_total", ""),
+        value("etcd_cache_watches_opened_total", ""),
+        value("etcd_cache_lagging_total", ""),
+        value("etcd_cache_watches_ended_total", ""),
+        value("etcd_cache_watches_ended_total", "reason=\"dropped\""),
+    );
+    println!(
+        "  state      revision {}, {} keys, {} bytes, history {} revisions",
+        value("etcd_cache_revision", ""),
+        value("etcd_cache_store_keys", ""),
+        value("etcd_cache_store_bytes", ""),
+        value("etcd_cache_history_revisions", ""),
+    );
+    println!(
+        "  reads      {} consistent from memory, {} by etcd",
+        value("etcd_cache_consistent_reads_total", "served=\"memory\""),
+        value("etcd_cache_consistent_reads_total", "served=\"etcd\""),
+    );
 }

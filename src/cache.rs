@@ -58,6 +58,14 @@ impl std::fmt::Debug for Cache {
 
 impl Cache {
     /// Starts configuring a cache over `client`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> etcd_cache::Result<()> {
+    /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None).await?;
+    /// let cache = etcd_cache::Cache::builder(client).prefix("/app/").build().await?;
+    /// cache.wait_ready().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(client: etcd_client::Client) -> CacheBuilder {
         CacheBuilder::new(client)
     }
@@ -84,6 +92,13 @@ impl Cache {
     /// # Errors
     /// [`Error::Closed`] if the cache is closed first; [`Error::Failed`] if etcd
     /// refused the cache for good (permission denied, authentication failed).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// cache.wait_ready().await?;
+    /// assert!(cache.is_ready());
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_ready(&self) -> Result<()> {
         self.shared.wait_ready().await
     }
@@ -95,6 +110,17 @@ impl Cache {
     /// failing (the cache keeps retrying), else [`Error::Timeout`] (still loading, e.g.
     /// a large prefix). [`Error::Closed`]; [`Error::Failed`] if etcd refused the cache
     /// for good (permission denied, bad credentials).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use std::time::Duration;
+    /// match cache.wait_ready_timeout(Duration::from_secs(5)).await {
+    ///     Ok(()) => println!("ready at {}", cache.revision()),
+    ///     Err(etcd_cache::Error::Unavailable { source, .. }) => println!("etcd is down: {source}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_ready_timeout(&self, limit: Duration) -> Result<()> {
         match tokio::time::timeout(limit, self.wait_ready()).await {
             Ok(result) => result,
@@ -147,16 +173,38 @@ impl Cache {
 
     /// The etcd server version of each member, as last probed (`unreachable:<url>`
     /// for a member whose version could not be learned).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// for v in cache.server_versions() {
+    ///     println!("member version: {v}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn server_versions(&self) -> Vec<String> {
         self.shared.counters.versions()
     }
 
     /// True while the cache can vouch for its data: loaded and following etcd.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// if !cache.is_ready() {
+    ///     println!("serving possibly stale data: {:?}", cache.status());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_ready(&self) -> bool {
         self.shared.is_ready()
     }
 
     /// Newest revision applied (0 before the first snapshot).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// println!("the cache is at revision {}", cache.revision());
+    /// # Ok(()) }
+    /// ```
     pub fn revision(&self) -> i64 {
         self.shared.revision()
     }
@@ -167,6 +215,16 @@ impl Cache {
     /// # Errors
     /// [`Error::Closed`] if the cache closes first. Wrap it in `tokio::time::timeout` to
     /// bound the wait.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use std::time::Duration;
+    /// let written = 42; // e.g. the header revision of a put
+    /// tokio::time::timeout(Duration::from_secs(1), cache.wait_for_revision(written))
+    ///     .await
+    ///     .map_err(|_| etcd_cache::Error::Timeout)??;
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_for_revision(&self, rev: i64) -> Result<()> {
         self.shared.wait_for_revision(rev).await
     }
@@ -208,6 +266,18 @@ impl Cache {
 
     /// An empty [`WatchStream`]: add watches with [`WatchStream::watch`]. Split it
     /// ([`WatchStream::split`]) to add watches from one task while another reads.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// let mut stream = cache.watch_stream();
+    /// for key in ["/app/a", "/app/b"] {
+    ///     stream.watch(key, None).await?;
+    /// }
+    /// while let Some(resp) = stream.message().await? {
+    ///     println!("watch {}: {} events", resp.watch_id(), resp.events().len());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn watch_stream(&self) -> WatchStream {
         WatchStream::empty(self.shared.clone(), None)
     }
@@ -222,6 +292,18 @@ impl Cache {
     /// [`Error::FutureRevision`], [`Error::Timeout`] / [`Error::NotReady`] (with
     /// [`ReadFallback::Error`](crate::ReadFallback::Error)), [`Error::Upstream`],
     /// [`Error::Closed`].
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use etcd_cache::{GetOptions, SortOrder, SortTarget};
+    /// let one = cache.get("/app/config", None).await?;
+    /// let fast = cache.get("/app/config", Some(GetOptions::new().with_serializable())).await?;
+    /// let newest = cache
+    ///     .get("/app/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Mod, SortOrder::Descend).with_limit(5)))
+    ///     .await?;
+    /// println!("{} {} {}", one.count(), fast.count(), newest.kvs().len());
+    /// # Ok(()) }
+    /// ```
     pub async fn get(
         &self,
         key: impl Into<Vec<u8>>,
@@ -233,38 +315,102 @@ impl Cache {
 
     /// A handle with its own watch budget: at most `max_watchers` open watches through
     /// it, all cancelled when it is dropped. Give one to each tenant or connection.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// let tenant = cache.scope(10);
+    /// let _stream = tenant.watch("/app/tenant-1/", Some(etcd_cache::WatchOptions::new().with_prefix())).await?;
+    /// assert_eq!(tenant.open(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn scope(&self, max_watchers: usize) -> WatchScope {
         WatchScope::new(self.shared.clone(), self.handle.clone(), max_watchers)
     }
 
     /// Counters: revision, watchers, lagging, history span, store size, connections.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// let s = cache.stats();
+    /// println!(
+    ///     "revision {} ({} behind), {} watchers ({} lagging), {} keys, last heard {:?} ago",
+    ///     s.revision, s.behind, s.watchers, s.lagging, s.keys, s.since_last_heard
+    /// );
+    /// # Ok(()) }
+    /// ```
     pub fn stats(&self) -> CacheStats {
         self.shared.stats()
     }
 
     /// Open watches.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// println!("{} watches open", cache.watcher_count());
+    /// # Ok(()) }
+    /// ```
     pub fn watcher_count(&self) -> usize {
         self.shared.subscribers.watchers()
     }
 
     /// Watches currently lagging.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// println!("{} watches catching up", cache.lagging_count());
+    /// # Ok(()) }
+    /// ```
     pub fn lagging_count(&self) -> usize {
         self.shared.subscribers.lagging()
     }
 
     /// `(oldest replayable start revision, newest revision covered)`.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// let (floor, head) = cache.history_span();
+    /// println!("a watch can start anywhere in {floor}..={}", head + 1);
+    /// # Ok(()) }
+    /// ```
     pub fn history_span(&self) -> (i64, i64) {
         let h = self.shared.history.read();
         (h.floor(), h.head())
     }
 
     /// The key prefix the cache holds.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// assert!(cache.prefix().starts_with(b"/"));
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(&self) -> &[u8] {
         &self.shared.config.prefix
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Test hook (feature `test-hooks`): writes `kv` into the cache's store behind
+    /// etcd's back, as a bug would, so that a test can see the consistency check find
+    /// and repair it. Not for production use.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn corrupt_store_for_test(&self, kv: crate::KeyValue) {
+        self.shared.hooks.corrupt(kv);
+    }
+
     /// Stops the follower task and ends every stream after what it was already
     /// delivered. Idempotent; other handles see [`Error::Closed`] afterwards.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// cache.close().await;
+    /// assert!(matches!(cache.get("/app/a", None).await, Err(etcd_cache::Error::Closed)));
+    /// # Ok(()) }
+    /// ```
     pub async fn close(&self) {
         let _ = self.handle.shutdown.send(true);
         let task = self.handle.task.lock().take();
@@ -290,6 +436,10 @@ impl CacheBuilder {
         let client = self.client.take().ok_or_else(|| Error::InvalidConfig {
             reason: "builder used twice".into(),
         })?;
-        Cache::start(self.config, Arc::new(EtcdUpstream::new(client)))
+        let connect_options = self.config.connect_options.clone();
+        Cache::start(
+            self.config,
+            Arc::new(EtcdUpstream::new(client, connect_options)),
+        )
     }
 }

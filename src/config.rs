@@ -47,8 +47,10 @@ pub enum ReadFallback {
 /// Whether etcd's answers to `RequestProgress` may be trusted to advance the cache.
 ///
 /// etcd before 3.4.31 / 3.5.13 can answer a progress request with a revision ahead of
-/// events it has not sent yet (etcd#15220, etcd#17507). `Auto` asks every endpoint for
-/// its version (Status RPC) on each connect.
+/// events it has not sent yet (etcd#15220, etcd#17507). `Auto` asks every member for
+/// its version (Status RPC, with [`CacheBuilder::connect_options`]) in the background:
+/// after each reconnect (answers are untrusted until then) and every 30 s, so a rolling
+/// upgrade reaches the fast path without a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ProgressTrust {
@@ -78,6 +80,10 @@ pub(crate) struct Config {
     pub(crate) linearizable_watch_start: bool,
     pub(crate) read_fallback: ReadFallback,
     pub(crate) progress_trust: ProgressTrust,
+    /// How the per-member version probe connects (the user's TLS and credentials).
+    pub(crate) connect_options: Option<etcd_client::ConnectOptions>,
+    /// The period of the consistency check, if enabled.
+    pub(crate) consistency_check: Option<Duration>,
 }
 
 impl Default for Config {
@@ -97,6 +103,8 @@ impl Default for Config {
             linearizable_watch_start: true,
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
+            connect_options: None,
+            consistency_check: None,
         }
     }
 }
@@ -127,6 +135,13 @@ impl Config {
         }
         if self.backoff_max > MAX_DURATION {
             return bad(format!("backoff max must be at most {MAX_DURATION:?}"));
+        }
+        if let Some(d) = self.consistency_check {
+            if d.is_zero() || d > MAX_DURATION {
+                return bad(format!(
+                    "consistency_check must be greater than zero and at most {MAX_DURATION:?}, got {d:?}"
+                ));
+            }
         }
         for (name, d) in [
             ("progress_notify_interval", self.progress_notify_interval),
@@ -180,6 +195,13 @@ impl CacheBuilder {
     }
 
     /// The key prefix the cache holds. Default `""`: the whole keyspace.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).prefix("/app/").build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
         self.config.prefix = Bytes::from(prefix.into());
         self
@@ -187,6 +209,13 @@ impl CacheBuilder {
 
     /// Revisions (event batches) kept for replay and historical reads. Default
     /// [`DEFAULT_HISTORY_WINDOW`]. Must be at least 1.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).history_window(4096).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn history_window(mut self, revisions: usize) -> Self {
         self.config.history_window = revisions;
         self
@@ -194,6 +223,13 @@ impl CacheBuilder {
 
     /// Responses buffered per subscriber before it becomes lagging. Default
     /// [`DEFAULT_SUBSCRIBER_BUFFER`]. Must be at least 1.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).subscriber_buffer(64).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn subscriber_buffer(mut self, responses: usize) -> Self {
         self.config.subscriber_buffer = responses;
         self
@@ -201,12 +237,26 @@ impl CacheBuilder {
 
     /// Open watches allowed on the cache; one more fails with [`Error::WatchLimit`].
     /// Default [`DEFAULT_MAX_WATCHERS`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).max_watchers(10_000).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_watchers(mut self, n: usize) -> Self {
         self.config.max_watchers = n;
         self
     }
 
     /// Keys per page of the initial (and any re-) list. Default [`DEFAULT_PAGE_SIZE`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).page_size(500).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn page_size(mut self, keys: i64) -> Self {
         self.config.page_size = keys;
         self
@@ -214,6 +264,13 @@ impl CacheBuilder {
 
     /// Reconnect backoff: exponential from `initial` to `max`, with full jitter.
     /// Defaults [`DEFAULT_BACKOFF_INITIAL`], [`DEFAULT_BACKOFF_MAX`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).backoff(Duration::from_millis(100), Duration::from_secs(10)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn backoff(mut self, initial: std::time::Duration, max: std::time::Duration) -> Self {
         self.config.backoff_initial = initial;
         self.config.backoff_max = max;
@@ -222,6 +279,13 @@ impl CacheBuilder {
 
     /// Interval of the progress responses sent to watches made `with_progress_notify`.
     /// Default [`DEFAULT_PROGRESS_NOTIFY_INTERVAL`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_notify_interval(Duration::from_secs(1)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_notify_interval(mut self, every: std::time::Duration) -> Self {
         self.config.progress_notify_interval = every;
         self
@@ -229,6 +293,13 @@ impl CacheBuilder {
 
     /// Interval of `RequestProgress` on the upstream watch while at least one read
     /// waits. Default [`DEFAULT_PROGRESS_REQUEST_INTERVAL`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_request_interval(Duration::from_millis(50)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_request_interval(mut self, every: std::time::Duration) -> Self {
         self.config.progress_request_interval = every;
         self
@@ -236,6 +307,13 @@ impl CacheBuilder {
 
     /// How long a consistent read waits for the cache before [`ReadFallback`] applies.
     /// Default [`DEFAULT_CONSISTENT_READ_TIMEOUT`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).consistent_read_timeout(Duration::from_secs(1)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn consistent_read_timeout(mut self, wait: std::time::Duration) -> Self {
         self.config.consistent_read_timeout = wait;
         self
@@ -245,6 +323,13 @@ impl CacheBuilder {
     /// with one cheap unary call (a count-only read) and reconnects if it fails within
     /// 5 s. This catches connections that died without a reset when the client has no
     /// keep-alive configured. Default [`DEFAULT_UPSTREAM_IDLE_TIMEOUT`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).upstream_idle_timeout(Duration::from_secs(10)).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn upstream_idle_timeout(mut self, silence: std::time::Duration) -> Self {
         self.config.upstream_idle_timeout = silence;
         self
@@ -256,6 +341,13 @@ impl CacheBuilder {
     /// revision (no round trip; a write the cache had not applied yet when `watch()` was
     /// called is delivered too). Default `true`. While the cache is not ready, or if the
     /// round trip fails, the cache's revision is used.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).linearizable_watch_start(false).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn linearizable_watch_start(mut self, enabled: bool) -> Self {
         self.config.linearizable_watch_start = enabled;
         self
@@ -263,6 +355,13 @@ impl CacheBuilder {
 
     /// What a consistent read does when the cache cannot serve it in time.
     /// Default [`ReadFallback::Etcd`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).read_fallback(etcd_cache::ReadFallback::Error).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn read_fallback(mut self, fallback: ReadFallback) -> Self {
         self.config.read_fallback = fallback;
         self
@@ -270,8 +369,65 @@ impl CacheBuilder {
 
     /// Whether etcd's `RequestProgress` answers are trusted. Default
     /// [`ProgressTrust::Auto`] (by server version).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client).progress_trust(etcd_cache::ProgressTrust::Never).build().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn progress_trust(mut self, trust: ProgressTrust) -> Self {
         self.config.progress_trust = trust;
+        self
+    }
+
+    /// The options the cache's own connections use: the per-member version probe
+    /// connects to each member's client URL on its own, and needs the same TLS
+    /// settings and credentials as the client given to [`Cache::builder`]. Pass the
+    /// options that client was connected with. Without them, members behind TLS or
+    /// auth read as of unknown version: the cache is then correct but slower (progress
+    /// answers untrusted), and `CacheStats::unknown_versions` and a warning say so.
+    /// The probe's connect and request timeouts are its own (2 s).
+    ///
+    /// ```no_run
+    /// # async fn f() -> etcd_cache::Result<()> {
+    /// let opts = etcd_client::ConnectOptions::new()
+    ///     .with_user("app", "secret")
+    ///     .with_auto_token_refresh(true);
+    /// let client = etcd_client::Client::connect(["https://etcd:2379"], Some(opts.clone())).await?;
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .prefix("/app/")
+    ///     .connect_options(opts)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Cache::builder`]: crate::Cache::builder
+    pub fn connect_options(mut self, options: etcd_client::ConnectOptions) -> Self {
+        self.config.connect_options = Some(options);
+        self
+    }
+
+    /// Checks the cache against etcd every `period` (off by default): reads etcd at a
+    /// revision the cache holds (its newest), page by page (`page_size` keys, at most
+    /// 50 pages a second), compares the keys and mod revisions with the cache's, and on
+    /// a mismatch logs the differing keys, counts it (`CacheStats::
+    /// consistency_mismatches`) and repairs the store by listing again at the same
+    /// revision (every subscriber continues; if etcd compacted that revision the cache
+    /// re-lists at the latest, and subscribers behind get the compaction signal).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .consistency_check(Duration::from_secs(600))
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn consistency_check(mut self, period: std::time::Duration) -> Self {
+        self.config.consistency_check = Some(period);
         self
     }
 }

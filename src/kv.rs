@@ -9,7 +9,20 @@ use crate::error::{Error, Result};
 
 pub use etcd_client::EventType;
 
-/// A key and its value at one revision, as etcd stores it.
+/// A key and its value at one revision, as etcd stores it, with etcd-client's
+/// accessors; converts to and from `etcd_client::KeyValue`.
+///
+/// ```
+/// use etcd_cache::KeyValue;
+///
+/// let kv = KeyValue::new("/app/a", "1", 5, 7, 2, 0);
+/// assert_eq!((kv.key_str().unwrap(), kv.value()), ("/app/a", &b"1"[..]));
+/// assert_eq!((kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease()), (5, 7, 2, 0));
+/// let theirs: etcd_client::KeyValue = (&kv).into();
+/// assert_eq!(theirs.key(), kv.key());
+/// let (key, value) = kv.into_key_value();
+/// assert_eq!((key, value), (b"/app/a".to_vec(), b"1".to_vec()));
+/// ```
 ///
 /// One shared allocation: a clone is one reference-count increment, whichever of the
 /// store, the history, a delivery or a read holds it.
@@ -171,7 +184,19 @@ fn valid_prefix(b: &[u8]) -> &str {
     }
 }
 
-/// One change to one key.
+/// One change to one key, with etcd-client's accessors; converts to and from
+/// `etcd_client::Event`.
+///
+/// ```
+/// use etcd_cache::{Event, EventType, KeyValue};
+///
+/// let ev = Event::new(EventType::Put, KeyValue::new("/k", "2", 3, 4, 2, 0), Some(KeyValue::new("/k", "1", 3, 3, 1, 0)));
+/// assert_eq!(ev.event_type(), EventType::Put);
+/// assert_eq!(ev.kv().unwrap().value(), b"2");
+/// assert_eq!(ev.prev_kv().unwrap().value(), b"1");
+/// let theirs: etcd_client::Event = (&ev).into();
+/// assert_eq!(theirs.kv().unwrap().value(), b"2");
+/// ```
 ///
 /// A `Put` carries the new key-value; a `Delete` carries the key with its `mod_revision`
 /// set to the deleting revision and everything else zero, exactly as etcd sends it.

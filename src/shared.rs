@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::history::History;
 use crate::key_range::KeyRange;
+use crate::metrics::Metrics;
 use crate::progress::ProgressRequestor;
 use crate::store::Snapshot;
 use crate::subscribers::Subscribers;
@@ -225,6 +226,11 @@ pub struct CacheStats {
     pub behind: i64,
     /// How long ago the follower last heard from etcd (None before the first answer).
     pub since_last_heard: Option<Duration>,
+    /// Consistency checks done (`CacheBuilder::consistency_check`).
+    pub consistency_checks: u64,
+    /// Consistency checks that found the cache different from etcd (each repaired by a
+    /// re-list).
+    pub consistency_mismatches: u64,
 }
 
 /// Counters with one writer each: the follower (connects, lists, trust, what it heard)
@@ -243,6 +249,8 @@ pub(crate) struct Counters {
     versions: Mutex<Vec<String>>,
     /// Who answered last: cluster id, member id and raft term for response headers.
     identity: Mutex<Header>,
+    consistency_checks: AtomicU64,
+    consistency_mismatches: AtomicU64,
 }
 
 impl Counters {
@@ -261,6 +269,14 @@ impl Counters {
     /// The newest cluster revision seen.
     pub(crate) fn cluster_revision(&self) -> i64 {
         self.cluster_revision.load(Ordering::Relaxed)
+    }
+
+    /// Records one consistency check.
+    pub(crate) fn consistency_checked(&self, mismatch: bool) {
+        self.consistency_checks.fetch_add(1, Ordering::Relaxed);
+        if mismatch {
+            self.consistency_mismatches.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Records that etcd answered just now.
@@ -329,6 +345,28 @@ pub(crate) struct Shared {
     pub(crate) probe: Arc<RevisionProbe>,
     pub(crate) upstream: Arc<dyn Upstream>,
     pub(crate) counters: Counters,
+    pub(crate) metrics: Metrics,
+    /// Test hooks (feature `test-hooks`); inert otherwise.
+    pub(crate) hooks: Hooks,
+}
+
+/// Writes a test asks the follower to make behind etcd's back.
+#[derive(Debug, Default)]
+pub(crate) struct Hooks {
+    pub(crate) wake: tokio::sync::Notify,
+    corruptions: Mutex<Vec<crate::kv::KeyValue>>,
+}
+
+impl Hooks {
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    pub(crate) fn corrupt(&self, kv: crate::kv::KeyValue) {
+        self.corruptions.lock().push(kv);
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn take(&self) -> Vec<crate::kv::KeyValue> {
+        std::mem::take(&mut *self.corruptions.lock())
+    }
 }
 
 impl Shared {
@@ -342,6 +380,8 @@ impl Shared {
             probe: Arc::default(),
             upstream,
             counters: Counters::default(),
+            metrics: Metrics::new(&config.prefix),
+            hooks: Hooks::default(),
             config,
         })
     }
@@ -547,6 +587,8 @@ impl Shared {
             cluster_revision: self.counters.cluster_revision().max(revision),
             behind: (self.counters.cluster_revision() - revision).max(0),
             since_last_heard: self.counters.heard.lock().map(|t| t.elapsed()),
+            consistency_checks: self.counters.consistency_checks.load(Ordering::Relaxed),
+            consistency_mismatches: self.counters.consistency_mismatches.load(Ordering::Relaxed),
         }
     }
 }

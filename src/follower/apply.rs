@@ -74,6 +74,28 @@ impl Writer {
         shared.set_loaded();
     }
 
+    /// Replaces the store with a list made at the applied revision itself (a repair
+    /// after a failed consistency check): the history and every subscriber stay as they
+    /// are, since nothing happened between the two.
+    pub(super) fn repair(&mut self, map: KvMap, revision: i64) {
+        debug_assert_eq!(revision, self.applied);
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        self.store.replace(map);
+        self.publish(&mut index, revision);
+    }
+
+    /// Test hook: writes `kvs` into the store behind etcd's back, as a bug would.
+    pub(super) fn corrupt(&mut self, kvs: Vec<KeyValue>) {
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        for kv in kvs {
+            self.store.apply(EventType::Put, kv);
+        }
+        let revision = self.applied;
+        self.publish(&mut index, revision);
+    }
+
     /// Applies one upstream message: one batch per revision, dispatched in order.
     ///
     /// # Errors
@@ -96,6 +118,7 @@ impl Writer {
         let mut last = self.applied;
         let mut batch_events = Vec::new();
         let mut lagged = 0;
+        let (mut revisions, mut delivered, received) = (0, 0, events.len());
         let mut iter = events.into_iter().peekable();
         while let Some((t, kv)) = iter.next() {
             let rev = kv.mod_revision();
@@ -110,7 +133,10 @@ impl Writer {
             if boundary {
                 let batch = Batch::new(rev, std::mem::take(&mut batch_events));
                 shared.history.write().push(batch.clone());
-                lagged += index.dispatch(&batch).lagged;
+                let stats = index.dispatch(&batch);
+                lagged += stats.lagged;
+                delivered += stats.delivered;
+                revisions += 1;
                 last = rev;
             }
         }
@@ -120,6 +146,10 @@ impl Writer {
                 revision = last,
                 "subscribers fell behind; they will catch up from history"
             );
+        }
+        shared.metrics.applied(received, revisions, delivered);
+        if lagged > 0 {
+            shared.metrics.lagging(shared.subscribers.lagging(), true);
         }
         if last > self.applied {
             self.publish(&mut index, last);
@@ -150,6 +180,21 @@ impl Writer {
     /// dispatch or registration runs meanwhile.
     fn publish(&mut self, _index: &mut Dispatcher<'_>, revision: i64) {
         self.applied = revision;
-        self.shared.publish(self.store.snapshot(revision));
+        let snapshot = self.store.snapshot(revision);
+        #[cfg(feature = "metrics")]
+        {
+            let shared = &self.shared;
+            let history = shared.history.read();
+            shared.metrics.published(
+                revision,
+                snapshot.map.len(),
+                snapshot.bytes,
+                (history.len(), history.bytes()),
+                shared.counters.cluster_revision(),
+            );
+            shared.metrics.watchers(shared.subscribers.watchers());
+            shared.metrics.lagging(shared.subscribers.lagging(), false);
+        }
+        self.shared.publish(snapshot);
     }
 }

@@ -23,12 +23,13 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Lists the cache's range: the key-values and the revision they are at.
+/// Lists the cache's range at `at` (0: the latest revision): the key-values and the
+/// revision they are at.
 ///
 /// # Errors
-/// What etcd said, or [`Error::Transport`] when a page does not come within
-/// `upstream_idle_timeout`.
-pub(super) async fn list(shared: &Arc<Shared>) -> Result<(KvMap, i64)> {
+/// What etcd said (e.g. `at` was compacted), or [`Error::Transport`] when a page does
+/// not come within `upstream_idle_timeout`.
+pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> {
     let page_size = shared.config.page_size;
     let started = Instant::now();
     let mut map: KvMap = OrdSet::new();
@@ -40,8 +41,9 @@ pub(super) async fn list(shared: &Arc<Shared>) -> Result<(KvMap, i64)> {
             up.list_page(range, revision, page_size).await
         }))
     };
-    let mut pending = Some(fetch(shared.range.clone(), 0));
-    let mut revision = 0;
+    let mut pending = Some(fetch(shared.range.clone(), at));
+    let mut revision = at;
+    let mut pages = 0;
     while let Some(mut task) = pending.take() {
         let page: RangeResponse = bounded(&shared.config, "a page of the list", async {
             (&mut task.0)
@@ -49,6 +51,7 @@ pub(super) async fn list(shared: &Arc<Shared>) -> Result<(KvMap, i64)> {
                 .map_err(|e| Error::transport(format!("the list task failed: {e}")))?
         })
         .await?;
+        pages += 1;
         if revision == 0 {
             revision = page.revision;
         }
@@ -69,6 +72,7 @@ pub(super) async fn list(shared: &Arc<Shared>) -> Result<(KvMap, i64)> {
             map.insert(Entry(kv));
         }
     }
+    shared.metrics.listed(pages, !shared.status().loaded);
     shared.counters.listed();
     info!(revision, keys = map.len(), elapsed = ?started.elapsed(), "listed prefix");
     Ok((map, revision))

@@ -17,6 +17,7 @@
 //! the unrecoverable gap get the compaction signal (see [`apply::Writer::install`]).
 
 mod apply;
+mod check;
 mod list;
 mod versions;
 
@@ -32,6 +33,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::metrics::Cause;
 use crate::shared::{CacheStatus, Shared};
 use crate::subscribers::mailbox::End;
 use crate::upstream::{UpstreamWatch, WatchMsg};
@@ -71,6 +73,8 @@ pub(super) async fn bounded<T>(
 /// Why a session ended.
 enum SessionEnd {
     Shutdown,
+    /// The consistency check found the store different from etcd: list again.
+    Repair,
     /// The resume revision is gone: list again.
     Compacted(i64),
     /// Transport or server error: back off and resume.
@@ -102,11 +106,18 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
     let _close = CloseOnExit(shared.clone());
     let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
     let span = info_span!("etcd_cache", prefix = %prefix);
+    let repair = Arc::new(tokio::sync::Notify::new());
+    let _check = shared.config.consistency_check.map(|period| {
+        AbortOnDrop(tokio::spawn(
+            check::run(shared.clone(), period, repair.clone()).instrument(span.clone()),
+        ))
+    });
     Follower {
         writer: Writer::new(shared.clone()),
-        versions: VersionProbe::start(shared.clone()),
+        versions: VersionProbe::start(shared.clone(), span.clone()),
         shared,
         need_list: true,
+        repair,
         shutdown,
         last_request: None,
         outstanding: false,
@@ -116,11 +127,22 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
     .await;
 }
 
+/// A background task of the follower, stopped with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Follower {
     shared: Arc<Shared>,
     writer: Writer,
     versions: VersionProbe,
     need_list: bool,
+    /// Notified by the consistency check on a mismatch.
+    repair: Arc<tokio::sync::Notify>,
     shutdown: watch::Receiver<bool>,
     /// When the last `RequestProgress` was sent.
     last_request: Option<Instant>,
@@ -144,7 +166,9 @@ impl Follower {
             }
             match end {
                 SessionEnd::Shutdown => break,
+                SessionEnd::Repair => self.repair().await,
                 SessionEnd::Compacted(compact_revision) => {
+                    self.shared.metrics.disconnected(Cause::Compacted);
                     warn!(
                         revision = self.writer.applied(),
                         compact_revision, "resume revision compacted; re-listing"
@@ -171,6 +195,11 @@ impl Follower {
                     break;
                 }
                 SessionEnd::Broken(e) => {
+                    self.shared.metrics.disconnected(match e {
+                        Error::Upstream(_) => Cause::Etcd,
+                        Error::Protocol { .. } => Cause::Protocol,
+                        _ => Cause::Transport,
+                    });
                     attempts += 1;
                     let delay = backoff.next_delay();
                     warn!(
@@ -195,6 +224,29 @@ impl Follower {
             }
         }
         info!(revision = self.writer.applied(), "cache closed");
+    }
+
+    /// Re-lists at the applied revision and replaces the store (the history and the
+    /// subscribers stay); if etcd compacted that revision, the next session lists at
+    /// the latest one, as after a compaction gap.
+    async fn repair(&mut self) {
+        let revision = self.writer.applied();
+        self.shared.set_state(CacheStatus::Relisting {
+            compact_revision: 0,
+        });
+        match list::list(&self.shared, revision).await {
+            Ok((map, at)) if at == revision => {
+                info!(revision, keys = map.len(), "repaired the store from etcd");
+                self.writer.repair(map, revision);
+            }
+            Ok(_) | Err(_) => {
+                warn!(
+                    revision,
+                    "could not re-list at the cache's revision; listing the latest"
+                );
+                self.need_list = true;
+            }
+        }
     }
 
     /// Sleeps for `delay`; true if shutdown came first.
@@ -227,7 +279,7 @@ impl Follower {
         self.versions.recheck();
 
         if self.need_list {
-            match list::list(&self.shared).await {
+            match list::list(&self.shared, 0).await {
                 Ok((map, revision)) => {
                     self.shared.counters.heard();
                     self.shared.counters.saw_cluster_revision(revision);
@@ -275,6 +327,7 @@ impl Follower {
         }
         *confirmed = Some(Instant::now());
         self.shared.counters.connected();
+        self.shared.metrics.connected();
         self.shared.counters.heard();
         info!(
             revision = self.writer.applied(),
@@ -316,6 +369,7 @@ impl Follower {
                 msg = watch.message() => {
                     last_heard = Instant::now();
                     shared.counters.heard();
+                    shared.metrics.heard();
                     shared.counters.set_identity(watch.header());
                     if let Some(end) = self.handle(msg) {
                         return end;
@@ -356,6 +410,7 @@ impl Follower {
                         return SessionEnd::Broken(e);
                     }
                     shared.progress.record_sent();
+                    shared.metrics.progress_requested();
                     self.last_request = Some(Instant::now());
                     self.outstanding = true;
                 }
@@ -364,6 +419,10 @@ impl Follower {
                 }
                 _ = trust_changes.changed() => {
                     // The trust in progress answers changed: look again.
+                }
+                _ = self.repair.notified() => return SessionEnd::Repair,
+                _ = shared.hooks.wake.notified() => {
+                    self.writer.corrupt(shared.hooks.take());
                 }
             }
         }
@@ -385,7 +444,11 @@ impl Follower {
                 if requested {
                     self.outstanding = false;
                 }
-                if requested && !self.shared.counters.progress_trusted() {
+                let used = !requested || self.shared.counters.progress_trusted();
+                if requested {
+                    self.shared.metrics.progress_answered(used);
+                }
+                if !used {
                     debug!(
                         revision,
                         "ignoring RequestProgress answer from a server with etcd#15220"

@@ -39,7 +39,7 @@ pub(super) struct VersionProbe {
 
 impl VersionProbe {
     /// Starts probing (for [`ProgressTrust::Auto`]); the other settings fix the trust.
-    pub(super) fn start(shared: Arc<Shared>) -> Self {
+    pub(super) fn start(shared: Arc<Shared>, span: tracing::Span) -> Self {
         let fixed = match shared.config.progress_trust {
             ProgressTrust::Always => Some(true),
             ProgressTrust::Never => Some(false),
@@ -48,9 +48,10 @@ impl VersionProbe {
         let trust = watch::Sender::new(fixed.unwrap_or(false));
         shared.counters.set_progress_trusted(fixed.unwrap_or(false));
         let recheck = Arc::new(Notify::new());
-        let task = fixed
-            .is_none()
-            .then(|| tokio::spawn(probe_loop(shared.clone(), recheck.clone(), trust.clone())));
+        let task = fixed.is_none().then(|| {
+            let probe = probe_loop(shared.clone(), recheck.clone(), trust.clone());
+            tokio::spawn(tracing::Instrument::instrument(probe, span))
+        });
         VersionProbe {
             shared,
             recheck,
@@ -83,6 +84,8 @@ impl Drop for VersionProbe {
 }
 
 async fn probe_loop(shared: Arc<Shared>, recheck: Arc<Notify>, trust: watch::Sender<bool>) {
+    // The first probe comes with the first session's recheck.
+    recheck.notified().await;
     loop {
         let next = match tokio::time::timeout(PROBE_LIMIT, shared.upstream.versions()).await {
             Ok(Ok(versions)) => {

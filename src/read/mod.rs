@@ -15,6 +15,8 @@ pub(crate) mod options;
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use crate::config::ReadFallback;
 use crate::error::{Error, Result};
 use crate::range_request::RangeRequest;
@@ -86,7 +88,7 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
         resp.revision
     };
     let header = crate::upstream::etcd::response_header(&resp.header, resp.revision);
-    Ok(GetResponse::new(revision, header, resp.result))
+    Ok(GetResponse::new(revision, header, resp.result).answered_by_etcd())
 }
 
 /// What a read does when the cache cannot answer it in time: etcd answers, or the
@@ -140,6 +142,33 @@ async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result
 
 /// The read path of [`Cache::get`](crate::Cache::get).
 pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
+    if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {
+        return answer(shared, key, opts).await;
+    }
+    let span = tracing::debug_span!(
+        "etcd_cache.get",
+        key = %String::from_utf8_lossy(key),
+        serializable = opts.serializable(),
+        revision = tracing::field::Empty,
+        served = tracing::field::Empty,
+    );
+    let started = tokio::time::Instant::now();
+    let consistent = !opts.serializable();
+    let result = answer(shared, key, opts).instrument(span.clone()).await;
+    if let Ok(resp) = &result {
+        let from_memory = !resp.from_etcd();
+        span.record("revision", resp.revision());
+        span.record("served", if from_memory { "memory" } else { "etcd" });
+        if consistent {
+            shared
+                .metrics
+                .consistent_read(from_memory, started.elapsed());
+        }
+    }
+    result
+}
+
+async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
     // Fast path: a serializable read of one key at the latest revision is one map
     // lookup in the current snapshot, without building a range.
     if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {

@@ -6,7 +6,21 @@ use crate::kv::KeyValue;
 use crate::range_request::{RangeRequest, RangeResult, SortOrder, SortTarget};
 use etcd_client::ResponseHeader;
 
-/// Options for [`Cache::get`](crate::Cache::get), as `etcd_client::GetOptions`.
+/// Options for [`Cache::get`](crate::Cache::get), as `etcd_client::GetOptions`: every
+/// builder method of it, with the same meaning.
+///
+/// ```
+/// use etcd_cache::{GetOptions, SortOrder, SortTarget};
+///
+/// let newest_five = GetOptions::new()
+///     .with_prefix()
+///     .with_sort(SortTarget::Mod, SortOrder::Descend)
+///     .with_limit(5)
+///     .with_keys_only();
+/// let at_42 = GetOptions::new().with_range("/app/z").with_revision(42).with_serializable();
+/// let how_many = GetOptions::new().with_from_key().with_count_only();
+/// # let _ = (newest_five, at_42, how_many);
+/// ```
 #[derive(Debug, Clone)]
 pub struct GetOptions {
     spec: RangeSpec,
@@ -196,6 +210,8 @@ impl Default for GetOptions {
 pub struct GetResponse {
     revision: i64,
     header: Option<ResponseHeader>,
+    /// Answered by etcd (a fallback), not from memory.
+    from_etcd: bool,
     kvs: Vec<KeyValue>,
     count: i64,
     more: bool,
@@ -206,10 +222,23 @@ impl GetResponse {
         GetResponse {
             revision,
             header: Some(header),
+            from_etcd: false,
             kvs: result.kvs,
             count: result.count,
             more: result.more,
         }
+    }
+
+    /// Marks the response as answered by etcd.
+    pub(crate) fn answered_by_etcd(mut self) -> Self {
+        self.from_etcd = true;
+        self
+    }
+
+    /// True if etcd answered this read (the cache could not prove it was current in
+    /// time, or was not ready), false if the cache answered from memory.
+    pub fn from_etcd(&self) -> bool {
+        self.from_etcd
     }
 
     /// The revision the data reflects: the one asked for with `with_revision`, else

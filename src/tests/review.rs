@@ -334,3 +334,126 @@ async fn a_transient_failure_is_retried_and_visible() {
     w.created();
     within(cache.wait_ready()).await.unwrap();
 }
+
+/// The consistency check finds a store that differs from etcd (corrupted behind its
+/// back), counts it, and repairs it by listing again at the cache's own revision: the
+/// subscribers continue, and the next check finds nothing.
+#[tokio::test(start_paused = true)]
+async fn the_consistency_check_finds_and_repairs_a_corrupted_store() {
+    let cfg = Config {
+        consistency_check: Some(Duration::from_secs(10)),
+        ..config()
+    };
+    let keys = [(k("a").as_str(), "1"), (k("b").as_str(), "2")].map(|(a, b)| (a.to_owned(), b));
+    let keys: Vec<(&str, &str)> = keys.iter().map(|(a, b)| (a.as_str(), *b)).collect();
+    let mut h = ready(cfg, &["3.5.13"], &keys, 10).await;
+    let mut w = watch_prefix(&h.cache, WatchOptions::new()).await;
+    created(&mut w).await;
+    advance(Duration::from_secs(11)).await;
+    settle().await;
+    assert_eq!(h.cache.stats().consistency_checks, 1);
+    assert_eq!(h.cache.stats().consistency_mismatches, 0);
+
+    h.cache
+        .shared()
+        .hooks
+        .corrupt(crate::kv::KeyValue::new(k("a"), "wrong", 2, 9, 3, 0));
+    settle().await;
+    let read = |cache: Cache| async move {
+        let r = cache
+            .get(k("a"), Some(GetOptions::new().with_serializable()))
+            .await
+            .unwrap();
+        r.kvs()[0].value().to_vec()
+    };
+    assert_eq!(read(h.cache.clone()).await, b"wrong");
+    advance(Duration::from_secs(10)).await;
+    // The follower stops its session to repair, then watches again from 11.
+    let again = next_watch(&mut h.watches).await;
+    assert_eq!(again.start, 11);
+    again.created();
+    within(h.cache.wait_ready()).await.unwrap();
+    assert_eq!(h.cache.stats().consistency_mismatches, 1);
+    assert_eq!(read(h.cache.clone()).await, b"1", "repaired from etcd");
+    again.events(vec![put(&k("c"), "3", 11, 11, 1)]);
+    assert_eq!(next_rev(&mut w).await, 11, "the subscriber continued");
+    // etcd's data at 11, for the next check.
+    use crate::kv::KeyValue;
+    h.up.set_kvs(
+        vec![
+            KeyValue::new(k("a"), "1", 2, 2, 1, 0),
+            KeyValue::new(k("b"), "2", 3, 3, 1, 0),
+            KeyValue::new(k("c"), "3", 11, 11, 1, 0),
+        ],
+        11,
+    );
+    advance(Duration::from_secs(11)).await;
+    settle().await;
+    assert_eq!(h.cache.stats().consistency_checks, 3);
+    assert_eq!(h.cache.stats().consistency_mismatches, 1);
+}
+
+/// With the `metrics` feature, the cache records through the `metrics` facade: events
+/// received, deliveries, connects, watchers, reads, and the published state.
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn metrics_are_recorded_through_the_facade() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[(&k("a"), "1")], 10);
+    let cache =
+        metrics::with_local_recorder(&recorder, || Cache::start(config(), up.clone())).unwrap();
+    let watch = next_watch(&mut watches).await;
+    watch.created();
+    within(cache.wait_ready()).await.unwrap();
+    let mut w = watch_prefix(&cache, WatchOptions::new()).await;
+    created(&mut w).await;
+    watch.events(vec![
+        put(&k("a"), "2", 2, 11, 2),
+        put(&k("b"), "1", 11, 11, 1),
+    ]);
+    assert_eq!(next_rev(&mut w).await, 11);
+    within(cache.get(k("a"), None)).await.unwrap();
+    drop(w);
+    // One snapshot: taking one resets the recorder's counters.
+    let snapshot = snapshotter.snapshot().into_vec();
+    let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        snapshot
+            .iter()
+            .find(|(key, _, _, _)| {
+                key.key().name() == name
+                    && label.map_or(true, |(k, v)| {
+                        key.key().labels().any(|l| l.key() == k && l.value() == v)
+                    })
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(c) => *c as f64,
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Histogram(h) => h.len() as f64,
+            })
+            .unwrap_or_else(|| panic!("no metric {name} {label:?}"))
+    };
+    assert_eq!(value("etcd_cache_upstream_events_total", None), 2.0);
+    assert_eq!(value("etcd_cache_upstream_revisions_total", None), 1.0);
+    assert_eq!(value("etcd_cache_deliveries_total", None), 1.0);
+    assert_eq!(value("etcd_cache_upstream_connects_total", None), 1.0);
+    assert_eq!(value("etcd_cache_revision", None), 11.0);
+    assert_eq!(value("etcd_cache_store_keys", None), 2.0);
+    assert_eq!(value("etcd_cache_watches_opened_total", None), 1.0);
+    assert_eq!(
+        value(
+            "etcd_cache_watches_ended_total",
+            Some(("reason", "dropped"))
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "etcd_cache_consistent_reads_total",
+            Some(("served", "memory"))
+        ),
+        1.0
+    );
+    assert_eq!(value("etcd_cache_consistent_read_wait_seconds", None), 1.0);
+}

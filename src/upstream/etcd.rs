@@ -16,11 +16,19 @@ use crate::range_request::{RangeRequest, RangeResult};
 /// The production upstream.
 pub(crate) struct EtcdUpstream {
     client: etcd_client::Client,
+    /// How the per-member probe connects (the user's TLS and credentials).
+    connect_options: etcd_client::ConnectOptions,
 }
 
 impl EtcdUpstream {
-    pub(crate) fn new(client: etcd_client::Client) -> Self {
-        EtcdUpstream { client }
+    pub(crate) fn new(
+        client: etcd_client::Client,
+        connect_options: Option<etcd_client::ConnectOptions>,
+    ) -> Self {
+        EtcdUpstream {
+            client,
+            connect_options: connect_options.unwrap_or_default(),
+        }
     }
 }
 
@@ -234,7 +242,9 @@ impl Upstream for EtcdUpstream {
                 .collect();
             let probes = urls.into_iter().map(|url| async move {
                 let probe = async {
-                    let opts = etcd_client::ConnectOptions::new()
+                    let opts = self
+                        .connect_options
+                        .clone()
                         .with_connect_timeout(Duration::from_secs(2))
                         .with_timeout(Duration::from_secs(2));
                     let mut c = etcd_client::Client::connect([url.as_str()], Some(opts)).await?;
@@ -242,9 +252,14 @@ impl Upstream for EtcdUpstream {
                 };
                 match tokio::time::timeout(Duration::from_secs(3), probe).await {
                     Ok(Ok(v)) => v,
-                    // Unknown (e.g. a TLS endpoint, which this plain probe cannot reach):
-                    // counts as a version that cannot be trusted, which is only slower.
-                    _ => format!("unreachable:{url}"),
+                    // Unknown (unreachable, or TLS or auth without the options it
+                    // needs): counts as a version that cannot be trusted, which is
+                    // only slower.
+                    Ok(Err(e)) => {
+                        tracing::debug!(%url, error = %e, "version probe of a member failed");
+                        format!("unreachable:{url}")
+                    }
+                    Err(_) => format!("unreachable:{url}"),
                 }
             });
             versions.extend(futures_util::future::join_all(probes).await);

@@ -172,7 +172,7 @@ impl WatchOptions {
 /// A watch request, validated: what the stream registers.
 pub(crate) struct Request {
     filter: Filter,
-    start_revision: i64,
+    pub(crate) start_revision: i64,
     progress_notify: bool,
 }
 
@@ -222,6 +222,7 @@ async fn register(
     request: Request,
     scope: Option<&Arc<Scope>>,
 ) -> Result<subscription::Registration> {
+    let started = tokio::time::Instant::now();
     let status = shared.status();
     if status.closed() {
         return Err(Shared::closed_error(&status));
@@ -229,7 +230,11 @@ async fn register(
     if !status.loaded {
         return Err(Error::NotReady);
     }
-    let slot = shared.subscribers.acquire(scope)?;
+    let slot = shared.subscribers.acquire(scope).inspect_err(|e| {
+        if matches!(e, Error::WatchLimit { .. }) {
+            shared.metrics.watch_refused();
+        }
+    })?;
     // "From now", as etcd means it: after every write that completed before this
     // call, even those the cache has not applied yet.
     let now = if request.start_revision == 0 {
@@ -245,6 +250,7 @@ async fn register(
         || shared.revision(),
         &slot,
     )?;
+    shared.metrics.watch_opened(started.elapsed());
     Ok(subscription::Registration {
         request,
         registered,

@@ -110,7 +110,15 @@ impl WatchRequestSender {
             inner.ids.insert(id, 0);
             id
         };
-        let registration = match register(&control.shared, request, control.scope.as_ref()).await {
+        let span = tracing::debug_span!(
+            "etcd_cache.watch",
+            key = %String::from_utf8_lossy(&key),
+            watch_id,
+            start_revision = request.start_revision,
+            revision = tracing::field::Empty,
+        );
+        let registered = register(&control.shared, request, control.scope.as_ref());
+        let registration = match tracing::Instrument::instrument(registered, span.clone()).await {
             Ok(r) => r,
             Err(e) => {
                 control.inner.lock().ids.remove(&watch_id);
@@ -124,6 +132,8 @@ impl WatchRequestSender {
             }
         });
         let sub = Subscription::new(control.shared.clone(), registration, watch_id, on_end);
+        span.record("revision", sub.created_revision());
+        span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
         {
             let mut inner = control.inner.lock();
             inner.ids.insert(watch_id, sub.sub_id);
@@ -341,6 +351,7 @@ impl Stream for WatchResponseStream {
             match this.provable().filter(|&r| r >= this.reported) {
                 Some(revision) => {
                     this.progress_wait = None;
+                    this.control.shared.metrics.progress_response();
                     this.progress_requests -= 1;
                     this.control.inner.lock().progress_requests -= 1;
                     let h = this.header(revision);

@@ -12,6 +12,7 @@ use tokio::time::{Instant, Sleep};
 use super::Request;
 use crate::error::Error;
 use crate::kv::Event;
+use crate::metrics::EndReason;
 use crate::shared::Shared;
 use crate::subscribers::filter::Filter;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
@@ -123,6 +124,11 @@ impl Subscription {
         }
     }
 
+    /// The revision its `created` response reports.
+    pub(super) fn created_revision(&self) -> i64 {
+        self.floor
+    }
+
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
@@ -137,7 +143,12 @@ impl Subscription {
     }
 
     /// Ends the watch: out of the index, its slot and its id freed.
-    fn finish(&mut self) {
+    fn finish(&mut self, reason: EndReason) {
+        if self.ended() {
+            return;
+        }
+        self.shared.metrics.watch_ended(reason);
+        tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
         if self.mailbox.take().is_some() {
             self.shared
                 .subscribers
@@ -179,14 +190,14 @@ impl Subscription {
             return Poll::Ready(Some(Item::Created { revision }));
         }
         if let Some(compact_revision) = this.compacted.take() {
-            this.finish();
+            this.finish(EndReason::Compacted);
             return Poll::Ready(Some(Item::Canceled {
                 compact_revision,
                 reason: COMPACTED_REASON,
             }));
         }
         let Some(mailbox) = this.mailbox.as_ref() else {
-            this.finish();
+            this.finish(EndReason::Closed);
             return Poll::Ready(None);
         };
         let shared = &this.shared;
@@ -204,7 +215,7 @@ impl Subscription {
                     events: d.events,
                 },
                 Polled::Ended(End::Closed) => {
-                    this.finish();
+                    this.finish(EndReason::Closed);
                     return Poll::Ready(None);
                 }
                 Polled::Ended(End::Cancelled) => Item::Canceled {
@@ -226,6 +237,7 @@ impl Subscription {
                 Polled::Idle { revision } => {
                     if this.progress_due {
                         this.progress_due = false;
+                        shared.metrics.progress_response();
                         return Poll::Ready(Some(Item::Progress {
                             revision: revision.max(this.floor),
                         }));
@@ -241,8 +253,14 @@ impl Subscription {
                     return Poll::Pending;
                 }
             };
-            if matches!(item, Item::Canceled { .. } | Item::Failed(_)) {
-                this.finish();
+            match &item {
+                Item::Canceled {
+                    compact_revision: 0,
+                    ..
+                } => this.finish(EndReason::Canceled),
+                Item::Canceled { .. } => this.finish(EndReason::Compacted),
+                Item::Failed(_) => this.finish(EndReason::Failed),
+                _ => {}
             }
             return Poll::Ready(Some(item));
         }
@@ -251,6 +269,6 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.finish();
+        self.finish(EndReason::Dropped);
     }
 }

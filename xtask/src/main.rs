@@ -1,24 +1,54 @@
 //! `cargo xtask <command>`: the project's tasks, each with its own set-up (std only).
 //!
-//! Every command first checks the prerequisites (`etcd`, `protoc`) and, when they are missing
-//! and the user is root, installs them with apt.
+//! Every command first checks the system prerequisites (etcd 3.4, etcdctl, protoc and the
+//! well-known protos; see `prereqs.rs`) and, when they are missing and the user is root,
+//! installs them with apt. `test` also builds etcd 3.5, 3.6 and 3.7 from etcd's Go modules
+//! (`etcd_bins.rs`) and runs the version matrix.
+
+// Also the harness's (std only); it allows its own dead code.
+#[path = "../../testkit/src/etcd_versions.rs"]
+mod etcd_versions;
+
+mod etcd_bins;
+mod prereqs;
+mod test_cmd;
 
 use std::env;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
+use std::sync::OnceLock;
 use std::time::Instant;
 
-const HELP: &str = "\
+pub(crate) const HELP: &str = "\
 cargo xtask <command> [options] [-- <args>]
 
 Commands:
-  test [cargo-args] [-- test-args]
-        Runs every test: `cargo test --workspace --all-targets` (unit, integration against
-        real etcd processes, benches and examples are built), then
-        `cargo test --workspace --doc`. Arguments before `--` go to cargo (e.g. --release);
-        when they select targets (e.g. --test harness) only `cargo test --workspace <them>`
-        runs. Arguments after `--` go to the test binaries (e.g. --nocapture, a name filter).
+  test [--full-matrix | --no-matrix] [cargo-args] [-- test-args]
+        Runs every test. First `cargo xtask etcd-bins` (below), then, with ETCD_VERSION=3.4
+        (Debian's etcd; or the ETCD_VERSION you set):
+          `cargo test --workspace --all-targets` (unit, integration against real etcd
+          processes; benches and examples are built), `cargo test --workspace --doc`,
+          `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
+          --features bench-internals -- -D warnings`;
+        then the version matrix:
+          every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
+          `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6.
+        --full-matrix  every integration test target on 3.5, 3.6 and 3.7 (CI's run).
+        --no-matrix    only the 3.4 steps; needs no Go.
+        Arguments before `--` go to cargo (e.g. --release); when they select targets (e.g.
+        --test harness) only `cargo test --workspace <them>` runs, without the matrix.
+        Arguments after `--` go to the test binaries (e.g. --nocapture, a name filter).
+        Every cargo run gets ETCD_CACHE_ETCD_DIR=<target>/etcd and ETCD_VERSION.
+  etcd-bins [--force] [--check] [VERSION...]
+        Builds etcd and etcdctl 3.5 (v3.5.35), 3.6 (v3.6.16) and 3.7 (v3.7.3), or only the
+        VERSIONs named, from the Go modules in testkit/etcd-go/<version>/ into
+        target/etcd/<version>/{etcd,etcdctl,VERSION}: `CGO_ENABLED=0 go build -trimpath
+        -buildvcs=false`, then checks both report the pinned release and starts the server
+        once (single member, the harness's flags). A version whose VERSION stamp matches
+        (release, Go version, module sources) is reused. --force rebuilds; --check also
+        starts the reused ones. Needs Go (1.26, or 1.21+ with GOTOOLCHAIN=auto) and the Go
+        module proxy.
   demo [-- args]
         Runs the main example, `cargo run --release --example demo -- <args>`. It uses
         ETCD_ENDPOINTS when set (comma-separated), otherwise it starts its own etcd.
@@ -34,13 +64,23 @@ Commands:
   soak [--duration SECS] [-- test-args]
         The long fault-injection run: ETCD_CACHE_SOAK_SECS=<SECS> (default 600)
         `cargo test --release --test reliability -- --ignored --nocapture`.
-  prereqs
-        Only checks (and, as root, installs) the prerequisites.
+  prereqs [--check]
+        Only checks (and, as root, installs) the system prerequisites; --check never installs
+        and exits with 1 when a required one is missing.
   help
         This text.
 
-Prerequisites: `etcd` (Debian package etcd-server; ETCD_BIN may point at another binary)
-and `protoc` (Debian package protobuf-compiler; PROTOC may point at another binary).
+System prerequisites (installed with `apt-get install --no-install-recommends` as root):
+  etcd-server        etcd 3.4.23, the default test server (ETCD_BIN may point at another)
+  etcd-client        etcdctl 3.4 (ETCDCTL_BIN may point at another)
+  protobuf-compiler  protoc, for etcd-client's build (PROTOC may point at another)
+  libprotobuf-dev    the well-known protos google/protobuf/*.proto next to protoc
+                     (PROTOC_INCLUDE may point at another include directory)
+Go (for `etcd-bins`, and so `test`) is not installed by xtask.
+
+Environment read by the tests: ETCD_VERSION (3.4, 3.5, 3.6, 3.7: the server a run uses),
+ETCD_BIN / ETCDCTL_BIN (any binary; overrides the version), ETCD_CACHE_ETCD_DIR (where
+etcd-bins put the Go-built versions).
 ";
 
 fn main() {
@@ -54,11 +94,16 @@ fn main() {
             print!("{HELP}");
             0
         }
-        "prereqs" => {
-            prereqs();
-            0
-        }
-        "test" => test(rest),
+        "prereqs" => match rest.as_slice() {
+            [] => i32::from(!prereqs::ensure(false)),
+            [flag] if flag == "--check" => i32::from(!prereqs::ensure(true)),
+            _ => {
+                eprintln!("xtask prereqs: the only option is --check\n\n{HELP}");
+                2
+            }
+        },
+        "etcd-bins" => etcd_bins::command(&rest),
+        "test" => test_cmd::test(rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
         "soak" => soak(rest),
@@ -72,19 +117,79 @@ fn main() {
 }
 
 /// The workspace root (the parent of this crate's directory).
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
 }
 
-fn cargo() -> Command {
+/// Cargo's target directory: `target_directory` of `cargo metadata` (which honours
+/// CARGO_TARGET_DIR and `build.target-dir`), else `<root>/target`.
+pub(crate) fn target_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(root())
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--no-deps",
+                "--offline",
+            ])
+            .stderr(std::process::Stdio::null())
+            .output();
+        out.ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                json_string_field(&String::from_utf8_lossy(&o.stdout), "target_directory")
+            })
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join("target"))
+    })
+    .clone()
+}
+
+/// Where `etcd-bins` puts the Go-built versions: `$ETCD_CACHE_ETCD_DIR` (made absolute), else
+/// `<target>/etcd`. Every cargo run xtask starts gets it as ETCD_CACHE_ETCD_DIR.
+pub(crate) fn etcd_dir() -> PathBuf {
+    if let Some(dir) = env::var_os(etcd_versions::ETCD_DIR_ENV).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        return if dir.is_absolute() {
+            dir
+        } else {
+            env::current_dir().unwrap_or_else(|_| root()).join(dir)
+        };
+    }
+    target_dir().join("etcd")
+}
+
+/// The string value of `"name":"…"` in JSON text (no escapes other than `\\` and `\"`).
+fn json_string_field(json: &str, name: &str) -> Option<String> {
+    let key = format!("\"{name}\"");
+    let at = json.find(&key)? + key.len();
+    let rest = json[at..].trim_start().strip_prefix(':')?.trim_start();
+    let rest = rest.strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => out.push(chars.next()?),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root());
+    cmd.current_dir(root())
+        .env(etcd_versions::ETCD_DIR_ENV, etcd_dir());
     cmd
 }
 
 /// Splits `args` at the first `--`: (before, after).
-fn split_dashes(args: &[String]) -> (Vec<String>, Vec<String>) {
+pub(crate) fn split_dashes(args: &[String]) -> (Vec<String>, Vec<String>) {
     match args.iter().position(|a| a == "--") {
         Some(i) => (args[..i].to_vec(), args[i + 1..].to_vec()),
         None => (args.to_vec(), Vec::new()),
@@ -93,7 +198,7 @@ fn split_dashes(args: &[String]) -> (Vec<String>, Vec<String>) {
 
 /// Runs `cmd`, echoing it first; returns its exit code (1 when it could not run, 101 when it
 /// was killed by a signal).
-fn run(mut cmd: Command) -> i32 {
+pub(crate) fn run(mut cmd: Command) -> i32 {
     let shown: Vec<String> = std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|s| s.to_string_lossy().into_owned())
@@ -117,20 +222,17 @@ fn run(mut cmd: Command) -> i32 {
     }
 }
 
-/// Whether `name` is an executable file in a PATH directory.
-fn on_path(name: &str) -> bool {
-    let Some(path) = env::var_os("PATH") else {
-        return false;
-    };
-    env::split_paths(&path).any(|dir| dir.join(name).is_file())
-}
-
-fn env_file(var: &str) -> Option<bool> {
-    let value = env::var_os(var).filter(|v| !v.is_empty())?;
-    Some(Path::new(&value).is_file())
-}
-
-fn is_root() -> bool {
+/// Whether xtask runs as root: the real uid in /proc/self/status (Linux), else `id -u`.
+pub(crate) fn is_root() -> bool {
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        if let Some(uid) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            return uid == "0";
+        }
+    }
     Command::new("id")
         .arg("-u")
         .output()
@@ -139,189 +241,32 @@ fn is_root() -> bool {
         .is_some_and(|s| s.trim() == "0")
 }
 
-/// Checks for `etcd` and `protoc`; installs the missing ones with apt as root, otherwise
-/// says what to install and exits with 1.
-fn prereqs() {
-    let mut missing: Vec<(&str, &str)> = Vec::new();
-    if !env_file("ETCD_BIN").unwrap_or_else(|| on_path("etcd")) {
-        missing.push(("etcd", "etcd-server"));
-    }
-    if !env_file("PROTOC").unwrap_or_else(|| on_path("protoc")) {
-        missing.push(("protoc", "protobuf-compiler"));
-    }
-    if missing.is_empty() {
-        return;
-    }
-    let tools: Vec<&str> = missing.iter().map(|m| m.0).collect();
-    let packages: Vec<&str> = missing.iter().map(|m| m.1).collect();
-    if !is_root() {
-        eprintln!(
-            "xtask: missing {}. Install the packages first, e.g.:\n\n    sudo apt-get update && sudo apt-get install -y {}\n\n\
-             (or set ETCD_BIN / PROTOC to existing binaries)",
-            tools.join(" and "),
-            packages.join(" ")
-        );
-        exit(1);
-    }
-    eprintln!(
-        "xtask: missing {}; installing {} with apt-get",
-        tools.join(" and "),
-        packages.join(" ")
-    );
-    let apt = |args: &[&str]| {
-        let mut cmd = Command::new("apt-get");
-        cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
-        run(cmd)
-    };
-    if apt(&["update"]) != 0 {
-        eprintln!("xtask: apt-get update failed");
-        exit(1);
-    }
-    let mut install = vec!["install", "-y", "--no-install-recommends"];
-    install.extend(&packages);
-    if apt(&install) != 0 {
-        eprintln!("xtask: apt-get install {} failed", packages.join(" "));
-        exit(1);
-    }
-    for tool in &tools {
-        if !on_path(tool) {
-            eprintln!(
-                "xtask: `{tool}` is still not on PATH after installing; please install it by hand"
-            );
-            exit(1);
-        }
-    }
-}
-
-/// cargo test options that select targets (then xtask runs only them, without `--doc`).
-const TARGET_FLAGS: &[&str] = &[
-    "--lib",
-    "--bin",
-    "--bins",
-    "--example",
-    "--examples",
-    "--test",
-    "--tests",
-    "--bench",
-    "--benches",
-    "--all-targets",
-    "--doc",
-];
-
-fn test(args: Vec<String>) -> i32 {
-    prereqs();
-    let started = Instant::now();
-    let (cargo_args, test_args) = split_dashes(&args);
-    let steps: [(&str, &[&str]); 2] = [
-        ("all targets", &["test", "--workspace", "--all-targets"]),
-        ("doc tests", &["test", "--workspace", "--doc"]),
-    ];
-    // `--doc` cannot be combined with target selection; when targets are chosen, only they run.
-    let selects_targets = cargo_args.iter().any(|a| {
-        let flag = a.split('=').next().unwrap_or(a);
-        TARGET_FLAGS.contains(&flag)
-    });
-    for (name, base) in steps {
-        let base = if selects_targets {
-            if name == "doc tests" {
-                continue;
-            }
-            &base[..2]
-        } else {
-            base
-        };
-        let mut cmd = cargo();
-        cmd.args(base).args(&cargo_args);
-        if !test_args.is_empty() {
-            cmd.arg("--").args(&test_args);
-        }
-        let code = run(cmd);
-        if code != 0 {
-            println!(
-                "xtask test: FAILED in {name} (exit code {code}) after {:.0} s",
-                started.elapsed().as_secs_f64()
-            );
-            return code;
-        }
-    }
-    if !selects_targets {
-        let code = lints();
-        if code != 0 {
-            println!(
-                "xtask test: FAILED in lints (exit code {code}) after {:.0} s",
-                started.elapsed().as_secs_f64()
-            );
-            return code;
-        }
-    }
-    let what = if selects_targets {
-        "selected targets"
-    } else {
-        "all targets, doc tests, lints"
-    };
-    println!(
-        "xtask test: all tests passed ({what}) in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    0
-}
-
-/// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
-/// the toolchain has those components; a toolchain without them only gets a note.
-fn lints() -> i32 {
-    let steps: [(&str, &[&str]); 2] = [
-        ("fmt", &["fmt", "--all", "--", "--check"]),
-        (
-            "clippy",
-            &[
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--features",
-                "bench-internals",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        ),
-    ];
-    for (name, args) in steps {
-        let available = cargo()
-            .args([name, "--version"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !available {
-            println!("xtask test: cargo {name} is not installed; skipping it");
-            continue;
-        }
-        let mut cmd = cargo();
-        cmd.args(args);
-        let code = run(cmd);
-        if code != 0 {
-            return code;
-        }
-    }
-    0
-}
-
 fn target_exists(kind: &str, name: &str) -> bool {
     let dir = root().join(kind);
     dir.join(format!("{name}.rs")).is_file() || dir.join(name).join("main.rs").is_file()
 }
 
 fn demo(args: Vec<String>) -> i32 {
-    prereqs();
+    if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
+        return 1;
+    }
     if !target_exists("examples", "demo") {
         eprintln!("xtask demo: examples/demo.rs does not exist (yet)");
         return 1;
     }
     let (before, after) = split_dashes(&args);
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--example", "demo", "--"])
-        .args(before)
-        .args(after);
+    cmd.args([
+        "run",
+        "--release",
+        "--features",
+        "metrics",
+        "--example",
+        "demo",
+        "--",
+    ])
+    .args(before)
+    .args(after);
     let code = run(cmd);
     if code != 0 {
         println!("xtask demo: FAILED (exit code {code})");
@@ -347,7 +292,9 @@ fn bench(args: Vec<String>) -> i32 {
             _ => name = Some(opt),
         }
     }
-    prereqs();
+    if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
+        return 1;
+    }
     let mut cmd = cargo();
     match &name {
         // The micro-benchmarks need the hidden `internals` module (feature
@@ -442,7 +389,9 @@ fn soak(args: Vec<String>) -> i32 {
             }
         }
     }
-    prereqs();
+    if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
+        return 1;
+    }
     if !target_exists("tests", "reliability") {
         eprintln!("xtask soak: tests/reliability.rs does not exist (yet); nothing to soak");
         return 1;

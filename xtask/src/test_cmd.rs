@@ -1,0 +1,449 @@
+//! `cargo xtask test`: every test on the default etcd, then the version matrix.
+
+use std::env;
+use std::time::Instant;
+
+use crate::etcd_versions::{EtcdVersion, ETCD_VERSION_ENV};
+use crate::{cargo, etcd_bins, prereqs, root, run, split_dashes};
+
+/// How much of the version matrix runs after the steps on the primary version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matrix {
+    /// Only the primary version.
+    Off,
+    /// Every integration target on [`EtcdVersion::NEWEST`], `consistent_reads` on the rest.
+    Default,
+    /// Every integration target on every version.
+    Full,
+}
+
+/// One step of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub name: String,
+    pub kind: StepKind,
+    /// ETCD_VERSION for the run (lints have none).
+    pub etcd: Option<EtcdVersion>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepKind {
+    /// `cargo <args> [-- test-args]`.
+    CargoTest(Vec<String>),
+    /// `cargo fmt --check` and `cargo clippy`.
+    Lints,
+}
+
+/// cargo test options that select targets (then xtask runs only them, without `--doc`).
+const TARGET_FLAGS: &[&str] = &[
+    "--lib",
+    "--bin",
+    "--bins",
+    "--example",
+    "--examples",
+    "--test",
+    "--tests",
+    "--bench",
+    "--benches",
+    "--all-targets",
+    "--doc",
+];
+
+/// Whether `cargo_args` select targets.
+pub fn selects_targets(cargo_args: &[String]) -> bool {
+    cargo_args.iter().any(|a| {
+        let flag = a.split('=').next().unwrap_or(a);
+        TARGET_FLAGS.contains(&flag)
+    })
+}
+
+/// The integration test targets of the root package: `tests/<name>.rs` and
+/// `tests/<name>/main.rs`, sorted.
+pub fn integration_targets() -> Vec<String> {
+    let mut names = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(root().join("tests")) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = if path.extension().is_some_and(|e| e == "rs") && path.is_file() {
+                path.file_stem()
+            } else if path.join("main.rs").is_file() {
+                path.file_name()
+            } else {
+                None
+            };
+            if let Some(name) = name {
+                names.push(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+/// The name of the consistent-read test target, run on every version.
+pub const CONSISTENT_READS: &str = "consistent_reads";
+
+/// The steps of a run.
+pub fn plan(
+    primary: EtcdVersion,
+    matrix: Matrix,
+    cargo_args: &[String],
+    integration: &[String],
+) -> Vec<Step> {
+    let cargo_test = |base: &[&str]| -> StepKind {
+        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        args.extend(cargo_args.iter().cloned());
+        StepKind::CargoTest(args)
+    };
+    if selects_targets(cargo_args) {
+        return vec![Step {
+            name: format!("selected targets (etcd {primary})"),
+            kind: cargo_test(&["test", "--workspace"]),
+            etcd: Some(primary),
+        }];
+    }
+    let mut steps = vec![
+        Step {
+            name: format!("all targets (etcd {primary})"),
+            kind: cargo_test(&["test", "--workspace", "--all-targets"]),
+            etcd: Some(primary),
+        },
+        Step {
+            name: format!("doc tests (etcd {primary})"),
+            kind: cargo_test(&["test", "--workspace", "--doc"]),
+            etcd: Some(primary),
+        },
+        Step {
+            name: "lints".to_string(),
+            kind: StepKind::Lints,
+            etcd: None,
+        },
+    ];
+    let full: Vec<EtcdVersion> = match matrix {
+        Matrix::Off => return steps,
+        Matrix::Default => vec![EtcdVersion::NEWEST],
+        Matrix::Full => EtcdVersion::ALL.to_vec(),
+    };
+    let full: Vec<EtcdVersion> = full.into_iter().filter(|&v| v != primary).collect();
+    if !integration.is_empty() {
+        let mut base = vec!["test".to_string()];
+        for t in integration {
+            base.push("--test".to_string());
+            base.push(t.clone());
+        }
+        let base: Vec<&str> = base.iter().map(String::as_str).collect();
+        for &v in &full {
+            steps.push(Step {
+                name: format!("integration tests (etcd {v})"),
+                kind: cargo_test(&base),
+                etcd: Some(v),
+            });
+        }
+    }
+    if integration.iter().any(|t| t == CONSISTENT_READS) {
+        for v in EtcdVersion::ALL {
+            if v == primary || full.contains(&v) {
+                continue;
+            }
+            steps.push(Step {
+                name: format!("consistent reads (etcd {v})"),
+                kind: cargo_test(&["test", "--test", CONSISTENT_READS]),
+                etcd: Some(v),
+            });
+        }
+    }
+    steps
+}
+
+/// `cargo xtask test [--full-matrix | --no-matrix] [cargo-args] [-- test-args]`.
+pub fn test(args: Vec<String>) -> i32 {
+    let started = Instant::now();
+    let (before, test_args) = split_dashes(&args);
+    let mut matrix = Matrix::Default;
+    let mut cargo_args = Vec::new();
+    for arg in before {
+        let chosen = match arg.as_str() {
+            "--full-matrix" => Matrix::Full,
+            "--no-matrix" => Matrix::Off,
+            _ => {
+                cargo_args.push(arg);
+                continue;
+            }
+        };
+        if matrix != Matrix::Default && matrix != chosen {
+            eprintln!("xtask test: --full-matrix and --no-matrix exclude each other");
+            return 2;
+        }
+        matrix = chosen;
+    }
+    let primary = match env::var(ETCD_VERSION_ENV) {
+        Ok(s) if !s.is_empty() => match EtcdVersion::parse(&s) {
+            Some(v) => v,
+            None => {
+                eprintln!(
+                    "xtask test: {ETCD_VERSION_ENV}={s:?} names no etcd version; use one of {}",
+                    EtcdVersion::names()
+                );
+                return 2;
+            }
+        },
+        _ => EtcdVersion::DEFAULT,
+    };
+    if !prereqs::ensure(false) {
+        return 1;
+    }
+    let steps = plan(primary, matrix, &cargo_args, &integration_targets());
+
+    // The Go-built versions the steps use: built (or found up to date) before anything runs.
+    let mut needed: Vec<EtcdVersion> = steps
+        .iter()
+        .filter_map(|s| s.etcd)
+        .filter(|v| v.is_go_built())
+        .collect();
+    needed.sort();
+    needed.dedup();
+    let overridden = env::var_os("ETCD_BIN").is_some_and(|v| !v.is_empty());
+    if overridden {
+        eprintln!(
+            "xtask test: ETCD_BIN is set: every step runs that binary, whatever ETCD_VERSION says; \
+             not building the Go versions"
+        );
+    } else if !needed.is_empty() {
+        let opts = etcd_bins::Options {
+            versions: needed,
+            ..etcd_bins::Options::default()
+        };
+        if let Err(e) = etcd_bins::ensure(&opts) {
+            eprintln!("xtask test: building the etcd versions failed: {e}");
+            println!(
+                "xtask test: FAILED in etcd-bins after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            return 1;
+        }
+    }
+
+    let mut done: Vec<(String, f64)> = Vec::new();
+    for step in &steps {
+        let step_started = Instant::now();
+        let code = match &step.kind {
+            StepKind::CargoTest(args) => {
+                let mut cmd = cargo();
+                cmd.args(args);
+                if !test_args.is_empty() {
+                    cmd.arg("--").args(&test_args);
+                }
+                if let Some(v) = step.etcd {
+                    cmd.env(ETCD_VERSION_ENV, v.name());
+                }
+                eprintln!("xtask test: == {}", step.name);
+                run(cmd)
+            }
+            StepKind::Lints => lints(),
+        };
+        let secs = step_started.elapsed().as_secs_f64();
+        if code != 0 {
+            summary(&done);
+            println!(
+                "xtask test: FAILED in {} (exit code {code}) after {:.0} s",
+                step.name,
+                started.elapsed().as_secs_f64()
+            );
+            return code;
+        }
+        done.push((step.name.clone(), secs));
+    }
+    summary(&done);
+    let names: Vec<&str> = done.iter().map(|(n, _)| n.as_str()).collect();
+    println!(
+        "xtask test: all tests passed ({}) in {:.0} s",
+        names.join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    0
+}
+
+fn summary(done: &[(String, f64)]) {
+    for (name, secs) in done {
+        eprintln!("xtask test: passed {name:<40} {secs:>7.0} s");
+    }
+}
+
+/// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
+/// the toolchain has those components; a toolchain without them only gets a note.
+fn lints() -> i32 {
+    let steps: [(&str, &[&str]); 2] = [
+        ("fmt", &["fmt", "--all", "--", "--check"]),
+        (
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                "bench-internals",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+    ];
+    for (name, args) in steps {
+        let available = cargo()
+            .args([name, "--version"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !available {
+            println!("xtask test: cargo {name} is not installed; skipping it");
+            continue;
+        }
+        let mut cmd = cargo();
+        cmd.args(args);
+        let code = run(cmd);
+        if code != 0 {
+            return code;
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn names(steps: &[Step]) -> Vec<String> {
+        steps.iter().map(|s| s.name.clone()).collect()
+    }
+
+    const TARGETS: &[&str] = &["consistent_reads", "harness", "watch_cache"];
+
+    #[test]
+    fn default_matrix() {
+        let steps = plan(EtcdVersion::V3_4, Matrix::Default, &[], &strings(TARGETS));
+        assert_eq!(
+            names(&steps),
+            [
+                "all targets (etcd 3.4)",
+                "doc tests (etcd 3.4)",
+                "lints",
+                "integration tests (etcd 3.7)",
+                "consistent reads (etcd 3.5)",
+                "consistent reads (etcd 3.6)",
+            ]
+        );
+        assert_eq!(
+            steps[3].kind,
+            StepKind::CargoTest(strings(&[
+                "test",
+                "--test",
+                "consistent_reads",
+                "--test",
+                "harness",
+                "--test",
+                "watch_cache"
+            ]))
+        );
+        assert_eq!(steps[3].etcd, Some(EtcdVersion::V3_7));
+        assert_eq!(
+            steps[4].kind,
+            StepKind::CargoTest(strings(&["test", "--test", "consistent_reads"]))
+        );
+        assert_eq!(steps[2].etcd, None);
+    }
+
+    #[test]
+    fn full_and_off() {
+        let full = plan(EtcdVersion::V3_4, Matrix::Full, &[], &strings(TARGETS));
+        assert_eq!(
+            names(&full)[3..],
+            [
+                "integration tests (etcd 3.5)",
+                "integration tests (etcd 3.6)",
+                "integration tests (etcd 3.7)",
+            ]
+        );
+        let off = plan(EtcdVersion::V3_4, Matrix::Off, &[], &strings(TARGETS));
+        assert_eq!(off.len(), 3);
+    }
+
+    #[test]
+    fn another_primary_moves_3_4_into_the_matrix() {
+        let steps = plan(EtcdVersion::V3_7, Matrix::Default, &[], &strings(TARGETS));
+        assert_eq!(
+            names(&steps)[3..],
+            [
+                "consistent reads (etcd 3.4)",
+                "consistent reads (etcd 3.5)",
+                "consistent reads (etcd 3.6)",
+            ]
+        );
+        let steps = plan(EtcdVersion::V3_6, Matrix::Default, &[], &strings(TARGETS));
+        assert_eq!(
+            names(&steps)[3..],
+            [
+                "integration tests (etcd 3.7)",
+                "consistent reads (etcd 3.4)",
+                "consistent reads (etcd 3.5)",
+            ]
+        );
+    }
+
+    #[test]
+    fn cargo_args_reach_every_run_and_selection_skips_the_matrix() {
+        let steps = plan(
+            EtcdVersion::V3_4,
+            Matrix::Default,
+            &strings(&["--release"]),
+            &strings(TARGETS),
+        );
+        for s in &steps {
+            if let StepKind::CargoTest(args) = &s.kind {
+                assert_eq!(
+                    args.last().map(String::as_str),
+                    Some("--release"),
+                    "{}",
+                    s.name
+                );
+            }
+        }
+        let sel = plan(
+            EtcdVersion::V3_5,
+            Matrix::Full,
+            &strings(&["--test", "harness"]),
+            &strings(TARGETS),
+        );
+        assert_eq!(names(&sel), ["selected targets (etcd 3.5)"]);
+        assert!(selects_targets(&strings(&["--test=harness"])));
+        assert!(!selects_targets(&strings(&[
+            "--release",
+            "--features",
+            "x"
+        ])));
+    }
+
+    #[test]
+    fn no_consistent_reads_target_no_consistent_steps() {
+        let steps = plan(
+            EtcdVersion::V3_4,
+            Matrix::Default,
+            &[],
+            &strings(&["harness"]),
+        );
+        assert_eq!(names(&steps)[3..], ["integration tests (etcd 3.7)"]);
+        let steps = plan(EtcdVersion::V3_4, Matrix::Default, &[], &[]);
+        assert_eq!(steps.len(), 3);
+    }
+
+    #[test]
+    fn integration_targets_of_this_repo() {
+        let t = integration_targets();
+        assert!(t.iter().any(|n| n == CONSISTENT_READS), "{t:?}");
+        assert!(!t.iter().any(|n| n == "support"), "{t:?}");
+    }
+}
