@@ -16,6 +16,7 @@ mod conn;
 mod election;
 mod error;
 mod forward;
+mod forwarded;
 mod kv;
 mod layers;
 mod lease;

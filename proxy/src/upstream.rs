@@ -15,8 +15,8 @@ use crate::config::Config;
 use crate::error::{read, Error, Result};
 use crate::pb::etcdserverpb::{
     auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
-    maintenance_client::MaintenanceClient, AuthenticateRequest, ResponseHeader, StatusRequest,
-    StatusResponse,
+    maintenance_client::MaintenanceClient, watch_client::WatchClient, AuthenticateRequest,
+    ResponseHeader, StatusRequest, StatusResponse,
 };
 use crate::pb::v3electionpb::election_client::ElectionClient;
 use crate::pb::v3lockpb::lock_client::LockClient;
@@ -102,6 +102,11 @@ impl Upstream {
 
     pub(crate) fn kv(&self) -> KvClient<Channel> {
         KvClient::new(self.channel.clone())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+    pub(crate) fn watch(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel.clone())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }

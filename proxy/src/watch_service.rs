@@ -25,6 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::conn;
+use crate::forwarded::Forwarded;
 use crate::pb::etcdserverpb::{
     watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
     ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse,
@@ -32,7 +33,7 @@ use crate::pb::etcdserverpb::{
 use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
 use crate::state::State;
 use crate::status;
-use crate::watch::{Create, Watches};
+use crate::watch::{Create, Watches, DUPLICATE_ID};
 
 /// etcd's `clientv3.InvalidWatchID`.
 const INVALID_WATCH_ID: i64 = -1;
@@ -85,6 +86,8 @@ impl Watch for WatchService {
             tx,
             fragment: HashSet::new(),
             fragment_pending: VecDeque::new(),
+            forwarded: Forwarded::new(self.st.up.clone(), req.metadata().clone()),
+            progress: VecDeque::new(),
             require_leader,
         };
         tokio::spawn(session.run(req.into_inner()));
@@ -97,6 +100,7 @@ enum Step {
     Shutdown,
     Request(Option<Result<WatchRequest, Status>>),
     Reply(Option<etcd_cache::WatchResponse>),
+    Forwarded(Result<WatchResponse, Status>),
     LeaderCheck(tokio::time::Instant),
 }
 
@@ -109,8 +113,18 @@ struct Session {
     /// The `fragment` flag of each accepted create, in order, until its `created`
     /// response names its id (the cache answers creates in the order they were made).
     fragment_pending: VecDeque<bool>,
+    /// Watches below the cache's window, forwarded to etcd.
+    forwarded: Forwarded,
+    /// Stream-level progress requests waiting for their answers: from the cache, and from
+    /// etcd when watches are forwarded (`i64::MAX`: none needed). One response with the
+    /// lower revision answers each.
+    progress: VecDeque<[Option<i64>; 2]>,
     require_leader: bool,
 }
+
+/// Which side answered a progress request.
+const FROM_CACHE: usize = 0;
+const FROM_ETCD: usize = 1;
 
 impl Session {
     async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
@@ -126,6 +140,7 @@ impl Session {
                 _ = tx.closed() => return,
                 req = inbound.next(), if inbound_open => Step::Request(req),
                 reply = self.watches.next(), if has_room => Step::Reply(reply),
+                resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
                 permit = tx.reserve(), if !has_room => {
                     drop(permit);
                     continue;
@@ -157,6 +172,16 @@ impl Session {
                         return;
                     }
                 }
+                Step::Forwarded(Err(e)) => {
+                    // The client resumes its watches on a new stream.
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Step::Forwarded(Ok(resp)) => {
+                    if self.send_forwarded(resp).await.is_err() {
+                        return;
+                    }
+                }
                 Step::LeaderCheck(now) => {
                     if self.st.cache.is_ready() {
                         not_ready_since = None;
@@ -173,11 +198,30 @@ impl Session {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
-                self.watches.cancel(c.watch_id).await;
+                if self.forwarded.contains(c.watch_id) {
+                    if let Err(e) = self.forwarded.cancel(c.watch_id).await {
+                        let _ = self.tx.send(Err(e)).await;
+                        return Err(());
+                    }
+                } else {
+                    self.watches.cancel(c.watch_id).await;
+                }
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
+                let etcd = if self.forwarded.is_empty() {
+                    Some(i64::MAX)
+                } else {
+                    None
+                };
+                self.progress.push_back([None, etcd]);
                 self.watches.request_progress().await;
+                if etcd.is_none() {
+                    if let Err(e) = self.forwarded.request_progress().await {
+                        let _ = self.tx.send(Err(e)).await;
+                        return Err(());
+                    }
+                }
                 Ok(())
             }
             None => Ok(()),
@@ -197,6 +241,10 @@ impl Session {
             c.key.clone()
         };
         let (key, range_end) = self.st.ns.range(&key, &c.range_end);
+        let (floor, _) = self.st.cache.history_span();
+        if c.start_revision > 0 && c.start_revision < floor {
+            return self.forward(c, key, range_end).await;
+        }
         let create = Create {
             key,
             range_end,
@@ -216,6 +264,84 @@ impl Session {
         }
     }
 
+    /// A watch below the cache's window goes to etcd (see `forwarded.rs`).
+    async fn forward(
+        &mut self,
+        c: WatchCreateRequest,
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+    ) -> Result<(), ()> {
+        tracing::debug!(
+            start_revision = c.start_revision,
+            "watch below the cache's window: forwarded to etcd"
+        );
+        let fragment = c.fragment;
+        let req = WatchCreateRequest {
+            key,
+            range_end,
+            ..c
+        };
+        match self.forwarded.create(req).await {
+            Ok(Some(id)) => {
+                if fragment {
+                    self.fragment.insert(id);
+                }
+                Ok(())
+            }
+            Ok(None) => self.refuse(DUPLICATE_ID.into()).await,
+            Err(e) => {
+                let _ = self.tx.send(Err(e)).await;
+                Err(())
+            }
+        }
+    }
+
+    /// Records one side's answer to the oldest progress request still waiting for it, and
+    /// sends the answers that are complete.
+    async fn progress_answer(&mut self, side: usize, revision: i64) -> Result<(), ()> {
+        match self.progress.iter_mut().find(|p| p[side].is_none()) {
+            Some(p) => p[side] = Some(revision),
+            // Not asked for by the client (cannot happen): pass it on.
+            None => self.progress.push_back([Some(revision), Some(i64::MAX)]),
+        }
+        while let Some([Some(a), Some(b)]) = self.progress.front().copied() {
+            self.progress.pop_front();
+            let resp = WatchResponse {
+                header: Some(self.st.up.header(a.min(b))),
+                watch_id: INVALID_WATCH_ID,
+                ..Default::default()
+            };
+            send(&self.tx, resp).await?;
+        }
+        Ok(())
+    }
+
+    /// A response of a forwarded watch, with keys moved out of the namespace.
+    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
+        if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
+            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+            return self.progress_answer(FROM_ETCD, revision).await;
+        }
+        if resp.canceled {
+            self.fragment.remove(&resp.watch_id);
+        }
+        for e in &mut resp.events {
+            if let Some(kv) = e.kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+            if let Some(kv) = e.prev_kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+        }
+        if self.fragment.contains(&resp.watch_id) && resp.events.len() > 1 {
+            for part in fragments(resp, self.st.limits.max_request_bytes) {
+                send(&self.tx, part).await?;
+            }
+            return Ok(());
+        }
+        send(&self.tx, resp).await
+    }
+
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
     async fn refuse(&mut self, reason: String) -> Result<(), ()> {
         let resp = WatchResponse {
@@ -231,6 +357,9 @@ impl Session {
 
     async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
         let watch_id = r.watch_id();
+        if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
+            return self.progress_answer(FROM_CACHE, r.revision()).await;
+        }
         if r.created() && !r.canceled() {
             if self.fragment_pending.pop_front().unwrap_or(false) {
                 self.fragment.insert(watch_id);

@@ -643,3 +643,62 @@ async fn fragments_large_responses() {
     }
     assert!(parts >= 4, "{parts} parts");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_below_the_window_are_forwarded_to_etcd() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let mut direct = client(&etcd.endpoint()).await;
+    // History written before the proxy starts: older than the cache's window.
+    let last = write_history(&mut direct).await;
+    let proxy = start_proxy(etcd.endpoint(), vec![]).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(2);
+    let mut d = direct.watch("/a/", Some(opts.clone())).await.unwrap();
+    let mut v = via.watch("/a/", Some(opts)).await.unwrap();
+    assert!(message(&mut d).await.created());
+    let created = message(&mut v).await;
+    assert!(
+        created.created() && !created.canceled(),
+        "{}",
+        created.cancel_reason()
+    );
+    let (want, got) = tokio::join!(drain(&mut d), drain(&mut v));
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+    // The same stream also carries a watch from the cache; a progress request is
+    // answered once for both, at or above the last write.
+    v.watch("/b", None).await.unwrap();
+    assert!(step(&mut v, "cache watch created").await.created());
+    v.request_progress().await.unwrap();
+    let p = step(&mut v, "progress").await;
+    assert_eq!(p.watch_id(), -1);
+    assert!(p.header().unwrap().revision() >= last);
+    // Live events keep coming on the forwarded watch; cancelling it works.
+    let rev = direct
+        .put("/a/live", "1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let r = step(&mut v, "live event on the forwarded watch").await;
+    assert_eq!(r.watch_id(), created.watch_id());
+    assert_eq!(r.header().unwrap().revision(), rev);
+    v.cancel(created.watch_id()).await.unwrap();
+    let r = step(&mut v, "forwarded cancel").await;
+    assert!(r.canceled());
+    assert_eq!(r.watch_id(), created.watch_id());
+    // A namespace applies to forwarded watches too.
+    let ns = start_proxy(etcd.endpoint(), vec!["--namespace".into(), "/a/".into()]).await;
+    let mut in_ns = client(&ns.endpoint()).await;
+    let mut w = in_ns
+        .watch("1", Some(WatchOptions::new().with_start_revision(2)))
+        .await
+        .unwrap();
+    assert!(step(&mut w, "namespaced forwarded created").await.created());
+    let evs = drain(&mut w).await;
+    assert!(!evs.is_empty() && evs.iter().all(|e| e.1 == "1"), "{evs:?}");
+}

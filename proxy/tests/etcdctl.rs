@@ -230,7 +230,7 @@ fn etcdctl_through_the_proxy_prints_what_etcd_prints() {
     for args in [
         vec!["--prefix", "/k/", "--rev=2"],
         vec!["--prefix", "/k/", "--rev=2", "--prev-kv"],
-        vec!["/k/1", "--rev=2"],
+        vec!["/k/1", "--rev=1"],
         vec!["", "--prefix", "--rev=5"],
     ] {
         let d = direct.watch(&args, Duration::from_millis(1500));

@@ -266,11 +266,21 @@ func restart() {
 			revs = append(revs, e.Kv.ModRevision)
 		}
 	}
-	fmt.Println("RESTART NOW")
-	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
-	if strings.TrimSpace(line) != "restarted" {
-		log.Fatalf("unexpected line %q", line)
+	stdin := bufio.NewReader(os.Stdin)
+	expect := func(word string) {
+		line, _ := stdin.ReadString('\n')
+		if strings.TrimSpace(line) != word {
+			log.Fatalf("unexpected line %q, want %q", line, word)
+		}
 	}
+	fmt.Println("STOP NOW")
+	expect("stopped")
+	// Written while the proxy is down: older than the restarted cache's first list.
+	for i := 0; i < 5; i++ {
+		want = append(want, put(direct, fmt.Sprintf("/r/%d", i), "during"))
+	}
+	fmt.Println("START NOW")
+	expect("started")
 	for i := 0; i < 5; i++ {
 		want = append(want, put(direct, fmt.Sprintf("/r/%d", i), "after"))
 	}

@@ -141,6 +141,13 @@ impl Proxy {
         self.spawn();
     }
 
+    /// Starts the same command line again after [`terminate`](Self::terminate) or
+    /// [`kill`](Self::kill).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the proxy is still running");
+        self.spawn();
+    }
+
     /// Stops with SIGTERM (graceful), then starts the same command line again.
     pub fn restart_graceful(&mut self) {
         let status = self.terminate(Duration::from_secs(15));
