@@ -1,8 +1,9 @@
-//! Watches the cache cannot serve, forwarded to etcd: a watch whose start revision is
-//! below the cache's window (right after the proxy started, older than its first list)
-//! is sent to etcd on one upstream Watch stream per client stream, opened when the first
-//! such watch comes, so a client resuming after a proxy restart gets etcd's own replay
-//! (or etcd's own compaction answer) instead of a compaction only the cache has.
+//! Watches the cache cannot serve, forwarded to etcd: a watch on keys outside the cached
+//! prefix, or whose start revision is below the cache's window (right after the proxy
+//! started, older than its first list), is sent to etcd on one upstream Watch stream per
+//! client stream, opened when the first such watch comes. So a client resuming after a
+//! proxy restart gets etcd's own replay (or etcd's own compaction answer) instead of a
+//! compaction only the cache has.
 //!
 //! A forwarded watch keeps its client-chosen id, or gets one from a range the cache's
 //! automatic ids (counted from 0 per stream) never reach.

@@ -33,7 +33,7 @@ use crate::pb::etcdserverpb::{
 use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
 use crate::state::State;
 use crate::status;
-use crate::watch::{Create, Watches, DUPLICATE_ID};
+use crate::watch::{Create, Watches, DUPLICATE_ID, EMPTY_RANGE};
 
 /// etcd's `clientv3.InvalidWatchID`.
 const INVALID_WATCH_ID: i64 = -1;
@@ -241,8 +241,14 @@ impl Session {
             c.key.clone()
         };
         let (key, range_end) = self.st.ns.range(&key, &c.range_end);
+        let end = range_end.as_ref();
+        if !end.is_empty() && end != b"\0" && key.as_ref() >= end {
+            return self.refuse(EMPTY_RANGE.into()).await;
+        }
+        // Outside the cached prefix, or below the cache's window: etcd serves it.
         let (floor, _) = self.st.cache.history_span();
-        if c.start_revision > 0 && c.start_revision < floor {
+        if !self.st.in_cache(&key, &range_end) || (c.start_revision > 0 && c.start_revision < floor)
+        {
             return self.forward(c, key, range_end).await;
         }
         let create = Create {
@@ -264,7 +270,8 @@ impl Session {
         }
     }
 
-    /// A watch below the cache's window goes to etcd (see `forwarded.rs`).
+    /// A watch outside the cache's prefix or below its window goes to etcd (see
+    /// `forwarded.rs`).
     async fn forward(
         &mut self,
         c: WatchCreateRequest,
@@ -273,7 +280,7 @@ impl Session {
     ) -> Result<(), ()> {
         tracing::debug!(
             start_revision = c.start_revision,
-            "watch below the cache's window: forwarded to etcd"
+            "watch outside the cache's prefix or window: forwarded to etcd"
         );
         let fragment = c.fragment;
         let req = WatchCreateRequest {

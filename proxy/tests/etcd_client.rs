@@ -701,4 +701,20 @@ async fn watches_below_the_window_are_forwarded_to_etcd() {
     assert!(step(&mut w, "namespaced forwarded created").await.created());
     let evs = drain(&mut w).await;
     assert!(!evs.is_empty() && evs.iter().all(|e| e.1 == "1"), "{evs:?}");
+    // Outside the cached prefix: forwarded as well (and ranges there are forwarded).
+    let narrow = start_proxy(etcd.endpoint(), vec!["--prefix".into(), "/a/".into()]).await;
+    let mut n = client(&narrow.endpoint()).await;
+    let mut w = n.watch("/c", None).await.unwrap();
+    assert!(step(&mut w, "outside-prefix watch created").await.created());
+    let rev = direct
+        .put("/c", "new", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let r = step(&mut w, "outside-prefix event").await;
+    assert_eq!(r.header().unwrap().revision(), rev);
+    assert_eq!(r.events()[0].kv().unwrap().value(), b"new");
+    assert_eq!(n.get("/c", None).await.unwrap().kvs()[0].value(), b"new");
 }
