@@ -87,6 +87,7 @@ impl Watch for WatchService {
             fragment: HashSet::new(),
             fragment_pending: VecDeque::new(),
             forwarded: Forwarded::new(self.st.up.clone(), req.metadata().clone()),
+            cache_ids: HashSet::new(),
             progress: VecDeque::new(),
             require_leader,
         };
@@ -113,8 +114,11 @@ struct Session {
     /// The `fragment` flag of each accepted create, in order, until its `created`
     /// response names its id (the cache answers creates in the order they were made).
     fragment_pending: VecDeque<bool>,
-    /// Watches below the cache's window, forwarded to etcd.
+    /// Watches outside the cache's prefix or below its window, forwarded to etcd.
     forwarded: Forwarded,
+    /// Ids of the cache's watches on this stream (from their `created` responses), so a
+    /// forwarded watch cannot take one.
+    cache_ids: HashSet<i64>,
     /// Stream-level progress requests waiting for their answers: from the cache, and from
     /// etcd when watches are forwarded (`i64::MAX`: none needed). One response with the
     /// lower revision answers each.
@@ -251,6 +255,10 @@ impl Session {
         {
             return self.forward(c, key, range_end).await;
         }
+        // One id space for both sides of the stream.
+        if c.watch_id != 0 && self.forwarded.contains(c.watch_id) {
+            return self.refuse(DUPLICATE_ID.into()).await;
+        }
         let create = Create {
             key,
             range_end,
@@ -282,6 +290,9 @@ impl Session {
             start_revision = c.start_revision,
             "watch outside the cache's prefix or window: forwarded to etcd"
         );
+        if c.watch_id != 0 && self.cache_ids.contains(&c.watch_id) {
+            return self.refuse(DUPLICATE_ID.into()).await;
+        }
         let fragment = c.fragment;
         let req = WatchCreateRequest {
             key,
@@ -368,6 +379,7 @@ impl Session {
             return self.progress_answer(FROM_CACHE, r.revision()).await;
         }
         if r.created() && !r.canceled() {
+            self.cache_ids.insert(watch_id);
             if self.fragment_pending.pop_front().unwrap_or(false) {
                 self.fragment.insert(watch_id);
             }
@@ -375,6 +387,7 @@ impl Session {
             // Created and canceled at once (below the window): no fragments ever.
             self.fragment_pending.pop_front();
         } else if r.canceled() {
+            self.cache_ids.remove(&watch_id);
             self.fragment.remove(&watch_id);
         }
         let header = match r.header() {
