@@ -26,12 +26,14 @@ fn etcdctl() -> Option<String> {
 
 struct Side {
     endpoint: String,
+    /// The etcdctl binary.
+    bin: String,
 }
 
 impl Side {
     /// Runs etcdctl; stdout and stderr together, with the exit code.
     fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let mut child = Command::new(etcdctl().unwrap())
+        let mut child = Command::new(&self.bin)
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoint))
             .args(args)
@@ -60,7 +62,7 @@ impl Side {
 
     /// Runs `etcdctl watch ...` for `for_` and returns what it printed by then.
     fn watch(&self, args: &[&str], for_: Duration) -> String {
-        let mut child = Command::new(etcdctl().unwrap())
+        let mut child = Command::new(&self.bin)
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoint))
             .arg("watch")
@@ -82,7 +84,11 @@ impl Side {
 
 /// Replaces the values that differ between two clusters and between two endpoints.
 fn normalize(s: &str, endpoint: &str) -> String {
-    let s = s.replace(endpoint, "ENDPOINT");
+    let s = if endpoint.is_empty() {
+        s.to_string()
+    } else {
+        s.replace(endpoint, "ENDPOINT")
+    };
     let mut out = String::new();
     for line in s.lines() {
         // etcdctl's own client logs (timestamps, client ids) are not the answer.
@@ -139,12 +145,20 @@ fn etcdctl_through_the_proxy_prints_what_etcd_prints() {
     let a = EtcdServer::start_with(EtcdOptions::default());
     let b = EtcdServer::start_with(EtcdOptions::default());
     let proxy = Proxy::start(&b.endpoint(), &[]);
+    let bin = etcdctl().unwrap();
     let direct = Side {
         endpoint: a.endpoint(),
+        bin: bin.clone(),
     };
     let via = Side {
         endpoint: proxy.endpoint(),
+        bin,
     };
+    same_output(&direct, &via);
+}
+
+/// The etcdctl commands of the differential, each run on both sides.
+fn same_output(direct: &Side, via: &Side) {
     let txn = "value(\"/k/1\") = \"v1\"\n\nput /k/t yes\nget /k/1\n\nput /k/t no\n\n";
     let lease_grant: &[&str] = &["lease", "grant", "100"];
     let steps: Vec<(Vec<&str>, Option<&str>)> = vec![
@@ -215,7 +229,7 @@ fn etcdctl_through_the_proxy_prints_what_etcd_prints() {
         assert_eq!(v, d, "etcdctl {}", args.join(" "));
     }
     // A lease and a keep-alive (lease ids differ between the clusters).
-    for side in [&direct, &via] {
+    for side in [direct, via] {
         let granted = side.run(&["lease", "grant", "60"], None);
         let id = granted.split_whitespace().nth(1).unwrap().to_string();
         let kept = side.run(&["lease", "keep-alive", "--once", &id], None);
@@ -233,31 +247,32 @@ fn etcdctl_through_the_proxy_prints_what_etcd_prints() {
         vec!["/k/1", "--rev=1"],
         vec!["", "--prefix", "--rev=5"],
     ] {
-        let d = direct.watch(&args, Duration::from_millis(1500));
-        let v = via.watch(&args, Duration::from_millis(1500));
+        let d = normalize(&direct.watch(&args, Duration::from_millis(1500)), "");
+        let v = normalize(&via.watch(&args, Duration::from_millis(1500)), "");
         assert!(!d.is_empty());
         assert_eq!(v, d, "etcdctl watch {}", args.join(" "));
     }
     // A live watch sees a put made after it started.
     let watcher = std::thread::spawn({
-        let endpoint = via.endpoint.clone();
-        move || Side { endpoint }.watch(&["/live"], Duration::from_millis(2500))
+        let (endpoint, bin) = (via.endpoint.clone(), via.bin.clone());
+        move || Side { endpoint, bin }.watch(&["/live"], Duration::from_millis(2500))
     });
     std::thread::sleep(Duration::from_millis(1000));
     via.run(&["put", "/live", "now"], None);
-    assert_eq!(watcher.join().unwrap(), "PUT\n/live\nnow\n");
+    assert_eq!(normalize(&watcher.join().unwrap(), ""), "PUT\n/live\nnow\n");
     // member list shows the proxy; endpoint status is etcd's.
-    let members = via.run(&["member", "list"], None);
-    assert!(members.contains(&proxy.endpoint()), "{members}");
+    let members = normalize(&via.run(&["member", "list"], None), "");
+    assert!(members.contains(&via.endpoint), "{members}");
     assert_eq!(members.lines().count(), 2, "{members}");
     // etcdctl 3.4's `endpoint status` sends a URL given with a scheme as the HTTP/2
     // :authority, which hyper's HTTP/2 server refuses (etcd's grpc-go tolerates it):
     // name the proxy as host:port there.
     let bare = |side: &Side| Side {
         endpoint: side.endpoint.trim_start_matches("http://").to_string(),
+        bin: side.bin.clone(),
     };
-    let d = bare(&direct).run(&["endpoint", "status", "-w", "json"], None);
-    let v = bare(&via).run(&["endpoint", "status", "-w", "json"], None);
+    let d = bare(direct).run(&["endpoint", "status", "-w", "json"], None);
+    let v = bare(via).run(&["endpoint", "status", "-w", "json"], None);
     let version = |s: &str| s.split("\"version\":\"").nth(1).map(|v| v[..6].to_string());
     assert_eq!(version(&v), version(&d), "{v}\n{d}");
     // Not served: a clear message.
@@ -269,4 +284,79 @@ fn etcdctl_through_the_proxy_prints_what_etcd_prints() {
         add.contains("etcd-cache-proxy does not serve Cluster.MemberAdd"),
         "{add}"
     );
+}
+
+/// The newest Go-built etcdctl (`cargo xtask etcd-bins`: `<etcd dir>/<version>/etcdctl`,
+/// `<etcd dir>` = `$ETCD_CACHE_ETCD_DIR` or `<workspace>/target/etcd`).
+fn newer_etcdctl() -> Option<(String, String)> {
+    let dir = std::env::var_os("ETCD_CACHE_ETCD_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/etcd"));
+    ["3.7", "3.6", "3.5"].iter().find_map(|v| {
+        let bin = dir.join(v).join("etcdctl");
+        bin.is_file()
+            .then(|| (v.to_string(), bin.display().to_string()))
+    })
+}
+
+#[test]
+fn newer_etcdctl_through_the_proxy_prints_what_etcd_prints() {
+    let Some((version, bin)) = newer_etcdctl() else {
+        eprintln!("SKIP: no Go-built etcdctl (run `cargo xtask etcd-bins`)");
+        return;
+    };
+    eprintln!("etcdctl {version}: {bin}");
+    let interval = Duration::from_millis(500);
+    let a = EtcdServer::start_with(EtcdOptions::default().progress_notify_interval(interval));
+    let b = EtcdServer::start_with(EtcdOptions::default());
+    let proxy = Proxy::start(&b.endpoint(), &["--progress-notify-interval", "500ms"]);
+    let direct = Side {
+        endpoint: a.endpoint(),
+        bin: bin.clone(),
+    };
+    let via = Side {
+        endpoint: proxy.endpoint(),
+        bin,
+    };
+    same_output(&direct, &via);
+    // --progress-notify: periodic progress notifications at the current revision.
+    for side in [&direct, &via] {
+        let out = side.watch(
+            &["--progress-notify", "/quiet"],
+            Duration::from_millis(2500),
+        );
+        let rev = side.run(&["get", "/k/1", "-w", "json"], None);
+        let rev = rev.split("\"revision\":").nth(1).unwrap();
+        let rev = &rev[..rev.find(|c: char| !c.is_ascii_digit()).unwrap()];
+        assert!(
+            out.contains(&format!("progress notify: {rev}")),
+            "{}: {out}",
+            side.endpoint
+        );
+    }
+    // Interactive `progress`: a WatchProgressRequest on the stream.
+    for side in [&direct, &via] {
+        let mut child = Command::new(&side.bin)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", side.endpoint))
+            .args(["watch", "-i"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"watch /other\n").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        stdin.write_all(b"progress\n").unwrap();
+        std::thread::sleep(Duration::from_millis(1000));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.contains("progress notify: "),
+            "{}: {out}",
+            side.endpoint
+        );
+    }
 }
