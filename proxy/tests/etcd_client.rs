@@ -49,7 +49,7 @@ type Ev = (i32, String, String, i64, Option<String>);
 /// Events (type, key, value, mod revision, prev value) until the stream is quiet.
 async fn drain(s: &mut WatchStream) -> Vec<Ev> {
     let mut out = Vec::new();
-    while let Ok(r) = tokio::time::timeout(Duration::from_millis(700), s.message()).await {
+    while let Ok(r) = tokio::time::timeout(Duration::from_millis(1000), s.message()).await {
         let r = r.expect("watch error").expect("watch stream ended");
         assert!(!r.canceled(), "canceled: {}", r.cancel_reason());
         for e in r.events() {

@@ -163,15 +163,15 @@ func watches() {
 	fmt.Println("OK watches")
 }
 
-// drain reads until the channel is quiet: 0.5 s once `until` was seen, 1.5 s before
+// drain reads until the channel is quiet: 0.8 s once `until` was seen, 2 s before
 // (a form that cannot see `until` ends that way).
 func drain(wch clientv3.WatchChan, until int64) []event {
 	var out []event
 	seen := int64(0)
 	for {
-		wait := 500 * time.Millisecond
+		wait := 800 * time.Millisecond
 		if seen < until {
-			wait = 1500 * time.Millisecond
+			wait = 2 * time.Second
 		}
 		select {
 		case wr, ok := <-wch:
