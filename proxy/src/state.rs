@@ -62,15 +62,21 @@ impl State {
     /// formed (empty end: one key; `"\0"`: every key from `key`). Anything else is
     /// forwarded, so etcd gives its own answer to a reversed range.
     pub(crate) fn in_cache(&self, key: &[u8], end: &[u8]) -> bool {
-        let unbounded = self.cached_end.as_ref() == b"\0";
-        if key < self.cached_start.as_ref() {
-            return false;
-        }
-        match end {
-            b"" => unbounded || key < self.cached_end.as_ref(),
-            b"\0" => unbounded,
-            end => key < end && (unbounded || end <= self.cached_end.as_ref()),
-        }
+        inside(&self.cached_start, &self.cached_end, key, end)
+    }
+}
+
+/// True if the well-formed range `[key, range_end)` lies inside `[start, end)` (for both,
+/// an empty end is one key and `"\0"` is no bound).
+fn inside(start: &[u8], end: &[u8], key: &[u8], range_end: &[u8]) -> bool {
+    let unbounded = end == b"\0";
+    if key < start {
+        return false;
+    }
+    match range_end {
+        b"" => unbounded || key < end,
+        b"\0" => unbounded,
+        e => key < e && (unbounded || e <= end),
     }
 }
 
@@ -78,4 +84,27 @@ impl State {
 /// the future stays `Send`).
 pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inside;
+
+    #[test]
+    fn ranges_inside_the_cache() {
+        // The whole keyspace.
+        assert!(inside(b"", b"\0", b"a", b""));
+        assert!(inside(b"", b"\0", b"\0", b"\0"));
+        assert!(inside(b"", b"\0", b"a", b"b"));
+        assert!(!inside(b"", b"\0", b"b", b"a"), "reversed: forwarded");
+        // A prefix /a/ = [/a/, /a0).
+        assert!(inside(b"/a/", b"/a0", b"/a/x", b""));
+        assert!(inside(b"/a/", b"/a0", b"/a/", b"/a0"));
+        assert!(
+            !inside(b"/a/", b"/a0", b"/a/", b"\0"),
+            "from-key leaves the prefix"
+        );
+        assert!(!inside(b"/a/", b"/a0", b"/b", b""));
+        assert!(!inside(b"/a/", b"/a0", b"/a/x", b"/b"));
+    }
 }

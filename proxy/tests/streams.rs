@@ -1,5 +1,5 @@
-//! Stream behaviour under stress and faults: a client that does not read, and a
-//! require-leader watch when etcd goes away.
+//! Stream behaviour under stress and faults: a client that does not read, a
+//! require-leader watch when etcd goes away, the health service, the send limit.
 
 mod support;
 
@@ -135,4 +135,68 @@ async fn require_leader_watch_ends_when_etcd_is_gone() {
             .is_err()
     );
     drop(etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_cache_and_the_send_limit_holds() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+    let mut etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec!["--max-send-bytes".into(), "4096".into()],
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = HealthCheckRequest {
+        service: String::new(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A response above --max-send-bytes is refused; small ones still go.
+    let mut c = client(&proxy.endpoint()).await;
+    c.put("/big", "x".repeat(10_000), None).await.unwrap();
+    assert!(c.get("/big", None).await.is_err());
+    c.put("/small", "y", None).await.unwrap();
+    assert_eq!(c.get("/small", None).await.unwrap().count(), 1);
+    // Without etcd the cache stops following it: NOT_SERVING.
+    let etcd_back = tokio::task::spawn_blocking(move || {
+        etcd.kill();
+        etcd
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == ServingStatus::NotServing as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still SERVING without etcd");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(etcd_back);
 }
