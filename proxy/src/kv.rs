@@ -7,13 +7,11 @@ use etcd_cache::{GetOptions, SortOrder, SortTarget};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::pb::etcdserverpb::ResponseHeader;
 use crate::pb::etcdserverpb::{
     kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
     DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RangeStreamResponse,
     RequestOp, TxnRequest, TxnResponse,
 };
-use crate::pb::mvccpb::KeyValue;
 use crate::state::State;
 use crate::status;
 
@@ -58,36 +56,17 @@ impl KvService {
                 tracing::debug!(error = %e, "range not served from the cache; forwarding");
                 status::from_cache_read(&e)
             })?;
-        // The cache's header: the newest revision it applied and etcd's identity.
-        let header = match resp.header() {
-            Some(h) if h.cluster_id() != 0 => ResponseHeader {
-                cluster_id: h.cluster_id(),
-                member_id: h.member_id(),
-                revision: h.revision(),
-                raft_term: h.raft_term(),
-            },
-            _ => self
-                .st
-                .up
-                .header(self.st.cache.revision().max(resp.revision())),
-        };
+        let revision = self.st.cache.revision().max(resp.revision());
         Ok(RangeResponse {
-            header: Some(header),
-            kvs: resp.kvs().iter().map(|kv| self.kv_out(kv)).collect(),
+            header: Some(self.st.up.header_from_cache(resp.header(), revision)),
+            kvs: resp
+                .kvs()
+                .iter()
+                .map(|kv| self.st.ns.kv_from_cache(kv))
+                .collect(),
             more: resp.more(),
             count: resp.count(),
         })
-    }
-
-    fn kv_out(&self, kv: &etcd_cache::KeyValue) -> KeyValue {
-        KeyValue {
-            key: self.st.ns.strip(kv.key_bytes().clone()),
-            create_revision: kv.create_revision(),
-            mod_revision: kv.mod_revision(),
-            version: kv.version(),
-            value: kv.value_bytes().clone(),
-            lease: kv.lease(),
-        }
     }
 
     /// A client range, checked as etcd checks it and moved into the namespace; `Ok(Some)`

@@ -89,6 +89,19 @@ impl Namespace {
         key.starts_with(&self.prefix)
     }
 
+    /// A key-value served from the cache, as the client sees it (keys and values are
+    /// shared, not copied).
+    pub(crate) fn kv_from_cache(&self, kv: &etcd_cache::KeyValue) -> KeyValue {
+        KeyValue {
+            key: self.strip(kv.key_bytes().clone()),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+            version: kv.version(),
+            value: kv.value_bytes().clone(),
+            lease: kv.lease(),
+        }
+    }
+
     pub(crate) fn kv_out(&self, kv: &mut KeyValue) {
         if !self.prefix.is_empty() {
             kv.key = self.strip(std::mem::take(&mut kv.key));

@@ -197,6 +197,24 @@ impl Upstream {
         }
     }
 
+    /// The header of an answer the cache gave: the cache's (newest applied revision and
+    /// etcd's identity), or one built at `revision` while the cache knows no identity.
+    pub(crate) fn header_from_cache(
+        &self,
+        h: Option<&etcd_cache::ResponseHeader>,
+        revision: i64,
+    ) -> ResponseHeader {
+        match h {
+            Some(h) if h.cluster_id() != 0 => ResponseHeader {
+                cluster_id: h.cluster_id(),
+                member_id: h.member_id(),
+                revision: h.revision(),
+                raft_term: h.raft_term(),
+            },
+            _ => self.header(revision),
+        }
+    }
+
     /// Remembers the identity of the member behind a forwarded answer.
     pub(crate) fn observe(&self, header: Option<&ResponseHeader>) {
         if let Some(h) = header {

@@ -28,9 +28,9 @@ use crate::conn;
 use crate::forwarded::Forwarded;
 use crate::pb::etcdserverpb::{
     watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
-    ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse,
+    WatchCreateRequest, WatchRequest, WatchResponse,
 };
-use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
+use crate::pb::mvccpb::{event::EventType, Event};
 use crate::state::State;
 use crate::status;
 use crate::watch::{Create, Watches, DUPLICATE_ID, EMPTY_RANGE};
@@ -213,6 +213,9 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
+                // As etcd answers it: at a revision that covers every write completed
+                // before the request, not only what the cache had applied by then.
+                self.st.catch_up_with_etcd().await;
                 let etcd = if self.forwarded.is_empty() {
                     Some(i64::MAX)
                 } else {
@@ -390,17 +393,8 @@ impl Session {
             self.cache_ids.remove(&watch_id);
             self.fragment.remove(&watch_id);
         }
-        let header = match r.header() {
-            Some(h) if h.cluster_id() != 0 => ResponseHeader {
-                cluster_id: h.cluster_id(),
-                member_id: h.member_id(),
-                revision: h.revision(),
-                raft_term: h.raft_term(),
-            },
-            _ => self.st.up.header(r.revision()),
-        };
         let resp = WatchResponse {
-            header: Some(header),
+            header: Some(self.st.up.header_from_cache(r.header(), r.revision())),
             watch_id,
             created: r.created(),
             canceled: r.canceled(),
@@ -430,19 +424,8 @@ impl Session {
         };
         Event {
             r#type: kind as i32,
-            kv: e.kv().map(|kv| self.kv(kv)),
-            prev_kv: e.prev_kv().map(|kv| self.kv(kv)),
-        }
-    }
-
-    fn kv(&self, kv: &etcd_cache::KeyValue) -> KeyValue {
-        KeyValue {
-            key: self.st.ns.strip(kv.key_bytes().clone()),
-            create_revision: kv.create_revision(),
-            mod_revision: kv.mod_revision(),
-            version: kv.version(),
-            value: kv.value_bytes().clone(),
-            lease: kv.lease(),
+            kv: e.kv().map(|kv| self.st.ns.kv_from_cache(kv)),
+            prev_kv: e.prev_kv().map(|kv| self.st.ns.kv_from_cache(kv)),
         }
     }
 }
@@ -488,6 +471,7 @@ fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::mvccpb::KeyValue;
 
     fn put(key: &str, value_len: usize) -> Event {
         Event {

@@ -328,12 +328,23 @@ async fn watch_stream_control_as_etcd() {
             .revision();
         let r = step(&mut s, "step 7").await;
         assert_eq!((r.watch_id(), r.header().unwrap().revision()), (0, rev));
-        // WatchProgressRequest: one answer for the stream, watch id -1.
+        // WatchProgressRequest: one answer for the stream, watch id -1, at a revision
+        // that covers a write completed before it (on keys no watch here matches).
+        let other = c
+            .put("/elsewhere", "x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
         s.request_progress().await.unwrap();
         let r = step(&mut s, "step 8").await;
         assert_eq!(r.watch_id(), -1);
         assert!(r.events().is_empty());
-        assert!(r.header().unwrap().revision() >= rev);
+        assert!(
+            r.header().unwrap().revision() >= other,
+            "progress below a completed write"
+        );
     }
 }
 

@@ -55,6 +55,19 @@ type event struct {
 	HasPrev bool
 }
 
+// events are a response's events in the form both sides are compared in.
+func events(wr clientv3.WatchResponse) []event {
+	var out []event
+	for _, e := range wr.Events {
+		ev := event{Type: e.Type.String(), Key: string(e.Kv.Key), Value: string(e.Kv.Value), ModRev: e.Kv.ModRevision}
+		if e.PrevKv != nil {
+			ev.HasPrev, ev.PrevVal = true, string(e.PrevKv.Value)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
 // collect reads events until `until` (a revision) has been seen or the channel is
 // quiet for a second after it.
 func collect(wch clientv3.WatchChan, until int64) []event {
@@ -69,13 +82,7 @@ func collect(wch clientv3.WatchChan, until int64) []event {
 			if err := wr.Err(); err != nil {
 				log.Fatalf("watch error: %v", err)
 			}
-			for _, e := range wr.Events {
-				ev := event{Type: e.Type.String(), Key: string(e.Kv.Key), Value: string(e.Kv.Value), ModRev: e.Kv.ModRevision}
-				if e.PrevKv != nil {
-					ev.HasPrev, ev.PrevVal = true, string(e.PrevKv.Value)
-				}
-				out = append(out, ev)
-			}
+			out = append(out, events(wr)...)
 			if wr.Header.Revision >= until && !wr.Created && !wr.IsProgressNotify() {
 				return out
 			}
@@ -181,14 +188,10 @@ func drain(wch clientv3.WatchChan, until int64) []event {
 			if err := wr.Err(); err != nil {
 				log.Fatalf("watch error: %v", err)
 			}
-			for _, e := range wr.Events {
-				ev := event{Type: e.Type.String(), Key: string(e.Kv.Key), Value: string(e.Kv.Value), ModRev: e.Kv.ModRevision}
-				if e.PrevKv != nil {
-					ev.HasPrev, ev.PrevVal = true, string(e.PrevKv.Value)
-				}
+			for _, ev := range events(wr) {
 				out = append(out, ev)
-				if e.Kv.ModRevision > seen {
-					seen = e.Kv.ModRevision
+				if ev.ModRev > seen {
+					seen = ev.ModRev
 				}
 			}
 		case <-time.After(wait):
