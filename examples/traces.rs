@@ -26,28 +26,7 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_target(false)
         .init();
-    let _etcd;
-    let endpoints: Vec<String> = match std::env::var("ETCD_ENDPOINTS") {
-        Ok(list) => list.split(',').map(str::to_owned).collect(),
-        Err(_) => {
-            let server = testkit::EtcdServer::start();
-            let endpoint = server.endpoint();
-            _etcd = server;
-            vec![endpoint]
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    match runtime.block_on(run(endpoints)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("traces: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    testkit::example_main("traces", Duration::from_secs(60), run)
 }
 
 async fn run(endpoints: Vec<String>) -> Result<(), String> {
@@ -55,7 +34,7 @@ async fn run(endpoints: Vec<String>) -> Result<(), String> {
         .try_client(&endpoints)
         .await
         .map_err(String::from)?;
-    let prefix = format!("/traces-{}/", std::process::id());
+    let prefix = testkit::unique_prefix("traces");
     let cache = Cache::builder(client.clone())
         .prefix(prefix.clone())
         .subscriber_buffer(1)

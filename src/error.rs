@@ -27,15 +27,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A read asked for a revision older than the cache can serve.
     ///
-    /// `compact_revision` is the oldest revision the cache serves now: reads at it and
-    /// watches from it work (the same number a watch gets in its canceled response).
+    /// `compact_revision` is the oldest revision the cache serves both reads and watches
+    /// from now (the same number a watch gets in its canceled response); a read at
+    /// `compact_revision - 1` is also served (the snapshot the history starts after).
     /// A watch that starts below the window does not get this error: as with etcd, it
     /// gets a canceled response carrying `compact_revision`. Re-list with
     /// [`Cache::get`] and watch again from the read's revision + 1.
     ///
     /// [`Cache::get`]: crate::Cache::get
     #[error(
-        "required revision has been compacted; the cache serves revisions from {compact_revision}"
+        "required revision has been compacted; the cache serves reads and watches from revision {compact_revision}"
     )]
     Compacted {
         /// The oldest revision a read can still ask for.

@@ -39,8 +39,21 @@ pub struct GetOptions {
 
 impl GetOptions {
     /// Read one key, at the latest revision, linearizably.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        GetOptions {
+            spec: RangeSpec::Single,
+            revision: 0,
+            serializable: false,
+            limit: 0,
+            keys_only: false,
+            count_only: false,
+            sort_target: SortTarget::Key,
+            sort_order: SortOrder::None,
+            min_mod_revision: 0,
+            max_mod_revision: 0,
+            min_create_revision: 0,
+            max_create_revision: 0,
+        }
     }
     /// Every key with the key as prefix (the empty key: every key).
     pub fn with_prefix(mut self) -> Self {
@@ -63,13 +76,13 @@ impl GetOptions {
         self
     }
     /// At most `limit` key-values (0: no limit); `more()` tells if some were left out.
-    pub fn with_limit(mut self, limit: i64) -> Self {
+    pub const fn with_limit(mut self, limit: i64) -> Self {
         self.limit = limit;
         self
     }
     /// Read at `revision` (0: latest). Older than the window: `Compacted`; newer than
     /// the cluster: `FutureRevision`.
-    pub fn with_revision(mut self, revision: i64) -> Self {
+    pub const fn with_revision(mut self, revision: i64) -> Self {
         self.revision = revision;
         self
     }
@@ -81,37 +94,37 @@ impl GetOptions {
     }
     /// Answer from the cache without the consistency round trip (may be stale, as a
     /// serializable etcd read from a lagging member).
-    pub fn with_serializable(mut self) -> Self {
+    pub const fn with_serializable(mut self) -> Self {
         self.serializable = true;
         self
     }
     /// Return keys without values.
-    pub fn with_keys_only(mut self) -> Self {
+    pub const fn with_keys_only(mut self) -> Self {
         self.keys_only = true;
         self
     }
     /// Return only the count.
-    pub fn with_count_only(mut self) -> Self {
+    pub const fn with_count_only(mut self) -> Self {
         self.count_only = true;
         self
     }
     /// Only keys with `mod_revision >= revision`.
-    pub fn with_min_mod_revision(mut self, revision: i64) -> Self {
+    pub const fn with_min_mod_revision(mut self, revision: i64) -> Self {
         self.min_mod_revision = revision;
         self
     }
     /// Only keys with `mod_revision <= revision`.
-    pub fn with_max_mod_revision(mut self, revision: i64) -> Self {
+    pub const fn with_max_mod_revision(mut self, revision: i64) -> Self {
         self.max_mod_revision = revision;
         self
     }
     /// Only keys with `create_revision >= revision`.
-    pub fn with_min_create_revision(mut self, revision: i64) -> Self {
+    pub const fn with_min_create_revision(mut self, revision: i64) -> Self {
         self.min_create_revision = revision;
         self
     }
     /// Only keys with `create_revision <= revision`.
-    pub fn with_max_create_revision(mut self, revision: i64) -> Self {
+    pub const fn with_max_create_revision(mut self, revision: i64) -> Self {
         self.max_create_revision = revision;
         self
     }
@@ -176,20 +189,7 @@ impl GetOptions {
 
 impl Default for GetOptions {
     fn default() -> Self {
-        GetOptions {
-            spec: RangeSpec::Single,
-            revision: 0,
-            serializable: false,
-            limit: 0,
-            keys_only: false,
-            count_only: false,
-            sort_target: SortTarget::Key,
-            sort_order: SortOrder::None,
-            min_mod_revision: 0,
-            max_mod_revision: 0,
-            min_create_revision: 0,
-            max_create_revision: 0,
-        }
+        Self::new()
     }
 }
 

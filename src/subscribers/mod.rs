@@ -41,8 +41,11 @@ pub(crate) type SubId = u64;
 pub(crate) struct Subscribers {
     index: Mutex<Index>,
     lag: LagCount,
-    /// Open watches (slots held), shared with every [`Slot`].
+    /// Slots held (what the limits count), shared with every [`Slot`].
     watchers: Arc<AtomicUsize>,
+    /// Watches in the index: registered and not ended (what `watchers()` reports; a
+    /// slot is freed a little later, when its stream reads the end).
+    registered: AtomicUsize,
     max_watchers: usize,
     buffer: usize,
     next_id: AtomicU64,
@@ -69,15 +72,16 @@ impl Subscribers {
             index: Mutex::new(Index::default()),
             lag: LagCount::default(),
             watchers: Arc::default(),
+            registered: AtomicUsize::new(0),
             max_watchers,
             buffer,
             next_id: AtomicU64::new(1),
         }
     }
 
-    /// Open watches.
+    /// Open watches: registered and not ended.
     pub(crate) fn watchers(&self) -> usize {
-        self.watchers.load(Ordering::Relaxed)
+        self.registered.load(Ordering::Relaxed)
     }
 
     /// Lagging watches.
@@ -152,6 +156,7 @@ impl Subscribers {
             scope.ids.lock().insert(id);
         }
         index.insert(id, filter, mailbox.clone());
+        self.registered.fetch_add(1, Ordering::Relaxed);
         Ok(Registered::Live {
             id,
             mailbox,
@@ -163,6 +168,7 @@ impl Subscribers {
     pub(crate) fn unsubscribe(&self, id: SubId, why: End) {
         let removed = self.index.lock().remove(id);
         if let Some(mailbox) = removed {
+            self.registered.fetch_sub(1, Ordering::Relaxed);
             mailbox.end(why, &self.lag);
         }
     }
@@ -181,6 +187,7 @@ impl Subscribers {
         Dispatcher {
             index: self.index.lock(),
             lag: &self.lag,
+            registered: &self.registered,
         }
     }
 }
@@ -189,6 +196,7 @@ impl Subscribers {
 pub(crate) struct Dispatcher<'a> {
     index: MutexGuard<'a, Index>,
     lag: &'a LagCount,
+    registered: &'a AtomicUsize,
 }
 
 impl Dispatcher<'_> {
@@ -225,6 +233,7 @@ impl Dispatcher<'_> {
         }
         for id in &gone {
             if let Some(mailbox) = self.index.remove(*id) {
+                self.registered.fetch_sub(1, Ordering::Relaxed);
                 mailbox.end(End::Compacted(revision + 1), self.lag);
             }
         }

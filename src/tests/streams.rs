@@ -52,11 +52,11 @@ async fn several_watches_share_one_stream_and_cancel_by_id() {
     h.watch.events(vec![put(&k("a"), "2", 12, 14, 2)]);
     let r = resp(&mut s).await;
     assert_eq!((r.watch_id(), r.events()[0].revision()), (0, 14));
-    // The freed id is given again.
+    // As etcd: ids are never given twice on a stream.
     s.watch(k("c"), None).await.unwrap();
-    assert_eq!(resp(&mut s).await.watch_id(), 1);
+    assert_eq!(resp(&mut s).await.watch_id(), 2);
     s.cancel(0).await.unwrap();
-    s.cancel(1).await.unwrap();
+    s.cancel(2).await.unwrap();
     assert!(resp(&mut s).await.canceled());
     assert!(resp(&mut s).await.canceled());
     assert!(
@@ -185,9 +185,7 @@ async fn stream_progress_waits_for_the_cache_without_going_backwards() {
         "created at the cluster's revision"
     );
     let mut s = task::spawn(s);
-    futures_util::FutureExt::now_or_never(s.request_progress())
-        .expect("answered at once")
-        .unwrap();
+    within(s.request_progress()).await.unwrap();
     assert_pending!(s.poll_next());
     settle().await;
     assert!(h.up.requests() >= 1, "the cache asks etcd for progress");
@@ -241,4 +239,27 @@ async fn close_ends_split_streams_too() {
     h.cache.close().await;
     advance(Duration::from_millis(1)).await;
     assert!(within(reader).await.unwrap().is_none());
+}
+
+/// The builders that are `const fn` in etcd-client are `const fn` here too.
+#[test]
+fn option_builders_are_const_as_in_etcd_client() {
+    const W: WatchOptions = WatchOptions::new()
+        .with_start_revision(5)
+        .with_prev_key()
+        .with_progress_notify()
+        .with_watch_id(3)
+        .with_fragment();
+    const G: crate::read::GetOptions = crate::read::GetOptions::new()
+        .with_limit(2)
+        .with_revision(4)
+        .with_serializable()
+        .with_keys_only()
+        .with_count_only()
+        .with_min_mod_revision(1)
+        .with_max_mod_revision(9)
+        .with_min_create_revision(1)
+        .with_max_create_revision(9);
+    assert_eq!(W.watch_id(), 3);
+    assert!(G.serializable());
 }

@@ -64,7 +64,7 @@ pub use etcd_client::WatchFilterType;
 ///     .with_filters([WatchFilterType::NoDelete]);
 /// # let _ = opts;
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct WatchOptions {
     key: Option<Vec<u8>>,
     spec: RangeSpec,
@@ -78,8 +78,17 @@ pub struct WatchOptions {
 
 impl WatchOptions {
     /// Watch one key, from the next revision.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        WatchOptions {
+            key: None,
+            spec: RangeSpec::Single,
+            start_revision: 0,
+            prev_kv: false,
+            progress_notify: false,
+            filters: Vec::new(),
+            watch_id: 0,
+            fragment: false,
+        }
     }
 
     /// Sets the key (the key argument of `watch` wins over it, as in etcd-client).
@@ -116,20 +125,20 @@ impl WatchOptions {
     /// window replays from the history, then continues live; below it, the watch gets
     /// a canceled response with `compact_revision`, as etcd sends for a compacted
     /// revision; a future revision waits for it.
-    pub fn with_start_revision(mut self, revision: i64) -> Self {
+    pub const fn with_start_revision(mut self, revision: i64) -> Self {
         self.start_revision = revision;
         self
     }
 
     /// Attach each event's previous key-value (the cache knows it; etcd is not asked).
-    pub fn with_prev_key(mut self) -> Self {
+    pub const fn with_prev_key(mut self) -> Self {
         self.prev_kv = true;
         self
     }
 
     /// Receive periodic progress responses (no events; every matching event up to the
     /// revision was delivered). Interval: `CacheBuilder::progress_notify_interval`.
-    pub fn with_progress_notify(mut self) -> Self {
+    pub const fn with_progress_notify(mut self) -> Self {
         self.progress_notify = true;
         self
     }
@@ -143,7 +152,7 @@ impl WatchOptions {
     /// Use this watch id on the stream (0, the default, picks the lowest free id, as
     /// etcd does). An id already in use on the stream is refused with
     /// [`Error::WatchIdInUse`].
-    pub fn with_watch_id(mut self, watch_id: i64) -> Self {
+    pub const fn with_watch_id(mut self, watch_id: i64) -> Self {
         self.watch_id = watch_id;
         self
     }
@@ -151,7 +160,7 @@ impl WatchOptions {
     /// Allow a revision's events to be split over several responses. Accepted for
     /// etcd-client compatibility; the cache never needs to split (there is no message
     /// size limit in memory), so every response is whole and `fragment()` is false.
-    pub fn with_fragment(mut self) -> Self {
+    pub const fn with_fragment(mut self) -> Self {
         self.fragment = true;
         self
     }
@@ -159,7 +168,15 @@ impl WatchOptions {
     pub(crate) fn watch_id(&self) -> i64 {
         self.watch_id
     }
+}
 
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WatchOptions {
     /// The key, the argument or else the one set with `with_key`.
     fn key<'a>(&'a self, key: &'a [u8]) -> &'a [u8] {
         match &self.key {

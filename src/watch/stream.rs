@@ -4,7 +4,7 @@
 //! share a small control block: the watches added but not yet polled, the ids in use,
 //! and the progress requests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +15,7 @@ use futures_core::Stream;
 use futures_util::stream::{SelectAll, StreamExt};
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
+use tokio::time::{Duration, Instant, Sleep};
 
 use super::response::WatchResponse;
 use super::subscription::{Item, Subscription};
@@ -51,7 +52,7 @@ struct ControlInner {
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
     /// Stream-wide progress requests not answered yet.
-    progress_requests: usize,
+    progress_requests: VecDeque<ProgressRequest>,
     /// The request half was dropped (only after a split).
     sender_gone: bool,
 }
@@ -62,6 +63,15 @@ impl Control {
         self.dirty.store(true, Ordering::Release);
         self.waker.wake();
     }
+}
+
+/// A stream-wide progress request: answered at a revision at least `at_least` (the
+/// cluster's revision when it was asked, as etcd answers with its current one), or,
+/// once `deadline` has passed, at what the cache can prove.
+#[derive(Debug, Clone, Copy)]
+struct ProgressRequest {
+    at_least: i64,
+    deadline: Instant,
 }
 
 /// The request half of a [`WatchStream`] (from [`WatchStream::split`]), as
@@ -96,11 +106,14 @@ impl WatchRequestSender {
         let watch_id = {
             let mut inner = control.inner.lock();
             let id = match options.watch_id() {
+                // As etcd: the lowest id above every id given so far; never one reused.
                 0 => {
                     while inner.ids.contains_key(&inner.next_id) {
                         inner.next_id += 1;
                     }
-                    inner.next_id
+                    let id = inner.next_id;
+                    inner.next_id += 1;
+                    id
                 }
                 chosen if inner.ids.contains_key(&chosen) => {
                     return Err(Error::WatchIdInUse { watch_id: chosen })
@@ -159,14 +172,30 @@ impl WatchRequestSender {
         Ok(())
     }
 
-    /// Asks for a progress response for the whole stream (watch id -1): it comes once
-    /// every watch on the stream has been delivered every matching event up to its
-    /// revision, as etcd (on fixed versions) answers it. Answered by the cache.
+    /// Asks for a progress response for the whole stream (watch id -1), as etcd (on
+    /// fixed versions) answers it: at a revision at least the cluster's when asked (one
+    /// shared round trip learns it), once every watch on the stream has been delivered
+    /// every matching event up to it. Answered by the cache. If the cache cannot prove
+    /// that within `consistent_read_timeout` (a quiet prefix on an etcd whose progress
+    /// answers cannot be trusted), the answer carries the revision it can prove.
     ///
     /// # Errors
     /// None today; the `Result` mirrors etcd-client.
     pub async fn request_progress(&mut self) -> Result<()> {
-        self.control.inner.lock().progress_requests += 1;
+        let shared = &self.control.shared;
+        let limit = shared.config.consistent_read_timeout;
+        let deadline = Instant::now() + limit;
+        let at_least = shared
+            .probe
+            .current(&shared.upstream, &shared.range, limit)
+            .await
+            .unwrap_or(0);
+        shared.counters.saw_cluster_revision(at_least);
+        self.control
+            .inner
+            .lock()
+            .progress_requests
+            .push_back(ProgressRequest { at_least, deadline });
         self.control.notify();
         Ok(())
     }
@@ -198,15 +227,18 @@ pub struct WatchResponseStream {
     /// The highest revision reported: no response goes below it.
     reported: i64,
     /// While a stream-wide progress request waits for the cache: the wait is
-    /// registered (so the cache asks etcd for progress) and a change of the cache's
-    /// revision wakes the stream.
-    progress_wait: Option<(ProgressWait, Changed)>,
+    /// registered (so the cache asks etcd for progress), and a change of the cache's
+    /// revision or the request's deadline wakes the stream.
+    progress_wait: Option<(ProgressWait, Changed, Pin<Box<Sleep>>)>,
+    /// `created` responses of watches just added, in the order they were added (etcd
+    /// answers creates in order; a client maps them to its requests by that order).
+    created: VecDeque<(i64, i64)>,
     /// While no watch is left on a split stream: a change of the cache's status (its
     /// close) wakes the stream.
     close_wait: Option<Changed>,
     /// Copied from the control block when it has news.
     sender_gone: bool,
-    progress_requests: usize,
+    progress_requests: VecDeque<ProgressRequest>,
 }
 
 impl std::fmt::Debug for WatchResponseStream {
@@ -295,10 +327,6 @@ impl WatchResponseStream {
 
     fn respond(&mut self, item: Item, watch_id: i64) -> Option<Result<WatchResponse>> {
         Some(Ok(match item {
-            Item::Created { revision } => {
-                let h = self.header(revision);
-                WatchResponse::new_created(h, watch_id)
-            }
             Item::Events { revision, events } => {
                 let h = self.header(revision);
                 WatchResponse::new_events(h, watch_id, events)
@@ -335,44 +363,62 @@ impl Stream for WatchResponseStream {
             let mut inner = this.control.inner.lock();
             let incoming = std::mem::take(&mut inner.incoming);
             this.sender_gone = inner.sender_gone;
-            this.progress_requests = inner.progress_requests;
+            this.progress_requests
+                .extend(inner.progress_requests.drain(..));
             drop(inner);
             for sub in incoming {
+                this.created
+                    .push_back((sub.watch_id, sub.created_revision()));
                 this.add(sub);
             }
         }
-        let (sender_gone, progress_requests) = (this.sender_gone, this.progress_requests);
+        if let Some((watch_id, revision)) = this.created.pop_front() {
+            let h = this.header(revision);
+            return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
+        }
+        let sender_gone = this.sender_gone;
         while let Poll::Ready(Some((watch_id, item))) = this.poll_watches(cx) {
             if let Some(resp) = this.respond(item, watch_id) {
                 return Poll::Ready(Some(resp));
             }
         }
-        if progress_requests > 0 {
-            match this.provable().filter(|&r| r >= this.reported) {
+        if let Some(&request) = this.progress_requests.front() {
+            let provable = this.provable().filter(|&r| r >= this.reported);
+            let due = Instant::now() >= request.deadline;
+            match provable.filter(|&r| r >= request.at_least || due) {
                 Some(revision) => {
                     this.progress_wait = None;
+                    this.progress_requests.pop_front();
                     this.control.shared.metrics.progress_response();
-                    this.progress_requests -= 1;
-                    this.control.inner.lock().progress_requests -= 1;
                     let h = this.header(revision);
                     return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
                 }
                 None => {
                     // Not yet: the cache asks etcd for progress meanwhile, and a new
-                    // revision wakes this stream to look again.
+                    // revision (or the deadline) wakes this stream to look again.
                     let shared = &this.control.shared;
                     let wait = this.progress_wait.get_or_insert_with(|| {
-                        (ProgressWait::new(shared.clone()), shared.changed())
+                        (
+                            ProgressWait::new(shared.clone()),
+                            shared.changed(),
+                            Box::pin(tokio::time::sleep_until(request.deadline)),
+                        )
                     });
                     if wait.1.as_mut().poll(cx).is_ready() {
                         wait.1 = shared.changed();
+                        cx.waker().wake_by_ref();
+                    }
+                    if wait.2.as_mut().poll(cx).is_ready() {
+                        wait.2 = Box::pin(tokio::time::sleep_until(
+                            Instant::now() + Duration::from_millis(10),
+                        ));
                         cx.waker().wake_by_ref();
                     }
                 }
             }
         }
         let shared = &this.control.shared;
-        if this.len() == 0 {
+        if this.len() == 0 && this.progress_requests.is_empty() {
             if this.end_when_empty || sender_gone || shared.is_closed() {
                 return Poll::Ready(None);
             }
@@ -450,9 +496,10 @@ impl WatchStream {
                 end_when_empty: true,
                 reported: 0,
                 progress_wait: None,
+                created: VecDeque::new(),
                 close_wait: None,
                 sender_gone: false,
-                progress_requests: 0,
+                progress_requests: VecDeque::new(),
             },
         }
     }
@@ -516,6 +563,7 @@ impl WatchStream {
         self.responses
             .iter()
             .map(|w| w.watch_id)
+            .chain(self.responses.created.iter().map(|c| c.0))
             .chain(
                 self.sender
                     .control

@@ -33,9 +33,6 @@ pub(super) struct Registration {
 /// What one watch yields, before its stream turns it into a response.
 #[derive(Debug)]
 pub(super) enum Item {
-    Created {
-        revision: i64,
-    },
     Events {
         revision: i64,
         events: Arc<[Event]>,
@@ -65,7 +62,6 @@ pub(super) struct Subscription {
     filter: Filter,
     /// Freed as soon as the watch ends, not when the stream is dropped.
     slot: Option<Slot>,
-    created: Option<i64>,
     compacted: Option<i64>,
     /// Every matching event up to this revision was delivered once the mailbox is
     /// drained: the revision reported when it was created.
@@ -115,7 +111,6 @@ impl Subscription {
             mailbox,
             filter: request.filter,
             slot: Some(slot),
-            created: Some(created),
             compacted,
             floor: created,
             progress_timer,
@@ -132,7 +127,7 @@ impl Subscription {
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
-        if self.created.is_some() || self.compacted.is_some() {
+        if self.compacted.is_some() {
             return None;
         }
         let revision = self
@@ -185,9 +180,6 @@ impl Subscription {
         let this = self;
         if this.ended() {
             return Poll::Ready(None);
-        }
-        if let Some(revision) = this.created.take() {
-            return Poll::Ready(Some(Item::Created { revision }));
         }
         if let Some(compact_revision) = this.compacted.take() {
             this.finish(EndReason::Compacted);

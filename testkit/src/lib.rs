@@ -38,6 +38,7 @@
 mod cluster;
 mod connect;
 mod etcd;
+mod example;
 mod fixture;
 mod grpc_proxy;
 mod http;
@@ -47,6 +48,7 @@ mod tcp_proxy;
 pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
 pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
+pub use example::{example_main, unique_prefix};
 pub use fixture::{cache_on_etcd, etcd_with_client, ready_cache, READY_TIMEOUT};
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{http_request, is_healthy, member_status, MemberStatus};

@@ -300,10 +300,16 @@ fn bench(args: Vec<String>) -> i32 {
         // The micro-benchmarks need the hidden `internals` module (feature
         // `bench-internals`); without it cargo would skip them silently.
         None => {
-            cmd.args(["bench", "--features", "bench-internals"]);
+            cmd.args(["bench", "--features", "bench-internals,metrics"]);
         }
         Some(n) if target_exists("benches", n) => {
-            cmd.args(["bench", "--features", "bench-internals", "--bench", n]);
+            cmd.args([
+                "bench",
+                "--features",
+                "bench-internals,metrics",
+                "--bench",
+                n,
+            ]);
         }
         Some(n) if target_exists("examples", &format!("bench_{n}")) => {
             cmd.args(["run", "--release", "--example", &format!("bench_{n}")]);
