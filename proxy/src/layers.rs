@@ -1,6 +1,7 @@
 //! Cross-cutting concerns as tower layers around every service: [`CallsLayer`] counts
-//! the calls in flight (reported at shutdown) and logs each call's method and duration
-//! at `debug`. Size limits are tonic's codec limits, set per service in `server.rs`.
+//! the calls in flight (reported at shutdown), logs each call's method and duration at
+//! `debug`, and gives an oversized request etcd's answer. Size limits themselves are
+//! tonic's codec limits, set per service in `server.rs`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -53,9 +54,44 @@ impl Drop for Guard {
     }
 }
 
-impl<S, B> Service<http::Request<B>> for Calls<S>
+/// tonic refuses a request above the receive limit with `OutOfRange` ("Error, decoded
+/// message length too large: found N bytes, the limit is: M bytes"); etcd's grpc-go
+/// answers `ResourceExhausted` "grpc: received message larger than max (N vs. M)". The
+/// status of such a refusal travels in the response headers (a trailers-only response),
+/// so it is rewritten there.
+fn as_grpc_go_size_error(headers: &mut http::HeaderMap) {
+    const PREFIX: &str = "Error, decoded message length too large: found ";
+    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
+        return;
+    }
+    let Some(msg) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
+        return;
+    };
+    // The message is percent-encoded on the wire.
+    let msg = msg
+        .replace("%20", " ")
+        .replace("%3A", ":")
+        .replace("%2C", ",");
+    let Some(rest) = msg.strip_prefix(PREFIX) else {
+        return;
+    };
+    let numbers: Vec<&str> = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let [found, limit] = numbers[..] else {
+        return;
+    };
+    let text = format!("grpc: received message larger than max ({found} vs. {limit})");
+    headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    if let Ok(v) = http::HeaderValue::from_str(&text.replace(' ', "%20").replace(':', "%3A")) {
+        headers.insert("grpc-message", v);
+    }
+}
+
+impl<S, B, R> Service<http::Request<B>> for Calls<S>
 where
-    S: Service<http::Request<B>>,
+    S: Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -73,11 +109,46 @@ where
         let started = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let res = fut.await;
+            let mut res = fut.await;
+            if let Ok(resp) = res.as_mut() {
+                as_grpc_go_size_error(resp.headers_mut());
+            }
             // For a stream this is when its response headers are ready.
             tracing::debug!(method, elapsed = ?started.elapsed(), "call");
             drop(guard);
             res
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_requests_get_grpc_gos_status() {
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", http::HeaderValue::from_static("11"));
+        h.insert(
+            "grpc-message",
+            http::HeaderValue::from_static(
+                "Error,%20decoded%20message%20length%20too%20large%3A%20found%20100010%20bytes,%20the%20limit%20is%3A%2065536%20bytes",
+            ),
+        );
+        as_grpc_go_size_error(&mut h);
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(
+            h["grpc-message"],
+            "grpc%3A%20received%20message%20larger%20than%20max%20(100010%20vs.%2065536)"
+        );
+        // Any other status is left alone.
+        let mut other = http::HeaderMap::new();
+        other.insert("grpc-status", http::HeaderValue::from_static("11"));
+        other.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("etcdserver%3A%20mvcc"),
+        );
+        as_grpc_go_size_error(&mut other);
+        assert_eq!(other["grpc-status"], "11");
     }
 }

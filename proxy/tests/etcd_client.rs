@@ -402,10 +402,12 @@ async fn watch_cap_per_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_etcds_answer() {
-    let etcd = start_etcd(EtcdOptions::default()).await;
+    // etcd takes requests up to --max-request-bytes and messages up to that + 512 KiB;
+    // the proxy is given the same receive limit.
+    let etcd = start_etcd(EtcdOptions::default().arg("--max-request-bytes=1000")).await;
     let proxy = start_proxy(
         etcd.endpoint(),
-        vec!["--max-recv-bytes".into(), "65536".into()],
+        vec!["--max-recv-bytes".into(), (1000 + 512 * 1024).to_string()],
     )
     .await;
     let mut direct = client(&etcd.endpoint()).await;
@@ -431,10 +433,26 @@ async fn bad_input_gets_etcds_answer() {
     let d = direct.delete("", None).await.unwrap_err().to_string();
     let v = via.delete("", None).await.unwrap_err().to_string();
     assert_eq!(v, d);
-    // An oversized message is refused, and the proxy keeps serving.
-    let big = "x".repeat(100_000);
-    let err = via.put("/big", big, None).await.unwrap_err();
-    assert!(err.to_string().contains("too large"), "{err}");
+    // An oversized message gets grpc-go's answer, and the proxy keeps serving.
+    let big = "x".repeat(600_000);
+    let d = direct
+        .put("/big", big.clone(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    let v = via.put("/big", big, None).await.unwrap_err().to_string();
+    assert_eq!(v, d);
+    assert!(v.contains("received message larger than max"), "{v}");
+    // A request above etcd's --max-request-bytes but below the message limit: etcd's
+    // own "request is too large", forwarded.
+    let mid = "x".repeat(5_000);
+    let d = direct
+        .put("/mid", mid.clone(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    let v = via.put("/mid", mid, None).await.unwrap_err().to_string();
+    assert_eq!(v, d);
     let mut fresh = client(&proxy.endpoint()).await;
     fresh.put("/small", "ok", None).await.unwrap();
     via.put("/small", "ok", None).await.unwrap();
