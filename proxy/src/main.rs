@@ -4,10 +4,12 @@
 //! watch for every client); everything else is forwarded to etcd. See `docs/PROXY.md`.
 //!
 //! One file per etcd service, each a thin adapter over the cache or a forwarding
-//! client: `kv`, `watch_service` (over `watch`, the seam to the cache's watch API),
-//! `lease`, `cluster`, `maintenance`, `auth`, `election`, `lock`. Shared pieces:
-//! `config` (flags), `upstream` (the seam to etcd), `namespace`, `state`, `conn`
-//! (per-connection info), `layers` (tower layers), `status` (etcd's errors), `server`.
+//! client: `kv`, `watch_service` (over `watch`, the seam to the cache's watch API, and
+//! `forwarded`, the watches etcd serves), `lease`, `cluster`, `maintenance`, `auth`,
+//! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd),
+//! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
+//! (per-connection info), `layers` (tower layers), `status` (etcd's errors), `error`
+//! (start-up errors), `pb` (the generated code), `server` (start-up and shutdown).
 
 mod auth;
 mod cluster;
