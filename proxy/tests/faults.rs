@@ -81,3 +81,43 @@ async fn watches_survive_cuts_and_an_etcd_restart() {
     assert_eq!(r.count(), 15);
     assert!(r.header().unwrap().revision() >= last);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_cluster_loses_its_leader() {
+    let mut cluster = tokio::task::spawn_blocking(testkit::EtcdCluster::start)
+        .await
+        .unwrap();
+    let endpoints = cluster.endpoints().join(",");
+    let proxy = start_proxy(endpoints, vec![]).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let mut w = via
+        .watch("/f/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+    // Writes go through the proxy (forwarded over its balanced channel).
+    let mut want = write(&mut via, "a", 5).await;
+    let mut got = read(&mut w, 5).await;
+    let (cluster_back, killed) = tokio::task::spawn_blocking(move || {
+        let killed = cluster.kill_leader();
+        cluster.wait_for_leader(Duration::from_secs(30));
+        (cluster, killed)
+    })
+    .await
+    .unwrap();
+    cluster = cluster_back;
+    want.extend(write(&mut via, "b", 5).await);
+    got.extend(read(&mut w, 5).await);
+    assert_eq!(
+        got, want,
+        "a gap, a duplicate or a reorder after member {killed} died"
+    );
+    // Reads and MemberList keep working.
+    let r = via
+        .get("/f/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(r.count(), 10);
+    assert_eq!(via.member_list().await.unwrap().members().len(), 1);
+    drop(cluster);
+}
