@@ -8,7 +8,7 @@
 //! A forwarded watch keeps its client-chosen id, or gets one from a range the cache's
 //! automatic ids (counted from 0 per stream) never reach.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -35,6 +35,9 @@ pub(crate) struct Forwarded {
     tx: Option<mpsc::Sender<WatchRequest>>,
     rx: Option<Streaming<WatchResponse>>,
     ids: HashSet<i64>,
+    /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
+    /// refused create is answered with id -1).
+    creating: VecDeque<i64>,
     next_id: i64,
 }
 
@@ -46,6 +49,7 @@ impl Forwarded {
             tx: None,
             rx: None,
             ids: HashSet::new(),
+            creating: VecDeque::new(),
             next_id: FIRST_ID,
         }
     }
@@ -82,6 +86,7 @@ impl Forwarded {
             self.ids.remove(&id);
             return Err(e);
         }
+        self.creating.push_back(id);
         Ok(Some(id))
     }
 
@@ -133,7 +138,15 @@ impl Forwarded {
         };
         match rx.message().await {
             Ok(Some(r)) => {
-                if r.canceled {
+                if r.created {
+                    let asked = self.creating.pop_front();
+                    if r.canceled {
+                        // Refused by etcd (id -1): the id it was asked with is free.
+                        if let Some(id) = asked {
+                            self.ids.remove(&id);
+                        }
+                    }
+                } else if r.canceled {
                     self.ids.remove(&r.watch_id);
                 }
                 self.up.observe(r.header.as_ref());

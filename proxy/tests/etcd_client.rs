@@ -746,4 +746,16 @@ async fn watches_below_the_window_are_forwarded_to_etcd() {
     assert_eq!(r.header().unwrap().revision(), rev);
     assert_eq!(r.events()[0].kv().unwrap().value(), b"new");
     assert_eq!(n.get("/c", None).await.unwrap().kvs()[0].value(), b"new");
+    // Once etcd has compacted the history, a forwarded watch gets etcd's own answer.
+    direct.compact(last, None).await.unwrap();
+    let opts = WatchOptions::new().with_prefix().with_start_revision(2);
+    for c in [&mut direct, &mut via] {
+        let mut s = c.watch("/a/", Some(opts.clone())).await.unwrap();
+        let mut r = step(&mut s, "compacted").await;
+        if r.created() && !r.canceled() {
+            r = step(&mut s, "compacted after created").await;
+        }
+        assert!(r.canceled());
+        assert_eq!(r.compact_revision(), last);
+    }
 }
