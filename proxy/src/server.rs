@@ -73,8 +73,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     }
 
     let up = Upstream::new(&config)?;
-    let client = connect_cache_client(&config).await?;
+    let options = connect_options(&config)?;
+    let client = connect_cache_client(&config, &options).await?;
     let cache = Cache::builder(client)
+        // The cache's own dials (its per-member version probe) use the same TLS and
+        // credentials.
+        .connect_options(options)
         .prefix(cache_prefix)
         .history_window(config.history_window)
         .subscriber_buffer(config.subscriber_buffer)
@@ -184,8 +188,8 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     Ok(())
 }
 
-/// The etcd-client the cache runs on, retried until etcd answers.
-async fn connect_cache_client(config: &Config) -> Result<etcd_client::Client> {
+/// How the cache connects to etcd: the proxy's TLS and credentials.
+fn connect_options(config: &Config) -> Result<etcd_client::ConnectOptions> {
     let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10));
@@ -195,6 +199,14 @@ async fn connect_cache_client(config: &Config) -> Result<etcd_client::Client> {
     if let Some(tls) = upstream::client_tls(config)? {
         options = options.with_tls(tls);
     }
+    Ok(options)
+}
+
+/// The etcd-client the cache runs on, retried until etcd answers.
+async fn connect_cache_client(
+    config: &Config,
+    options: &etcd_client::ConnectOptions,
+) -> Result<etcd_client::Client> {
     let endpoints = config.endpoint_urls();
     loop {
         match etcd_client::Client::connect(&endpoints, Some(options.clone())).await {

@@ -171,4 +171,11 @@ async fn tls_on_both_sides() {
         "{}",
         b.log_tail()
     );
+    // The cache's own probe of each member's version reaches A over TLS too.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        !b.log_text().contains("could not learn the etcd version"),
+        "{}",
+        b.log_tail()
+    );
 }
