@@ -1,0 +1,207 @@
+//! Command-line flags (clap derive); every flag has a default and a `--help` line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// etcd's default `--max-request-bytes`: the size above which a watch response is split
+/// into fragments (for watches that asked for it).
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// etcd's gRPC overhead allowance on top of `--max-request-bytes` for received messages.
+pub(crate) const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// etcd-cache-proxy: etcd's v3 gRPC API served from an in-memory watch cache.
+///
+/// Watch and Range inside the cached prefix are answered from memory; everything else
+/// is forwarded to etcd.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "etcd-cache-proxy", version, about, long_about = None)]
+pub(crate) struct Config {
+    /// etcd client URLs to forward to and to cache from, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub(crate) endpoints: Vec<String>,
+
+    /// Address to serve etcd's gRPC API on.
+    #[arg(long, default_value = "127.0.0.1:23790")]
+    pub(crate) listen_addr: SocketAddr,
+
+    /// Client URL announced by Cluster.MemberList, so a client that syncs its endpoints
+    /// stays on the proxy (default: http(s)://<listen-addr>).
+    #[arg(long)]
+    pub(crate) advertise_client_url: Option<String>,
+
+    /// Key prefix held by the cache, relative to --namespace ("" = everything in it).
+    /// Ranges and watches inside it are answered from memory, others are forwarded.
+    #[arg(long, default_value = "")]
+    pub(crate) prefix: String,
+
+    /// Prefix prepended to every key of every client, as etcd grpc-proxy's --namespace:
+    /// clients see keys without it, and nothing outside it is readable or writable.
+    #[arg(long, default_value = "")]
+    pub(crate) namespace: String,
+
+    /// TLS certificate served to clients (PEM); with --key-file, the proxy serves TLS.
+    #[arg(long, requires = "key_file")]
+    pub(crate) cert_file: Option<PathBuf>,
+    /// TLS key of --cert-file (PEM).
+    #[arg(long, requires = "cert_file")]
+    pub(crate) key_file: Option<PathBuf>,
+    /// CA bundle (PEM) that client certificates must chain to (client certificate auth).
+    #[arg(long, requires = "cert_file")]
+    pub(crate) trusted_ca_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) to verify etcd's certificate with; enables TLS toward etcd.
+    #[arg(long)]
+    pub(crate) cacert: Option<PathBuf>,
+    /// Client certificate presented to etcd (PEM).
+    #[arg(long, requires = "key")]
+    pub(crate) cert: Option<PathBuf>,
+    /// Key of --cert (PEM).
+    #[arg(long, requires = "cert")]
+    pub(crate) key: Option<PathBuf>,
+    /// Server name expected in etcd's certificate (default: the endpoint's host).
+    #[arg(long)]
+    pub(crate) upstream_server_name: Option<String>,
+
+    /// etcd user for the cache and for forwarded calls that carry no token of their own,
+    /// as `name` or `name:password`.
+    #[arg(long)]
+    pub(crate) user: Option<String>,
+    /// Password of --user (when not given as `name:password`).
+    #[arg(long, env = "ETCD_CACHE_PROXY_PASSWORD", hide_env_values = true)]
+    pub(crate) password: Option<String>,
+
+    /// Revisions (event batches) kept in memory for watches that start in the past.
+    #[arg(long, default_value_t = etcd_cache::DEFAULT_HISTORY_WINDOW)]
+    pub(crate) history_window: usize,
+    /// Responses buffered per cache subscriber before it is caught up from the history.
+    #[arg(long, default_value_t = etcd_cache::DEFAULT_SUBSCRIBER_BUFFER)]
+    pub(crate) subscriber_buffer: usize,
+    /// Responses queued per gRPC Watch stream toward its client; a client that does not
+    /// read stops here and never stalls others.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) watch_send_queue: usize,
+    /// Interval of progress notifications for watches created with progress_notify.
+    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    pub(crate) progress_notify_interval: Duration,
+
+    /// Watches allowed on one client connection; the next is refused with
+    /// `ETCD_WATCH_LIMIT: at most N watches are allowed per connection` (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_watches_per_connection: usize,
+    /// Watches allowed on the whole proxy.
+    #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]
+    pub(crate) max_watches: usize,
+    /// Largest message sent to a client, in bytes.
+    #[arg(long, default_value_t = i32::MAX as usize)]
+    pub(crate) max_send_bytes: usize,
+    /// Largest message accepted from a client, in bytes (etcd: max-request-bytes + 512 KiB).
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES + GRPC_OVERHEAD_BYTES)]
+    pub(crate) max_recv_bytes: usize,
+    /// Watch responses of watches created with `fragment` are split above this size, as
+    /// etcd splits them above its --max-request-bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub(crate) max_request_bytes: usize,
+
+    /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub(crate) shutdown_timeout: Duration,
+}
+
+impl Config {
+    /// The user name and password toward etcd, if any.
+    pub(crate) fn credentials(&self) -> Option<(String, String)> {
+        let user = self.user.as_ref()?;
+        match user.split_once(':') {
+            Some((name, password)) => Some((name.to_string(), password.to_string())),
+            None => Some((user.clone(), self.password.clone().unwrap_or_default())),
+        }
+    }
+
+    /// The URL Cluster.MemberList announces.
+    pub(crate) fn advertised_url(&self) -> String {
+        self.advertise_client_url.clone().unwrap_or_else(|| {
+            let scheme = if self.cert_file.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{}", self.listen_addr)
+        })
+    }
+
+    /// True when etcd is reached over TLS.
+    pub(crate) fn upstream_tls(&self) -> bool {
+        self.cacert.is_some()
+            || self.cert.is_some()
+            || self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
+
+    /// The endpoints as URLs (a bare `host:port` gets the scheme --cacert implies).
+    pub(crate) fn endpoint_urls(&self) -> Vec<String> {
+        let scheme = if self.upstream_tls() { "https" } else { "http" };
+        self.endpoints
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                if e.contains("://") {
+                    e.to_string()
+                } else {
+                    format!("{scheme}://{e}")
+                }
+            })
+            .collect()
+    }
+}
+
+/// Parses `250ms`, `10s`, `5m`, `1h` or plain seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("unknown unit in {s:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert!(parse_duration("10x").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let c = Config::parse_from([
+            "etcd-cache-proxy",
+            "--endpoints",
+            "127.0.0.1:2379,http://127.0.0.1:2381",
+            "--user",
+            "root:pw",
+        ]);
+        assert_eq!(
+            c.endpoint_urls(),
+            ["http://127.0.0.1:2379", "http://127.0.0.1:2381"]
+        );
+        assert_eq!(c.credentials(), Some(("root".into(), "pw".into())));
+        assert_eq!(c.advertised_url(), "http://127.0.0.1:23790");
+    }
+}

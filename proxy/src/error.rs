@@ -1,0 +1,47 @@
+//! Why the proxy could not start or keep serving. Runtime errors of calls are gRPC
+//! statuses (see `status.rs`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A start-up or serving failure; `main` prints it with its causes and exits non-zero.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bad endpoint {url:?}")]
+    Endpoint {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("no --endpoints given")]
+    NoEndpoints,
+    #[error("TLS configuration")]
+    Tls(#[source] tonic::transport::Error),
+    #[error("starting the cache")]
+    Cache(#[source] etcd_cache::Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving gRPC")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+/// `Result` with [`Error`].
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Reads a PEM file named by a flag.
+pub(crate) fn read(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -1,0 +1,159 @@
+//! Watches the cache cannot serve, forwarded to etcd: a watch on keys outside the cached
+//! prefix, or whose start revision is below the cache's window (right after the proxy
+//! started, older than its first list), is sent to etcd on one upstream Watch stream per
+//! client stream, opened when the first such watch comes. So a client resuming after a
+//! proxy restart gets etcd's own replay (or etcd's own compaction answer) instead of a
+//! compaction only the cache has.
+//!
+//! A forwarded watch keeps its client-chosen id, or gets one from a range the cache's
+//! automatic ids (counted from 0 per stream) never reach.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Status, Streaming};
+
+use crate::pb::etcdserverpb::{
+    watch_request::RequestUnion, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest,
+    WatchRequest, WatchResponse,
+};
+use crate::upstream::Upstream;
+
+/// The first id given to a forwarded watch that did not choose one.
+const FIRST_ID: i64 = 1 << 40;
+/// Requests queued toward etcd.
+const QUEUE: usize = 64;
+
+/// The forwarded watches of one client stream.
+pub(crate) struct Forwarded {
+    up: Arc<Upstream>,
+    /// The client's metadata (token, `hasleader`), passed on.
+    md: MetadataMap,
+    tx: Option<mpsc::Sender<WatchRequest>>,
+    rx: Option<Streaming<WatchResponse>>,
+    ids: HashSet<i64>,
+    /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
+    /// refused create is answered with id -1).
+    creating: VecDeque<i64>,
+    next_id: i64,
+}
+
+impl Forwarded {
+    pub(crate) fn new(up: Arc<Upstream>, md: MetadataMap) -> Self {
+        Forwarded {
+            up,
+            md,
+            tx: None,
+            rx: None,
+            ids: HashSet::new(),
+            creating: VecDeque::new(),
+            next_id: FIRST_ID,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub(crate) fn contains(&self, watch_id: i64) -> bool {
+        self.ids.contains(&watch_id)
+    }
+
+    /// Sends `c` (in etcd's keyspace) to etcd and returns the watch's id; etcd's
+    /// `created` response follows from [`next`](Self::next). `Ok(None)`: the
+    /// client-chosen id is taken.
+    pub(crate) async fn create(
+        &mut self,
+        mut c: WatchCreateRequest,
+    ) -> Result<Option<i64>, Status> {
+        if c.watch_id == 0 {
+            while self.ids.contains(&self.next_id) {
+                self.next_id += 1;
+            }
+            c.watch_id = self.next_id;
+            self.next_id += 1;
+        } else if self.ids.contains(&c.watch_id) {
+            return Ok(None);
+        }
+        // The proxy splits responses itself, at its own limit.
+        c.fragment = false;
+        let id = c.watch_id;
+        self.ids.insert(id);
+        if let Err(e) = self.send(RequestUnion::CreateRequest(c)).await {
+            self.ids.remove(&id);
+            return Err(e);
+        }
+        self.creating.push_back(id);
+        Ok(Some(id))
+    }
+
+    /// Cancels a forwarded watch (etcd answers `canceled`). False if it is not one.
+    pub(crate) async fn cancel(&mut self, watch_id: i64) -> Result<bool, Status> {
+        if !self.ids.contains(&watch_id) {
+            return Ok(false);
+        }
+        self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
+            .await?;
+        Ok(true)
+    }
+
+    /// Asks etcd for a stream-level progress response (watch id -1).
+    pub(crate) async fn request_progress(&mut self) -> Result<(), Status> {
+        self.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
+            .await
+    }
+
+    async fn send(&mut self, req: RequestUnion) -> Result<(), Status> {
+        let req = WatchRequest {
+            request_union: Some(req),
+        };
+        if let Some(tx) = &self.tx {
+            return tx
+                .send(req)
+                .await
+                .map_err(|_| Status::unavailable("watch stream to etcd closed"));
+        }
+        // Opened with the first request queued: etcd sends its response headers with
+        // its first answer.
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tx.try_send(req).expect("an empty queue has room");
+        let call = self.up.request(&self.md, ReceiverStream::new(rx));
+        let stream = self.up.watch().watch(call).await?.into_inner();
+        self.tx = Some(tx);
+        self.rx = Some(stream);
+        Ok(())
+    }
+
+    /// etcd's next response; never resolves while no forwarded watch was made.
+    ///
+    /// # Errors
+    /// The upstream stream failed or ended (the client stream should end, so that the
+    /// client resumes its watches).
+    pub(crate) async fn next(&mut self) -> Result<WatchResponse, Status> {
+        let Some(rx) = self.rx.as_mut() else {
+            return futures::future::pending().await;
+        };
+        match rx.message().await {
+            Ok(Some(r)) => {
+                if r.created {
+                    let asked = self.creating.pop_front();
+                    if r.canceled {
+                        // Refused by etcd (id -1): the id it was asked with is free.
+                        if let Some(id) = asked {
+                            self.ids.remove(&id);
+                        }
+                    }
+                } else if r.canceled {
+                    self.ids.remove(&r.watch_id);
+                }
+                self.up.observe(r.header.as_ref());
+                Ok(r)
+            }
+            Ok(None) => Err(Status::unavailable("watch stream to etcd ended")),
+            Err(e) => Err(e),
+        }
+    }
+}

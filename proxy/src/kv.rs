@@ -1,0 +1,268 @@
+//! The KV service: Range inside the cached prefix from memory (serializable and
+//! linearizable, through `Cache::get`), everything else forwarded to etcd.
+
+use std::sync::Arc;
+
+use etcd_cache::{GetOptions, SortOrder, SortTarget};
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use crate::pb::etcdserverpb::{
+    kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
+    DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RangeStreamResponse,
+    RequestOp, TxnRequest, TxnResponse,
+};
+use crate::state::State;
+use crate::status;
+
+/// etcd's KV service.
+pub(crate) struct KvService {
+    st: Arc<State>,
+}
+
+impl KvService {
+    pub(crate) fn new(st: Arc<State>) -> Self {
+        KvService { st }
+    }
+
+    /// Answers an etcd-space range from the cache; `Err(None)`: forward it.
+    async fn cached_range(&self, r: &RangeRequest) -> Result<RangeResponse, Option<Status>> {
+        let mut o = GetOptions::new()
+            .with_revision(r.revision)
+            .with_limit(r.limit)
+            .with_min_mod_revision(r.min_mod_revision)
+            .with_max_mod_revision(r.max_mod_revision)
+            .with_min_create_revision(r.min_create_revision)
+            .with_max_create_revision(r.max_create_revision)
+            .with_sort(sort_target(r.sort_target), sort_order(r.sort_order));
+        if !r.range_end.is_empty() {
+            o = o.with_range(r.range_end.to_vec());
+        }
+        if r.serializable {
+            o = o.with_serializable();
+        }
+        if r.keys_only {
+            o = o.with_keys_only();
+        }
+        if r.count_only {
+            o = o.with_count_only();
+        }
+        let resp = self
+            .st
+            .cache
+            .get(r.key.to_vec(), Some(o))
+            .await
+            .map_err(|e| {
+                tracing::debug!(error = %e, "range not served from the cache; forwarding");
+                status::from_cache_read(&e)
+            })?;
+        let revision = self.st.cache.revision().max(resp.revision());
+        Ok(RangeResponse {
+            header: Some(self.st.up.header_from_cache(resp.header(), revision)),
+            kvs: resp
+                .kvs()
+                .iter()
+                .map(|kv| self.st.ns.kv_from_cache(kv))
+                .collect(),
+            more: resp.more(),
+            count: resp.count(),
+        })
+    }
+
+    /// A client range, checked as etcd checks it and moved into the namespace; `Ok(Some)`
+    /// when the cache answered it.
+    async fn range_inner(&self, r: &mut RangeRequest) -> Result<Option<RangeResponse>, Status> {
+        check_range(r)?;
+        self.st.ns.range_in(r);
+        if self.st.in_cache(&r.key, &r.range_end) {
+            match self.cached_range(r).await {
+                Ok(resp) => return Ok(Some(resp)),
+                Err(Some(status)) => return Err(status),
+                Err(None) => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// etcd's `checkRangeRequest`.
+fn check_range(r: &RangeRequest) -> Result<(), Status> {
+    if r.key.is_empty() {
+        return Err(status::empty_key());
+    }
+    if !(0..=2).contains(&r.sort_order) || !(0..=4).contains(&r.sort_target) {
+        return Err(status::invalid_sort_option());
+    }
+    Ok(())
+}
+
+/// etcd's `checkRequestOp` (empty keys), before the namespace makes them non-empty.
+fn check_txn(t: &TxnRequest) -> Result<(), Status> {
+    let check = |op: &RequestOp| match op.request.as_ref() {
+        Some(request_op::Request::RequestRange(r)) => check_range(r),
+        Some(request_op::Request::RequestPut(r)) if r.key.is_empty() => Err(status::empty_key()),
+        Some(request_op::Request::RequestDeleteRange(r)) if r.key.is_empty() => {
+            Err(status::empty_key())
+        }
+        Some(request_op::Request::RequestTxn(t)) => check_txn(t),
+        _ => Ok(()),
+    };
+    t.success.iter().chain(t.failure.iter()).try_for_each(check)
+}
+
+fn sort_target(t: i32) -> SortTarget {
+    match t {
+        1 => SortTarget::Version,
+        2 => SortTarget::Create,
+        3 => SortTarget::Mod,
+        4 => SortTarget::Value,
+        _ => SortTarget::Key,
+    }
+}
+
+fn sort_order(o: i32) -> SortOrder {
+    match o {
+        1 => SortOrder::Ascend,
+        2 => SortOrder::Descend,
+        _ => SortOrder::None,
+    }
+}
+
+type RangeStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<RangeStreamResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let md = req.metadata().clone();
+        let mut r = req.into_inner();
+        if let Some(resp) = self.range_inner(&mut r).await? {
+            return Ok(Response::new(resp));
+        }
+        let up = &self.st.up;
+        let mut resp = up
+            .call(&md, r, |q| {
+                let mut c = up.kv();
+                async move { c.range(q).await }
+            })
+            .await?
+            .into_inner();
+        up.observe(resp.header.as_ref());
+        self.st.ns.range_out(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    type RangeStreamStream = RangeStream;
+
+    async fn range_stream(
+        &self,
+        req: Request<RangeRequest>,
+    ) -> Result<Response<RangeStream>, Status> {
+        let md = req.metadata().clone();
+        let mut r = req.into_inner();
+        if let Some(resp) = self.range_inner(&mut r).await? {
+            let one = RangeStreamResponse {
+                range_response: Some(resp),
+            };
+            return Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))));
+        }
+        let up = &self.st.up;
+        let stream = up
+            .call(&md, r, |q| {
+                let mut c = up.kv();
+                async move { c.range_stream(q).await }
+            })
+            .await?
+            .into_inner();
+        let ns = self.st.ns.clone();
+        let stream = stream.map(move |chunk| {
+            chunk.map(|mut c| {
+                if let Some(r) = c.range_response.as_mut() {
+                    ns.range_out(r);
+                }
+                c
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let md = req.metadata().clone();
+        let mut r = req.into_inner();
+        if r.key.is_empty() {
+            return Err(status::empty_key());
+        }
+        self.st.ns.put_in(&mut r);
+        let up = &self.st.up;
+        let mut resp = up
+            .call(&md, r, |q| {
+                let mut c = up.kv();
+                async move { c.put(q).await }
+            })
+            .await?
+            .into_inner();
+        up.observe(resp.header.as_ref());
+        if let Some(kv) = resp.prev_kv.as_mut() {
+            self.st.ns.kv_out(kv);
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let md = req.metadata().clone();
+        let mut r = req.into_inner();
+        if r.key.is_empty() {
+            return Err(status::empty_key());
+        }
+        self.st.ns.delete_in(&mut r);
+        let up = &self.st.up;
+        let mut resp = up
+            .call(&md, r, |q| {
+                let mut c = up.kv();
+                async move { c.delete_range(q).await }
+            })
+            .await?
+            .into_inner();
+        up.observe(resp.header.as_ref());
+        resp.prev_kvs
+            .iter_mut()
+            .for_each(|kv| self.st.ns.kv_out(kv));
+        Ok(Response::new(resp))
+    }
+
+    async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let md = req.metadata().clone();
+        let mut t = req.into_inner();
+        check_txn(&t)?;
+        self.st.ns.txn_in(&mut t);
+        let up = &self.st.up;
+        let mut resp = up
+            .call(&md, t, |q| {
+                let mut c = up.kv();
+                async move { c.txn(q).await }
+            })
+            .await?
+            .into_inner();
+        up.observe(resp.header.as_ref());
+        self.st.ns.txn_out(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn compact(
+        &self,
+        req: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let md = req.metadata().clone();
+        let up = &self.st.up;
+        let resp = up
+            .call(&md, req.into_inner(), |q| {
+                let mut c = up.kv();
+                async move { c.compact(q).await }
+            })
+            .await?;
+        Ok(crate::upstream::fresh(resp))
+    }
+}

@@ -1,0 +1,230 @@
+//! The Lease service, forwarded. Keep-alives are coalesced: the proxy keeps one upstream
+//! LeaseKeepAlive stream, and while a keep-alive for a lease is in flight, more requests
+//! for the same lease (from any client) wait for its answer instead of going to etcd.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::forward::forward;
+use crate::pb::etcdserverpb::*;
+use crate::state::State;
+use crate::status;
+use crate::upstream::Upstream;
+
+/// A keep-alive in flight longer than this is sent again for the next asker.
+const RESEND_AFTER: Duration = Duration::from_secs(5);
+/// Keep-alive requests queued toward etcd.
+const UPSTREAM_QUEUE: usize = 1024;
+/// Responses queued toward one client stream.
+const CLIENT_QUEUE: usize = 64;
+
+type Answer = Result<LeaseKeepAliveResponse, Status>;
+
+/// The coalescer's handle: ask for one keep-alive of a lease.
+#[derive(Clone)]
+pub(crate) struct KeepAlives {
+    tx: mpsc::UnboundedSender<(i64, oneshot::Sender<Answer>)>,
+}
+
+impl KeepAlives {
+    /// Starts the coalescer; it stops when every handle is dropped.
+    pub(crate) fn start(up: Arc<Upstream>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(coalesce(up, rx));
+        KeepAlives { tx }
+    }
+
+    /// Renews lease `id` once, sharing the upstream round trip with concurrent askers.
+    pub(crate) async fn keep_alive(&self, id: i64) -> Answer {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send((id, tx))
+            .map_err(|_| status::shutting_down())?;
+        rx.await.map_err(|_| status::shutting_down())?
+    }
+}
+
+struct InFlight {
+    /// When the keep-alive was last sent upstream (`None`: not yet).
+    sent: Option<Instant>,
+    waiters: Vec<oneshot::Sender<Answer>>,
+}
+
+struct UpstreamStream {
+    tx: mpsc::Sender<LeaseKeepAliveRequest>,
+    rx: Streaming<LeaseKeepAliveResponse>,
+}
+
+async fn coalesce(
+    up: Arc<Upstream>,
+    mut asks: mpsc::UnboundedReceiver<(i64, oneshot::Sender<Answer>)>,
+) {
+    let mut inflight: HashMap<i64, InFlight> = HashMap::new();
+    let mut stream: Option<UpstreamStream> = None;
+    loop {
+        tokio::select! {
+            ask = asks.recv() => {
+                let Some((id, waiter)) = ask else { return };
+                let entry = inflight.entry(id).or_insert_with(|| InFlight {
+                    sent: None,
+                    waiters: Vec::new(),
+                });
+                entry.waiters.push(waiter);
+                if entry.sent.is_some_and(|t| t.elapsed() < RESEND_AFTER) {
+                    continue; // coalesced with the keep-alive in flight
+                }
+                entry.sent = Some(Instant::now());
+                if stream.is_none() {
+                    match open(&up, id).await {
+                        Ok(s) => stream = Some(s),
+                        Err(e) => fail_all(&mut inflight, &e),
+                    }
+                    continue;
+                }
+                let s = stream.as_ref().expect("checked above");
+                if s.tx.send(LeaseKeepAliveRequest { id }).await.is_err() {
+                    stream = None;
+                    fail_all(&mut inflight, &Status::unavailable("lease keep-alive stream to etcd closed"));
+                }
+            }
+            resp = next(&mut stream) => match resp {
+                Some(Ok(r)) => {
+                    up.observe(r.header.as_ref());
+                    if let Some(f) = inflight.remove(&r.id) {
+                        for w in f.waiters {
+                            let _ = w.send(Ok(r));
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    stream = None;
+                    fail_all(&mut inflight, &e);
+                }
+                None => {
+                    stream = None;
+                    fail_all(&mut inflight, &Status::unavailable("lease keep-alive stream to etcd ended"));
+                }
+            }
+        }
+    }
+}
+
+async fn next(
+    stream: &mut Option<UpstreamStream>,
+) -> Option<Result<LeaseKeepAliveResponse, Status>> {
+    match stream {
+        Some(s) => s.rx.next().await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// Opens the upstream stream with a first keep-alive already queued (etcd sends its
+/// response headers with its first answer, so the call resolves only after one).
+async fn open(up: &Upstream, first: i64) -> Result<UpstreamStream, Status> {
+    let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
+    tx.try_send(LeaseKeepAliveRequest { id: first })
+        .expect("an empty queue has room");
+    let req = up.request(&MetadataMap::new(), ReceiverStream::new(rx));
+    let rx = up.lease().lease_keep_alive(req).await?.into_inner();
+    Ok(UpstreamStream { tx, rx })
+}
+
+fn fail_all(inflight: &mut HashMap<i64, InFlight>, e: &Status) {
+    for (_, f) in inflight.drain() {
+        for w in f.waiters {
+            let _ = w.send(Err(Status::new(e.code(), e.message())));
+        }
+    }
+}
+
+/// etcd's Lease service.
+pub(crate) struct LeaseService {
+    st: Arc<State>,
+    keep_alives: KeepAlives,
+}
+
+impl LeaseService {
+    pub(crate) fn new(st: Arc<State>) -> Self {
+        let keep_alives = KeepAlives::start(st.up.clone());
+        LeaseService { st, keep_alives }
+    }
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl lease_server::Lease for LeaseService {
+    forward!(lease_grant, lease, LeaseGrantRequest, LeaseGrantResponse);
+    forward!(lease_revoke, lease, LeaseRevokeRequest, LeaseRevokeResponse);
+    forward!(lease_leases, lease, LeaseLeasesRequest, LeaseLeasesResponse);
+
+    async fn lease_time_to_live(
+        &self,
+        req: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let md = req.metadata().clone();
+        let up = &self.st.up;
+        let mut resp = up
+            .call(&md, req.into_inner(), |q| {
+                let mut c = up.lease();
+                async move { c.lease_time_to_live(q).await }
+            })
+            .await?
+            .into_inner();
+        // Keys outside the namespace are not the client's to see.
+        let ns = &self.st.ns;
+        resp.keys = std::mem::take(&mut resp.keys)
+            .into_iter()
+            .filter(|k| ns.contains(k))
+            .map(|k| ns.strip(k))
+            .collect();
+        Ok(Response::new(resp))
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        req: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<KeepAliveStream>, Status> {
+        let mut inbound = req.into_inner();
+        let keep_alives = self.keep_alives.clone();
+        let mut shutdown = self.st.shutdown.clone();
+        let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+        tokio::spawn(async move {
+            let mut pending = FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    _ = crate::state::stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(status::shutting_down())).await;
+                        return;
+                    }
+                    _ = tx.closed() => return,
+                    r = inbound.next() => match r {
+                        Some(Ok(r)) => {
+                            let k = keep_alives.clone();
+                            pending.push(async move { k.keep_alive(r.id).await });
+                        }
+                        _ => return,
+                    },
+                    Some(answer) = pending.next(), if !pending.is_empty() => {
+                        if tx.send(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

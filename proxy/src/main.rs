@@ -1,0 +1,63 @@
+//! `etcd-cache-proxy`: etcd's v3 gRPC API served from an `etcd-cache`.
+//!
+//! Watches and ranges inside the cached prefix are answered from memory (one upstream
+//! watch for every client); everything else is forwarded to etcd. See `docs/PROXY.md`.
+//!
+//! One file per etcd service, each a thin adapter over the cache or a forwarding
+//! client: `kv`, `watch_service` (over `watch`, the seam to the cache's watch API, and
+//! `forwarded`, the watches etcd serves), `lease`, `cluster`, `maintenance`, `auth`,
+//! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd),
+//! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
+//! (per-connection info), `layers` (tower layers), `status` (etcd's errors), `error`
+//! (start-up errors), `pb` (the generated code), `server` (start-up and shutdown).
+
+mod auth;
+mod cluster;
+mod config;
+mod conn;
+mod election;
+mod error;
+mod forward;
+mod forwarded;
+mod kv;
+mod layers;
+mod lease;
+mod lock;
+mod maintenance;
+mod namespace;
+mod pb;
+mod server;
+mod state;
+mod status;
+mod upstream;
+mod watch;
+mod watch_service;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = config::Config::parse();
+    match server::run(config).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(": ");
+                msg.push_str(&s.to_string());
+                source = s.source();
+            }
+            tracing::error!("{msg}");
+            eprintln!("etcd-cache-proxy: {msg}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

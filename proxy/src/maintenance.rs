@@ -1,0 +1,70 @@
+//! The Maintenance service: Status, Alarm, Hash, HashKV and Snapshot forwarded; the
+//! operations on one member (Defragment, MoveLeader, Downgrade) are not served, since a
+//! proxy over several endpoints cannot say which member they would reach.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::forward::{forward, unserved};
+use crate::pb::etcdserverpb::*;
+use crate::state::State;
+
+/// etcd's Maintenance service.
+pub(crate) struct MaintenanceService {
+    st: Arc<State>,
+}
+
+impl MaintenanceService {
+    pub(crate) fn new(st: Arc<State>) -> Self {
+        MaintenanceService { st }
+    }
+}
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl maintenance_server::Maintenance for MaintenanceService {
+    forward!(alarm, maintenance, AlarmRequest, AlarmResponse);
+    forward!(status, maintenance, StatusRequest, StatusResponse);
+    forward!(hash, maintenance, HashRequest, HashResponse);
+    forward!(hash_kv, maintenance, HashKvRequest, HashKvResponse);
+    unserved!(
+        defragment,
+        DefragmentRequest,
+        DefragmentResponse,
+        "Maintenance.Defragment"
+    );
+    unserved!(
+        move_leader,
+        MoveLeaderRequest,
+        MoveLeaderResponse,
+        "Maintenance.MoveLeader"
+    );
+    unserved!(
+        downgrade,
+        DowngradeRequest,
+        DowngradeResponse,
+        "Maintenance.Downgrade"
+    );
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(
+        &self,
+        req: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        let md = req.metadata().clone();
+        let up = &self.st.up;
+        let stream = up
+            .call(&md, req.into_inner(), |q| {
+                let mut c = up.maintenance();
+                async move { c.snapshot(q).await }
+            })
+            .await?
+            .into_inner();
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,256 @@
+//! Start-up, the router of every service, and graceful shutdown.
+//!
+//! ## Shutdown
+//! On SIGTERM or SIGINT the listener closes, Watch and LeaseKeepAlive streams end with
+//! `Unavailable` (clients reconnect and resume), unary calls in flight finish, and the
+//! process exits once every connection is closed or `--shutdown-timeout` has passed.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use etcd_cache::Cache;
+use tokio::sync::watch;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+use crate::auth::AuthService;
+use crate::cluster::ClusterService;
+use crate::config::Config;
+use crate::conn;
+use crate::election::ElectionService;
+use crate::error::{read, Error, Result};
+use crate::kv::KvService;
+use crate::layers::{CallsLayer, InFlight};
+use crate::lease::LeaseService;
+use crate::lock::LockService;
+use crate::maintenance::MaintenanceService;
+use crate::namespace::Namespace;
+use crate::pb::etcdserverpb::{
+    auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+    lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
+};
+use crate::pb::v3electionpb::election_server::ElectionServer;
+use crate::pb::v3lockpb::lock_server::LockServer;
+use crate::state::{Limits, State};
+use crate::upstream::{self, Upstream};
+use crate::watch_service::WatchService;
+
+/// Pause between attempts to reach etcd at start-up.
+const CONNECT_RETRY: Duration = Duration::from_secs(1);
+/// How often the health service follows the cache's readiness.
+const HEALTH_POLL: Duration = Duration::from_millis(500);
+
+/// Runs the proxy until SIGTERM or SIGINT.
+pub(crate) async fn run(config: Config) -> Result<()> {
+    let ns = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
+    let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
+    tracing::info!(
+        endpoints = ?config.endpoint_urls(),
+        listen = %config.listen_addr,
+        advertise = %config.advertised_url(),
+        namespace = %config.namespace,
+        prefix = %String::from_utf8_lossy(&cache_prefix),
+        listen_tls = config.cert_file.is_some(),
+        client_cert_auth = config.trusted_ca_file.is_some(),
+        upstream_tls = config.upstream_tls(),
+        user = config.credentials().map(|c| c.0).unwrap_or_default(),
+        history_window = config.history_window,
+        subscriber_buffer = config.subscriber_buffer,
+        watch_send_queue = config.watch_send_queue,
+        max_watches_per_connection = config.max_watches_per_connection,
+        max_watches = config.max_watches,
+        max_send_bytes = config.max_send_bytes,
+        max_recv_bytes = config.max_recv_bytes,
+        max_request_bytes = config.max_request_bytes,
+        progress_notify_interval = ?config.progress_notify_interval,
+        "etcd-cache-proxy starting"
+    );
+    for (url, version) in upstream::versions(&config).await {
+        match version {
+            Ok(v) => tracing::info!(endpoint = %url, version = %v, "etcd version"),
+            Err(e) => tracing::warn!(endpoint = %url, error = %e, "etcd version unknown"),
+        }
+    }
+
+    let up = Upstream::new(&config)?;
+    let options = connect_options(&config)?;
+    let client = connect_cache_client(&config, &options).await?;
+    let cache = Cache::builder(client)
+        // The cache's own dials (its per-member version probe) use the same TLS and
+        // credentials.
+        .connect_options(options)
+        .prefix(cache_prefix)
+        .history_window(config.history_window)
+        .subscriber_buffer(config.subscriber_buffer)
+        .max_watchers(config.max_watches)
+        .progress_notify_interval(config.progress_notify_interval)
+        .build()
+        .await
+        .map_err(Error::Cache)?;
+    if let Err(e) = up.authenticate().await {
+        tracing::warn!(error = %e, "authentication toward etcd failed; retried on use");
+    }
+    if let Err(e) = up.status().await {
+        tracing::warn!(error = %e, "Status toward etcd failed");
+    }
+    let _identity = AbortOnDrop(up.spawn_identity_refresh());
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let limits = Limits {
+        watches_per_connection: config.max_watches_per_connection,
+        max_request_bytes: config.max_request_bytes,
+        watch_send_queue: config.watch_send_queue,
+    };
+    let st = State::new(
+        cache.clone(),
+        up,
+        ns,
+        limits,
+        config.advertised_url(),
+        shutdown_rx.clone(),
+    );
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let _health = AbortOnDrop(tokio::spawn(follow_health(health, cache.clone())));
+
+    let (send, recv) = (config.max_send_bytes, config.max_recv_bytes);
+    macro_rules! limited {
+        ($server:ident, $svc:expr) => {
+            $server::new($svc)
+                .max_decoding_message_size(recv)
+                .max_encoding_message_size(send)
+        };
+    }
+    let in_flight = InFlight::default();
+    let mut builder = Server::builder()
+        .max_concurrent_streams(u32::MAX)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+        if let Some(ca) = &config.trusted_ca_file {
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        builder = builder.tls_config(tls).map_err(Error::Tls)?;
+    }
+    let router = builder
+        .layer(CallsLayer {
+            in_flight: in_flight.clone(),
+        })
+        .add_service(limited!(KvServer, KvService::new(st.clone())))
+        .add_service(limited!(WatchServer, WatchService::new(st.clone())))
+        .add_service(limited!(LeaseServer, LeaseService::new(st.clone())))
+        .add_service(limited!(ClusterServer, ClusterService::new(st.clone())))
+        .add_service(limited!(
+            MaintenanceServer,
+            MaintenanceService::new(st.clone())
+        ))
+        .add_service(limited!(AuthServer, AuthService::new(st.clone())))
+        .add_service(limited!(ElectionServer, ElectionService::new(st.clone())))
+        .add_service(limited!(LockServer, LockService::new(st.clone())))
+        .add_service(health_service);
+
+    let listener = tokio::net::TcpListener::bind(config.listen_addr)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: config.listen_addr,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| Error::Listen {
+        addr: config.listen_addr,
+        source,
+    })?;
+    tracing::info!(addr = %local, "serving etcd's v3 gRPC API");
+
+    let mut signalled = shutdown_rx.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = shutdown_tx.send(true);
+    });
+    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener), async move {
+        let _ = signalled.wait_for(|s| *s).await;
+        tracing::info!("shutting down: streams end, calls in flight finish");
+    });
+    tokio::pin!(serve);
+    let mut stopping = shutdown_rx.clone();
+    let timeout = config.shutdown_timeout;
+    tokio::select! {
+        r = &mut serve => r.map_err(Error::Serve)?,
+        _ = async {
+            let _ = stopping.wait_for(|s| *s).await;
+            tokio::time::sleep(timeout).await;
+        } => {
+            tracing::warn!(in_flight = in_flight.get(), ?timeout, "shutdown timeout: exiting with calls in flight");
+        }
+    }
+    cache.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// How the cache connects to etcd: the proxy's TLS and credentials.
+fn connect_options(config: &Config) -> Result<etcd_client::ConnectOptions> {
+    let mut options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10));
+    if let Some((name, password)) = config.credentials() {
+        options = options.with_user(name, password);
+    }
+    if let Some(tls) = upstream::client_tls(config)? {
+        options = options.with_tls(tls);
+    }
+    Ok(options)
+}
+
+/// The etcd-client the cache runs on, retried until etcd answers.
+async fn connect_cache_client(
+    config: &Config,
+    options: &etcd_client::ConnectOptions,
+) -> Result<etcd_client::Client> {
+    let endpoints = config.endpoint_urls();
+    loop {
+        match etcd_client::Client::connect(&endpoints, Some(options.clone())).await {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach etcd yet; retrying");
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+        }
+    }
+}
+
+/// The gRPC health service says SERVING while the cache follows etcd.
+async fn follow_health(health: tonic_health::server::HealthReporter, cache: Cache) {
+    let mut last = None;
+    loop {
+        let status = if cache.is_ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if last != Some(status) {
+            health.set_service_status("", status).await;
+            last = Some(status);
+        }
+        tokio::time::sleep(HEALTH_POLL).await;
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+/// Aborts a background task when the server stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

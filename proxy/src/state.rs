@@ -1,0 +1,124 @@
+//! What every service shares: the cache, the forwarding upstream, the namespace, the
+//! cached key range (as etcd stores keys) and the limits.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use etcd_cache::Cache;
+
+use crate::namespace::{prefix_end, Namespace};
+use crate::upstream::Upstream;
+
+/// Limits a service applies per call or per stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Watches per client connection (0: none).
+    pub(crate) watches_per_connection: usize,
+    /// Fragment threshold of watch responses (etcd's --max-request-bytes).
+    pub(crate) max_request_bytes: usize,
+    /// Responses queued per Watch stream.
+    pub(crate) watch_send_queue: usize,
+}
+
+/// Shared by every service of one proxy.
+pub(crate) struct State {
+    pub(crate) cache: Cache,
+    pub(crate) up: Arc<Upstream>,
+    pub(crate) ns: Namespace,
+    /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
+    cached_start: Bytes,
+    cached_end: Bytes,
+    pub(crate) limits: Limits,
+    /// The URL announced by Cluster.MemberList.
+    pub(crate) advertised_url: String,
+    /// Fires once at shutdown: streams end, unary calls finish.
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl State {
+    pub(crate) fn new(
+        cache: Cache,
+        up: Arc<Upstream>,
+        ns: Namespace,
+        limits: Limits,
+        advertised_url: String,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Arc<State> {
+        let cached_start = Bytes::copy_from_slice(cache.prefix());
+        let cached_end = prefix_end(cache.prefix());
+        Arc::new(State {
+            cache,
+            up,
+            ns,
+            cached_start,
+            cached_end,
+            limits,
+            advertised_url,
+            shutdown,
+        })
+    }
+
+    /// Waits until the cache has applied every write completed before this call (one
+    /// linearizable read of one key, which the cache answers after catching up with the
+    /// cluster's revision). Best effort: a cache that cannot answer is not waited for.
+    pub(crate) async fn catch_up_with_etcd(&self) {
+        let key = if self.cached_start.is_empty() {
+            b"\0".to_vec()
+        } else {
+            self.cached_start.to_vec()
+        };
+        if let Err(e) = self.cache.get(key, None).await {
+            tracing::debug!(error = %e, "could not catch up with etcd");
+        }
+    }
+
+    /// True if the etcd-space range `[key, end)` lies inside the cache and is well
+    /// formed (empty end: one key; `"\0"`: every key from `key`). Anything else is
+    /// forwarded, so etcd gives its own answer to a reversed range.
+    pub(crate) fn in_cache(&self, key: &[u8], end: &[u8]) -> bool {
+        inside(&self.cached_start, &self.cached_end, key, end)
+    }
+}
+
+/// True if the well-formed range `[key, range_end)` lies inside `[start, end)` (for both,
+/// an empty end is one key and `"\0"` is no bound).
+fn inside(start: &[u8], end: &[u8], key: &[u8], range_end: &[u8]) -> bool {
+    let unbounded = end == b"\0";
+    if key < start {
+        return false;
+    }
+    match range_end {
+        b"" => unbounded || key < end,
+        b"\0" => unbounded,
+        e => key < e && (unbounded || e <= end),
+    }
+}
+
+/// Resolves once shutdown has begun (and the guard `wait_for` returns is dropped, so
+/// the future stays `Send`).
+pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inside;
+
+    #[test]
+    fn ranges_inside_the_cache() {
+        // The whole keyspace.
+        assert!(inside(b"", b"\0", b"a", b""));
+        assert!(inside(b"", b"\0", b"\0", b"\0"));
+        assert!(inside(b"", b"\0", b"a", b"b"));
+        assert!(!inside(b"", b"\0", b"b", b"a"), "reversed: forwarded");
+        // A prefix /a/ = [/a/, /a0).
+        assert!(inside(b"/a/", b"/a0", b"/a/x", b""));
+        assert!(inside(b"/a/", b"/a0", b"/a/", b"/a0"));
+        assert!(
+            !inside(b"/a/", b"/a0", b"/a/", b"\0"),
+            "from-key leaves the prefix"
+        );
+        assert!(!inside(b"/a/", b"/a0", b"/b", b""));
+        assert!(!inside(b"/a/", b"/a0", b"/a/x", b"/b"));
+    }
+}

@@ -1,0 +1,51 @@
+//! The gRPC errors etcd answers with (`api/v3rpc/rpctypes/error.go`), and the mapping of
+//! the cache's errors onto them.
+
+use tonic::{Code, Status};
+
+/// `rpctypes.ErrGRPCEmptyKey`.
+pub(crate) fn empty_key() -> Status {
+    Status::invalid_argument("etcdserver: key is not provided")
+}
+
+/// `rpctypes.ErrGRPCNoLeader`.
+pub(crate) fn no_leader() -> Status {
+    Status::unavailable("etcdserver: no leader")
+}
+
+/// `rpctypes.ErrGRPCInvalidSortOption`.
+pub(crate) fn invalid_sort_option() -> Status {
+    Status::invalid_argument("etcdserver: invalid sort option")
+}
+
+/// The call is part of etcd's API but this proxy does not serve it.
+pub(crate) fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "etcd-cache-proxy does not serve {what}; send it to an etcd member directly"
+    ))
+}
+
+/// The proxy is shutting down.
+pub(crate) fn shutting_down() -> Status {
+    Status::unavailable("etcd-cache-proxy is shutting down")
+}
+
+/// What a cache error means for a read. `None`: the cache cannot answer this read (not
+/// ready, outside its window or range, a revision it has not applied yet): it should be forwarded to etcd, whose answer is
+/// then the one a client would get from etcd itself.
+pub(crate) fn from_cache_read(e: &etcd_cache::Error) -> Option<Status> {
+    use etcd_cache::Error;
+    match e {
+        Error::Upstream(u) => Some(from_upstream(u)),
+        Error::Closed => Some(shutting_down()),
+        _ => None,
+    }
+}
+
+/// An etcd-client error as the status etcd gave (or `Unavailable` for transport errors).
+pub(crate) fn from_upstream(e: &etcd_client::Error) -> Status {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => Status::new(s.code(), s.message()),
+        other => Status::new(Code::Unavailable, other.to_string()),
+    }
+}

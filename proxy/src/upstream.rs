@@ -1,0 +1,290 @@
+//! The seam to etcd for forwarded calls: one balanced tonic channel over every endpoint,
+//! the raw generated clients on it, the token that goes with a call, and the identity
+//! (cluster id, member id, raft term) put in the headers of answers served from memory.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Response, Status};
+
+use crate::config::Config;
+use crate::error::{read, Error, Result};
+use crate::pb::etcdserverpb::{
+    auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
+    maintenance_client::MaintenanceClient, watch_client::WatchClient, AuthenticateRequest,
+    ResponseHeader, StatusRequest, StatusResponse,
+};
+use crate::pb::v3electionpb::election_client::ElectionClient;
+use crate::pb::v3lockpb::lock_client::LockClient;
+
+/// Metadata key of etcd's auth token.
+const TOKEN: &str = "token";
+/// Metadata keys passed through from a client to etcd as they are.
+const PASSED: &[&str] = &[TOKEN, "hasleader"];
+/// How often the identity used in served headers is refreshed.
+const IDENTITY_REFRESH: Duration = Duration::from_secs(30);
+/// Time limit of one connection attempt to an endpoint.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// etcd, as the forwarding services reach it.
+pub(crate) struct Upstream {
+    channel: Channel,
+    credentials: Option<(String, String)>,
+    /// The proxy's own token (with --user); refreshed when etcd says it is invalid.
+    token: RwLock<Option<AsciiMetadataValue>>,
+    /// Serializes re-authentication.
+    auth_lock: tokio::sync::Mutex<()>,
+    /// cluster_id, member_id and raft_term from etcd's last Status answer.
+    identity: Mutex<ResponseHeader>,
+}
+
+/// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
+pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
+    if !config.upstream_tls() {
+        return Ok(None);
+    }
+    let mut tls = ClientTlsConfig::new();
+    if let Some(ca) = &config.cacert {
+        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&config.cert, &config.key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    if let Some(name) = &config.upstream_server_name {
+        tls = tls.domain_name(name.clone());
+    }
+    Ok(Some(tls))
+}
+
+/// One endpoint with the proxy's connection settings.
+pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint> {
+    let mut ep = Endpoint::from_shared(url.to_string())
+        .map_err(|source| Error::Endpoint {
+            url: url.to_string(),
+            source,
+        })?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    if let Some(tls) = tls {
+        ep = ep.tls_config(tls.clone()).map_err(Error::Tls)?;
+    }
+    Ok(ep)
+}
+
+impl Upstream {
+    /// A lazily connecting channel over every endpoint (calls fail over between them).
+    pub(crate) fn new(config: &Config) -> Result<Arc<Upstream>> {
+        let tls = client_tls(config)?;
+        let endpoints = config
+            .endpoint_urls()
+            .iter()
+            .map(|u| endpoint(u, tls.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        if endpoints.is_empty() {
+            return Err(Error::NoEndpoints);
+        }
+        let channel = Channel::balance_list(endpoints.into_iter());
+        Ok(Arc::new(Upstream {
+            channel,
+            credentials: config.credentials(),
+            token: RwLock::new(None),
+            auth_lock: tokio::sync::Mutex::new(()),
+            identity: Mutex::new(ResponseHeader::default()),
+        }))
+    }
+
+    pub(crate) fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel.clone())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+    pub(crate) fn watch(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel.clone())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+    pub(crate) fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel.clone())
+    }
+    pub(crate) fn maintenance(&self) -> MaintenanceClient<Channel> {
+        MaintenanceClient::new(self.channel.clone())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+    pub(crate) fn auth(&self) -> AuthClient<Channel> {
+        AuthClient::new(self.channel.clone())
+    }
+    pub(crate) fn election(&self) -> ElectionClient<Channel> {
+        ElectionClient::new(self.channel.clone())
+    }
+    pub(crate) fn lock(&self) -> LockClient<Channel> {
+        LockClient::new(self.channel.clone())
+    }
+
+    /// `msg` as a request to etcd: the client's token and `hasleader` pass through; a
+    /// call without a token of its own carries the proxy's (with --user).
+    pub(crate) fn request<T>(&self, from: &MetadataMap, msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        let md = req.metadata_mut();
+        for key in PASSED {
+            if let Some(v) = from.get(*key) {
+                md.insert(*key, v.clone());
+            }
+        }
+        if md.get(TOKEN).is_none() {
+            if let Some(token) = self.token.read().clone() {
+                md.insert(TOKEN, token);
+            }
+        }
+        req
+    }
+
+    /// Calls etcd with `msg`; when the proxy's own token was used and etcd says it is no
+    /// longer valid, authenticates again and retries once.
+    pub(crate) async fn call<T, R, F, Fut>(
+        &self,
+        from: &MetadataMap,
+        msg: T,
+        mut f: F,
+    ) -> Result<Response<R>, Status>
+    where
+        T: Clone,
+        F: FnMut(Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let own_token = from.get(TOKEN).is_none() && self.credentials.is_some();
+        match f(self.request(from, msg.clone())).await {
+            Err(s) if own_token && token_rejected(&s) => {
+                self.authenticate().await?;
+                f(self.request(from, msg)).await
+            }
+            other => other,
+        }
+    }
+
+    /// Gets a fresh token for --user (no-op without credentials).
+    pub(crate) async fn authenticate(&self) -> Result<(), Status> {
+        let Some((name, password)) = self.credentials.clone() else {
+            return Ok(());
+        };
+        let _guard = self.auth_lock.lock().await;
+        let resp = self
+            .auth()
+            .authenticate(AuthenticateRequest { name, password })
+            .await?
+            .into_inner();
+        let token = AsciiMetadataValue::try_from(resp.token.as_str())
+            .map_err(|_| Status::internal("etcd returned a token that is not ASCII"))?;
+        *self.token.write() = Some(token);
+        Ok(())
+    }
+
+    /// A header for an answer served from memory at `revision`.
+    pub(crate) fn header(&self, revision: i64) -> ResponseHeader {
+        let id = self.identity.lock();
+        ResponseHeader {
+            cluster_id: id.cluster_id,
+            member_id: id.member_id,
+            raft_term: id.raft_term,
+            revision,
+        }
+    }
+
+    /// The header of an answer the cache gave: the cache's (newest applied revision and
+    /// etcd's identity), or one built at `revision` while the cache knows no identity.
+    pub(crate) fn header_from_cache(
+        &self,
+        h: Option<&etcd_cache::ResponseHeader>,
+        revision: i64,
+    ) -> ResponseHeader {
+        match h {
+            Some(h) if h.cluster_id() != 0 => ResponseHeader {
+                cluster_id: h.cluster_id(),
+                member_id: h.member_id(),
+                revision: h.revision(),
+                raft_term: h.raft_term(),
+            },
+            _ => self.header(revision),
+        }
+    }
+
+    /// Remembers the identity of the member behind a forwarded answer.
+    pub(crate) fn observe(&self, header: Option<&ResponseHeader>) {
+        if let Some(h) = header {
+            if h.cluster_id != 0 {
+                let mut id = self.identity.lock();
+                id.cluster_id = h.cluster_id;
+                id.member_id = h.member_id;
+                id.raft_term = id.raft_term.max(h.raft_term);
+            }
+        }
+    }
+
+    /// Maintenance.Status through the channel (and the identity it carries).
+    pub(crate) async fn status(&self) -> Result<StatusResponse, Status> {
+        let md = MetadataMap::new();
+        let resp = self
+            .call(&md, StatusRequest {}, |r| {
+                let mut c = self.maintenance();
+                async move { c.status(r).await }
+            })
+            .await?
+            .into_inner();
+        self.observe(resp.header.as_ref());
+        Ok(resp)
+    }
+
+    /// Refreshes the served identity from etcd every [`IDENTITY_REFRESH`], until dropped.
+    pub(crate) fn spawn_identity_refresh(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(IDENTITY_REFRESH).await;
+                let Some(up) = weak.upgrade() else { return };
+                if let Err(e) = up.status().await {
+                    tracing::debug!(error = %e, "identity refresh failed");
+                }
+            }
+        })
+    }
+}
+
+/// etcd's answer without etcd's response metadata (its HTTP/2 headers are not ours to
+/// send: passing them on breaks the client's stream).
+pub(crate) fn fresh<R>(resp: Response<R>) -> Response<R> {
+    Response::new(resp.into_inner())
+}
+
+/// etcd's answer to an expired or unknown token (`ErrGRPCInvalidAuthToken`).
+fn token_rejected(s: &Status) -> bool {
+    s.code() == tonic::Code::Unauthenticated && s.message().contains("invalid auth token")
+}
+
+/// The version each endpoint reports (for the start-up log line), each on its own channel.
+pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, String>)> {
+    let tls = client_tls(config).ok().flatten();
+    let mut out = Vec::new();
+    for url in config.endpoint_urls() {
+        let v = async {
+            let ep = endpoint(&url, tls.as_ref()).map_err(|e| e.to_string())?;
+            let ch = ep.connect().await.map_err(|e| e.to_string())?;
+            let resp = MaintenanceClient::new(ch)
+                .status(StatusRequest {})
+                .await
+                .map_err(|e| e.message().to_string())?;
+            Ok::<_, String>(resp.into_inner().version)
+        };
+        let v = tokio::time::timeout(CONNECT_TIMEOUT, v)
+            .await
+            .unwrap_or_else(|_| Err("timed out".into()));
+        out.push((url, v));
+    }
+    out
+}

@@ -1,0 +1,517 @@
+//! The Watch service: one task per gRPC Watch stream reads the client's requests, keeps
+//! the stream's watches (through [`crate::watch`], the only user of the cache's watch
+//! API) and sends their responses as etcd sends them (`api/v3rpc/watch.go`).
+//!
+//! ## Slow clients
+//! Responses go through a bounded queue (`--watch-send-queue`). The task takes a reply
+//! from the cache only when the queue has room, so a client that does not read stops
+//! its own stream and nothing else: its cache subscribers fill and lag (caught up from
+//! the history later), and one that falls out of the window is canceled with
+//! `compact_revision`, as etcd cancels a watch behind compaction.
+//!
+//! ## Shutdown
+//! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
+//! reconnecting and resuming each watch after its last revision.
+
+use std::collections::{HashSet, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::conn;
+use crate::forwarded::Forwarded;
+use crate::pb::etcdserverpb::{
+    watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
+    WatchCreateRequest, WatchRequest, WatchResponse,
+};
+use crate::pb::mvccpb::{event::EventType, Event};
+use crate::state::State;
+use crate::status;
+use crate::watch::{Create, Watches, DUPLICATE_ID, EMPTY_RANGE};
+
+/// etcd's `clientv3.InvalidWatchID`.
+const INVALID_WATCH_ID: i64 = -1;
+/// How often a `hasleader` stream checks that the cache still follows etcd.
+const LEADER_CHECK: Duration = Duration::from_millis(500);
+/// How long the cache may be cut off from etcd before `hasleader` streams end.
+const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
+
+/// etcd's Watch service, from the cache.
+pub(crate) struct WatchService {
+    st: Arc<State>,
+}
+
+impl WatchService {
+    pub(crate) fn new(st: Arc<State>) -> Self {
+        WatchService { st }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watch for WatchService {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        req: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let require_leader = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        let conn = conn::info(req.extensions());
+        tracing::debug!(
+            conn = conn.map(|c| c.id),
+            remote = ?conn.and_then(|c| c.remote),
+            require_leader,
+            "watch stream"
+        );
+        let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
+        let (tx, rx) = mpsc::channel(self.st.limits.watch_send_queue.max(1));
+        let session = Session {
+            watches: Watches::new(
+                &self.st.cache,
+                &scope,
+                self.st.limits.watches_per_connection,
+            ),
+            st: self.st.clone(),
+            tx,
+            fragment: HashSet::new(),
+            fragment_pending: VecDeque::new(),
+            forwarded: Forwarded::new(self.st.up.clone(), req.metadata().clone()),
+            cache_ids: HashSet::new(),
+            progress: VecDeque::new(),
+            require_leader,
+        };
+        tokio::spawn(session.run(req.into_inner()));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// What woke the session.
+enum Step {
+    Shutdown,
+    Request(Option<Result<WatchRequest, Status>>),
+    Reply(Option<etcd_cache::WatchResponse>),
+    Forwarded(Result<WatchResponse, Status>),
+    LeaderCheck(tokio::time::Instant),
+}
+
+struct Session {
+    st: Arc<State>,
+    watches: Watches,
+    tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    /// Watches created with `fragment`.
+    fragment: HashSet<i64>,
+    /// The `fragment` flag of each accepted create, in order, until its `created`
+    /// response names its id (the cache answers creates in the order they were made).
+    fragment_pending: VecDeque<bool>,
+    /// Watches outside the cache's prefix or below its window, forwarded to etcd.
+    forwarded: Forwarded,
+    /// Ids of the cache's watches on this stream (from their `created` responses), so a
+    /// forwarded watch cannot take one.
+    cache_ids: HashSet<i64>,
+    /// Stream-level progress requests waiting for their answers: from the cache, and from
+    /// etcd when watches are forwarded (`i64::MAX`: none needed). One response with the
+    /// lower revision answers each.
+    progress: VecDeque<[Option<i64>; 2]>,
+    require_leader: bool,
+}
+
+/// Which side answered a progress request.
+const FROM_CACHE: usize = 0;
+const FROM_ETCD: usize = 1;
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
+        let mut shutdown = self.st.shutdown.clone();
+        let tx = self.tx.clone();
+        let mut inbound_open = true;
+        let mut leader_check = tokio::time::interval(LEADER_CHECK);
+        let mut not_ready_since: Option<tokio::time::Instant> = None;
+        loop {
+            let has_room = tx.capacity() > 0;
+            let step = tokio::select! {
+                _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
+                _ = tx.closed() => return,
+                req = inbound.next(), if inbound_open => Step::Request(req),
+                reply = self.watches.next(), if has_room => Step::Reply(reply),
+                resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
+                permit = tx.reserve(), if !has_room => {
+                    drop(permit);
+                    continue;
+                }
+                now = leader_check.tick(), if self.require_leader => Step::LeaderCheck(now),
+            };
+            match step {
+                Step::Shutdown => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                // etcd keeps sending after the client half-closes (until it cancels).
+                Step::Request(None) => inbound_open = false,
+                Step::Request(Some(Err(e))) => {
+                    tracing::debug!(error = %e, "watch stream receive failed");
+                    return;
+                }
+                Step::Request(Some(Ok(req))) => {
+                    if self.handle(req).await.is_err() {
+                        return;
+                    }
+                }
+                Step::Reply(None) => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                Step::Reply(Some(reply)) => {
+                    if self.send_reply(reply).await.is_err() {
+                        return;
+                    }
+                }
+                Step::Forwarded(Err(e)) => {
+                    // The client resumes its watches on a new stream.
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Step::Forwarded(Ok(resp)) => {
+                    if self.send_forwarded(resp).await.is_err() {
+                        return;
+                    }
+                }
+                Step::LeaderCheck(now) => {
+                    if self.st.cache.is_ready() {
+                        not_ready_since = None;
+                    } else if now - *not_ready_since.get_or_insert(now) >= LEADER_LOST_AFTER {
+                        let _ = tx.send(Err(status::no_leader())).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: WatchRequest) -> Result<(), ()> {
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.forwarded.contains(c.watch_id) {
+                    if let Err(e) = self.forwarded.cancel(c.watch_id).await {
+                        let _ = self.tx.send(Err(e)).await;
+                        return Err(());
+                    }
+                } else {
+                    self.watches.cancel(c.watch_id).await;
+                }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                // As etcd answers it: at a revision that covers every write completed
+                // before the request, not only what the cache had applied by then.
+                self.st.catch_up_with_etcd().await;
+                let etcd = if self.forwarded.is_empty() {
+                    Some(i64::MAX)
+                } else {
+                    None
+                };
+                self.progress.push_back([None, etcd]);
+                self.watches.request_progress().await;
+                if etcd.is_none() {
+                    if let Err(e) = self.forwarded.request_progress().await {
+                        let _ = self.tx.send(Err(e)).await;
+                        return Err(());
+                    }
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn create(&mut self, c: WatchCreateRequest) -> Result<(), ()> {
+        if c.start_revision < 0 {
+            // As etcd >= 3.5 (3.4 lets the watch start from the oldest revision).
+            return self
+                .refuse("etcdserver: mvcc: required revision has been compacted".into())
+                .await;
+        }
+        let key = if c.key.is_empty() {
+            bytes::Bytes::from_static(b"\0")
+        } else {
+            c.key.clone()
+        };
+        let (key, range_end) = self.st.ns.range(&key, &c.range_end);
+        let end = range_end.as_ref();
+        if !end.is_empty() && end != b"\0" && key.as_ref() >= end {
+            return self.refuse(EMPTY_RANGE.into()).await;
+        }
+        // Outside the cached prefix, or below the cache's window: etcd serves it.
+        let (floor, _) = self.st.cache.history_span();
+        if !self.st.in_cache(&key, &range_end) || (c.start_revision > 0 && c.start_revision < floor)
+        {
+            return self.forward(c, key, range_end).await;
+        }
+        // One id space for both sides of the stream.
+        if c.watch_id != 0 && self.forwarded.contains(c.watch_id) {
+            return self.refuse(DUPLICATE_ID.into()).await;
+        }
+        let create = Create {
+            key,
+            range_end,
+            start_revision: c.start_revision,
+            progress_notify: c.progress_notify,
+            prev_kv: c.prev_kv,
+            no_put: c.filters.contains(&(FilterType::Noput as i32)),
+            no_delete: c.filters.contains(&(FilterType::Nodelete as i32)),
+            watch_id: c.watch_id,
+        };
+        match self.watches.create(create).await {
+            Ok(()) => {
+                self.fragment_pending.push_back(c.fragment);
+                Ok(())
+            }
+            Err(refused) => self.refuse(refused.0).await,
+        }
+    }
+
+    /// A watch outside the cache's prefix or below its window goes to etcd (see
+    /// `forwarded.rs`).
+    async fn forward(
+        &mut self,
+        c: WatchCreateRequest,
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+    ) -> Result<(), ()> {
+        tracing::debug!(
+            start_revision = c.start_revision,
+            "watch outside the cache's prefix or window: forwarded to etcd"
+        );
+        if c.watch_id != 0 && self.cache_ids.contains(&c.watch_id) {
+            return self.refuse(DUPLICATE_ID.into()).await;
+        }
+        let fragment = c.fragment;
+        let req = WatchCreateRequest {
+            key,
+            range_end,
+            ..c
+        };
+        match self.forwarded.create(req).await {
+            Ok(Some(id)) => {
+                if fragment {
+                    self.fragment.insert(id);
+                }
+                Ok(())
+            }
+            Ok(None) => self.refuse(DUPLICATE_ID.into()).await,
+            Err(e) => {
+                let _ = self.tx.send(Err(e)).await;
+                Err(())
+            }
+        }
+    }
+
+    /// Records one side's answer to the oldest progress request still waiting for it, and
+    /// sends the answers that are complete.
+    async fn progress_answer(&mut self, side: usize, revision: i64) -> Result<(), ()> {
+        match self.progress.iter_mut().find(|p| p[side].is_none()) {
+            Some(p) => p[side] = Some(revision),
+            // Not asked for by the client (cannot happen): pass it on.
+            None => self.progress.push_back([Some(revision), Some(i64::MAX)]),
+        }
+        while let Some([Some(a), Some(b)]) = self.progress.front().copied() {
+            self.progress.pop_front();
+            let resp = WatchResponse {
+                header: Some(self.st.up.header(a.min(b))),
+                watch_id: INVALID_WATCH_ID,
+                ..Default::default()
+            };
+            send(&self.tx, resp).await?;
+        }
+        Ok(())
+    }
+
+    /// A response of a forwarded watch, with keys moved out of the namespace.
+    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
+        if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
+            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+            return self.progress_answer(FROM_ETCD, revision).await;
+        }
+        if resp.canceled {
+            self.fragment.remove(&resp.watch_id);
+        }
+        for e in &mut resp.events {
+            if let Some(kv) = e.kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+            if let Some(kv) = e.prev_kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+        }
+        if self.fragment.contains(&resp.watch_id) && resp.events.len() > 1 {
+            for part in fragments(resp, self.st.limits.max_request_bytes) {
+                send(&self.tx, part).await?;
+            }
+            return Ok(());
+        }
+        send(&self.tx, resp).await
+    }
+
+    /// A create etcd would refuse: created and canceled at once, with watch id -1.
+    async fn refuse(&mut self, reason: String) -> Result<(), ()> {
+        let resp = WatchResponse {
+            header: Some(self.st.up.header(self.watches.revision())),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason,
+            ..Default::default()
+        };
+        send(&self.tx, resp).await
+    }
+
+    async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let watch_id = r.watch_id();
+        if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
+            return self.progress_answer(FROM_CACHE, r.revision()).await;
+        }
+        if r.created() && !r.canceled() {
+            self.cache_ids.insert(watch_id);
+            if self.fragment_pending.pop_front().unwrap_or(false) {
+                self.fragment.insert(watch_id);
+            }
+        } else if r.created() {
+            // Created and canceled at once (below the window): no fragments ever.
+            self.fragment_pending.pop_front();
+        } else if r.canceled() {
+            self.cache_ids.remove(&watch_id);
+            self.fragment.remove(&watch_id);
+        }
+        let resp = WatchResponse {
+            header: Some(self.st.up.header_from_cache(r.header(), r.revision())),
+            watch_id,
+            created: r.created(),
+            canceled: r.canceled(),
+            compact_revision: r.compact_revision(),
+            // etcd gives no reason with a compaction (its clients read compact_revision).
+            cancel_reason: if r.compact_revision() > 0 {
+                String::new()
+            } else {
+                r.cancel_reason().to_string()
+            },
+            fragment: false,
+            events: r.events().iter().map(|e| self.event(e)).collect(),
+        };
+        if self.fragment.contains(&watch_id) && resp.events.len() > 1 {
+            for part in fragments(resp, self.st.limits.max_request_bytes) {
+                send(&self.tx, part).await?;
+            }
+            return Ok(());
+        }
+        send(&self.tx, resp).await
+    }
+
+    fn event(&self, e: &etcd_cache::Event) -> Event {
+        let kind = match e.event_type() {
+            etcd_cache::EventType::Put => EventType::Put,
+            etcd_cache::EventType::Delete => EventType::Delete,
+        };
+        Event {
+            r#type: kind as i32,
+            kv: e.kv().map(|kv| self.st.ns.kv_from_cache(kv)),
+            prev_kv: e.prev_kv().map(|kv| self.st.ns.kv_from_cache(kv)),
+        }
+    }
+}
+
+/// Queues a response for the client (waits while the queue is full).
+async fn send(
+    tx: &mpsc::Sender<Result<WatchResponse, Status>>,
+    resp: WatchResponse,
+) -> Result<(), ()> {
+    tx.send(Ok(resp)).await.map_err(drop)
+}
+
+/// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is
+/// sent as several, each with `fragment = true` but the last.
+fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
+    if resp.encoded_len() < max_bytes || resp.events.len() < 2 {
+        return vec![resp];
+    }
+    let mut out = Vec::new();
+    let mut events = resp.events.clone().into_iter().peekable();
+    while events.peek().is_some() {
+        let mut cur = WatchResponse {
+            events: Vec::new(),
+            fragment: true,
+            ..resp.clone()
+        };
+        while let Some(ev) = events.peek() {
+            cur.events.push(ev.clone());
+            if cur.events.len() > 1 && cur.encoded_len() >= max_bytes {
+                cur.events.pop();
+                break;
+            }
+            events.next();
+        }
+        if events.peek().is_none() {
+            cur.fragment = false;
+        }
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::mvccpb::KeyValue;
+
+    fn put(key: &str, value_len: usize) -> Event {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec().into(),
+                value: vec![b'x'; value_len].into(),
+                mod_revision: 7,
+                create_revision: 7,
+                version: 1,
+                lease: 0,
+            }),
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn fragments_split_as_etcd() {
+        let resp = WatchResponse {
+            watch_id: 3,
+            events: (0..10).map(|i| put(&format!("k{i}"), 100)).collect(),
+            ..Default::default()
+        };
+        // Below the limit: one response, not marked.
+        let one = fragments(resp.clone(), 1 << 20);
+        assert_eq!(one.len(), 1);
+        assert!(!one[0].fragment);
+        // Each event is ~110 bytes: at most 2 per part below 300 bytes.
+        let parts = fragments(resp.clone(), 300);
+        assert!(parts.len() >= 4, "{}", parts.len());
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
+        assert!(!parts.last().unwrap().fragment);
+        let events: Vec<_> = parts.iter().flat_map(|p| p.events.clone()).collect();
+        assert_eq!(events, resp.events);
+        assert!(parts.iter().all(|p| p.watch_id == 3));
+        // A single event is never split, whatever its size.
+        let big = WatchResponse {
+            events: vec![put("k", 1000)],
+            ..Default::default()
+        };
+        assert_eq!(fragments(big, 10).len(), 1);
+    }
+}

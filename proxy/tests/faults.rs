@@ -1,0 +1,123 @@
+//! Watches through the proxy across faults between the proxy and etcd: every connection
+//! cut, and etcd killed with SIGKILL and restarted. The clients of the proxy keep their
+//! streams, and every revision reaches them once, in order.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_client::{Client, WatchOptions, WatchStream};
+use support::{client, start_etcd, start_proxy, EtcdOptions};
+use testkit::TcpProxy;
+
+/// Writes `n` keys directly to etcd, retrying while it is down; returns their revisions.
+async fn write(c: &mut Client, tag: &str, n: usize) -> Vec<i64> {
+    let mut revs = Vec::new();
+    for i in 0..n {
+        loop {
+            match c.put(format!("/f/{tag}{i}"), "v", None).await {
+                Ok(r) => {
+                    revs.push(r.header().unwrap().revision());
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    revs
+}
+
+async fn read(w: &mut WatchStream, n: usize) -> Vec<i64> {
+    let mut revs = Vec::new();
+    while revs.len() < n {
+        let r = tokio::time::timeout(Duration::from_secs(30), w.message())
+            .await
+            .expect("the watch stalled across the fault")
+            .expect("watch error")
+            .expect("watch ended");
+        assert!(!r.canceled(), "canceled: {}", r.cancel_reason());
+        revs.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+    }
+    revs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_survive_cuts_and_an_etcd_restart() {
+    let mut etcd = start_etcd(EtcdOptions::default()).await;
+    let cut = TcpProxy::start(etcd.endpoint()).await;
+    let proxy = start_proxy(cut.endpoint(), vec![]).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let mut direct = client(&etcd.endpoint()).await;
+    let mut w = via
+        .watch("/f/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+
+    let mut want = write(&mut direct, "a", 5).await;
+    let mut got = read(&mut w, 5).await;
+    // Every connection between the proxy and etcd is reset.
+    cut.drop_all_connections();
+    want.extend(write(&mut direct, "b", 5).await);
+    got.extend(read(&mut w, 5).await);
+    // etcd is killed and comes back with the same data.
+    etcd = tokio::task::spawn_blocking(move || {
+        etcd.kill();
+        etcd.restart();
+        etcd
+    })
+    .await
+    .unwrap();
+    let mut direct = client(&etcd.endpoint()).await;
+    want.extend(write(&mut direct, "c", 5).await);
+    got.extend(read(&mut w, 5).await);
+    assert_eq!(got, want, "a gap, a duplicate or a reorder");
+    // Reads through the proxy are current again.
+    let last = *want.last().unwrap();
+    let r = via
+        .get("/f/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(r.count(), 15);
+    assert!(r.header().unwrap().revision() >= last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_cluster_loses_its_leader() {
+    let mut cluster = tokio::task::spawn_blocking(testkit::EtcdCluster::start)
+        .await
+        .unwrap();
+    let endpoints = cluster.endpoints().join(",");
+    let proxy = start_proxy(endpoints, vec![]).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let mut w = via
+        .watch("/f/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+    // Writes go through the proxy (forwarded over its balanced channel).
+    let mut want = write(&mut via, "a", 5).await;
+    let mut got = read(&mut w, 5).await;
+    let (cluster_back, killed) = tokio::task::spawn_blocking(move || {
+        let killed = cluster.kill_leader();
+        cluster.wait_for_leader(Duration::from_secs(30));
+        (cluster, killed)
+    })
+    .await
+    .unwrap();
+    cluster = cluster_back;
+    want.extend(write(&mut via, "b", 5).await);
+    got.extend(read(&mut w, 5).await);
+    assert_eq!(
+        got, want,
+        "a gap, a duplicate or a reorder after member {killed} died"
+    );
+    // Reads and MemberList keep working.
+    let r = via
+        .get("/f/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(r.count(), 10);
+    assert_eq!(via.member_list().await.unwrap().members().len(), 1);
+    drop(cluster);
+}

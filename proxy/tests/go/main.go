@@ -1,0 +1,328 @@
+// Command gotest drives Go's clientv3 through etcd-cache-proxy. It is built and run by
+// proxy/tests/go_client.rs, which starts etcd and the proxy.
+//
+//	gotest -proxy URL -etcd URL watches     every watch option, through the proxy vs etcd
+//	gotest -proxy URL -etcd URL progress    RequestProgress and WithRequireLeader
+//	gotest -proxy URL -etcd URL autosync    endpoint auto-sync stays on the proxy
+//	gotest -proxy URL -etcd URL restart     a watch that lives through a proxy restart
+//
+// Each mode prints "OK <mode>" and exits 0, or exits non-zero with the reason. The
+// restart mode prints "RESTART NOW" and waits for a line on stdin before it goes on.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+var (
+	proxyURL = flag.String("proxy", "", "etcd-cache-proxy endpoint")
+	etcdURL  = flag.String("etcd", "", "etcd endpoint")
+)
+
+func connect(endpoint string, autoSync time.Duration) *clientv3.Client {
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:        []string{endpoint},
+		DialTimeout:      5 * time.Second,
+		AutoSyncInterval: autoSync,
+	})
+	if err != nil {
+		log.Fatalf("connect %s: %v", endpoint, err)
+	}
+	return c
+}
+
+func ctxT(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+// event is what both sides must agree on.
+type event struct {
+	Type    string
+	Key     string
+	Value   string
+	ModRev  int64
+	PrevVal string
+	HasPrev bool
+}
+
+// events are a response's events in the form both sides are compared in.
+func events(wr clientv3.WatchResponse) []event {
+	var out []event
+	for _, e := range wr.Events {
+		ev := event{Type: e.Type.String(), Key: string(e.Kv.Key), Value: string(e.Kv.Value), ModRev: e.Kv.ModRevision}
+		if e.PrevKv != nil {
+			ev.HasPrev, ev.PrevVal = true, string(e.PrevKv.Value)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// collect reads events until `until` (a revision) has been seen or the channel is
+// quiet for a second after it.
+func collect(wch clientv3.WatchChan, until int64) []event {
+	var out []event
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				log.Fatalf("watch channel closed early")
+			}
+			if err := wr.Err(); err != nil {
+				log.Fatalf("watch error: %v", err)
+			}
+			out = append(out, events(wr)...)
+			if wr.Header.Revision >= until && !wr.Created && !wr.IsProgressNotify() {
+				return out
+			}
+		case <-timeout:
+			log.Fatalf("no watch response up to revision %d (got %v)", until, out)
+		}
+	}
+}
+
+func put(c *clientv3.Client, k, v string) int64 {
+	ctx, cancel := ctxT(5 * time.Second)
+	defer cancel()
+	r, err := c.Put(ctx, k, v)
+	if err != nil {
+		log.Fatalf("put %s: %v", k, err)
+	}
+	return r.Header.Revision
+}
+
+func watches() {
+	proxy, direct := connect(*proxyURL, 0), connect(*etcdURL, 0)
+	first := put(direct, "/g/start", "0")
+	for i := 0; i < 4; i++ {
+		put(direct, fmt.Sprintf("/g/%d", i), fmt.Sprintf("v%d", i))
+	}
+	put(direct, "/g/1", "again")
+	ctx, cancel := ctxT(5 * time.Second)
+	if _, err := direct.Delete(ctx, "/g/2"); err != nil {
+		log.Fatal(err)
+	}
+	cancel()
+	ctx, cancel = ctxT(5 * time.Second)
+	if _, err := direct.Txn(ctx).Then(clientv3.OpPut("/g/4", "t"), clientv3.OpDelete("/g/3")).Commit(); err != nil {
+		log.Fatal(err)
+	}
+	cancel()
+	last := put(direct, "/g/end", "1")
+
+	type form struct {
+		name string
+		key  string
+		opts []clientv3.OpOption
+	}
+	forms := []form{
+		{"key", "/g/1", nil},
+		{"prefix", "/g/", []clientv3.OpOption{clientv3.WithPrefix()}},
+		{"range", "/g/1", []clientv3.OpOption{clientv3.WithRange("/g/4")}},
+		{"from-key", "/g/3", []clientv3.OpOption{clientv3.WithFromKey()}},
+		{"prev-kv", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV()}},
+		{"no-put", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterPut()}},
+		{"no-delete", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterDelete()}},
+		{"fragment", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFragment()}},
+		{"progress-notify", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithProgressNotify()}},
+		{"created-notify", "/g/", []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}},
+	}
+	for _, f := range forms {
+		for _, start := range []int64{first + 1, first + 3} {
+			opts := append([]clientv3.OpOption{clientv3.WithRev(start)}, f.opts...)
+			wctx, wcancel := context.WithCancel(context.Background())
+			dch := direct.Watch(wctx, f.key, opts...)
+			pch := proxy.Watch(wctx, f.key, opts...)
+			// A marker after `last` that every form sees: the forms end at different
+			// keys, so wait on each until the last revision they can see and then a
+			// quiet second.
+			want := drain(dch, last)
+			got := drain(pch, last)
+			wcancel()
+			if !reflect.DeepEqual(got, want) {
+				log.Fatalf("watch %s from %d: proxy %v, etcd %v", f.name, start, got, want)
+			}
+		}
+	}
+	// A watch from now, with the require-leader metadata.
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	defer wcancel()
+	wch := proxy.Watch(wctx, "/g/now", clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		log.Fatalf("no created notification: %+v", wr)
+	}
+	rev := put(direct, "/g/now", "x")
+	evs := collect(wch, rev)
+	if len(evs) != 1 || evs[0].Value != "x" {
+		log.Fatalf("require-leader watch got %v", evs)
+	}
+	fmt.Println("OK watches")
+}
+
+// drain reads until the channel is quiet: 0.8 s once `until` was seen, 2 s before
+// (a form that cannot see `until` ends that way).
+func drain(wch clientv3.WatchChan, until int64) []event {
+	var out []event
+	seen := int64(0)
+	for {
+		wait := 800 * time.Millisecond
+		if seen < until {
+			wait = 2 * time.Second
+		}
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return out
+			}
+			if err := wr.Err(); err != nil {
+				log.Fatalf("watch error: %v", err)
+			}
+			for _, ev := range events(wr) {
+				out = append(out, ev)
+				if ev.ModRev > seen {
+					seen = ev.ModRev
+				}
+			}
+		case <-time.After(wait):
+			return out
+		}
+	}
+}
+
+func progress() {
+	proxy, direct := connect(*proxyURL, 0), connect(*etcdURL, 0)
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	defer wcancel()
+	wch := proxy.Watch(wctx, "/p/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		log.Fatalf("no created notification")
+	}
+	rev := put(direct, "/p/a", "1")
+	if evs := collect(wch, rev); len(evs) != 1 {
+		log.Fatalf("got %v", evs)
+	}
+	other := put(direct, "/elsewhere", "x")
+	ctx, cancel := ctxT(5 * time.Second)
+	defer cancel()
+	if err := proxy.RequestProgress(wctx); err != nil {
+		log.Fatalf("RequestProgress: %v", err)
+	}
+	select {
+	case wr := <-wch:
+		if !wr.IsProgressNotify() {
+			log.Fatalf("expected a progress notification, got %+v", wr)
+		}
+		if wr.Header.Revision < other {
+			log.Fatalf("progress at %d, below the last write %d", wr.Header.Revision, other)
+		}
+	case <-ctx.Done():
+		log.Fatalf("no progress notification")
+	}
+	fmt.Println("OK progress")
+}
+
+func autosync() {
+	c := connect(*proxyURL, 300*time.Millisecond)
+	ctx, cancel := ctxT(5 * time.Second)
+	defer cancel()
+	if err := c.Sync(ctx); err != nil {
+		log.Fatalf("Sync: %v", err)
+	}
+	time.Sleep(time.Second)
+	eps := c.Endpoints()
+	if len(eps) != 1 || eps[0] != *proxyURL {
+		log.Fatalf("endpoints after auto-sync: %v, want [%s]", eps, *proxyURL)
+	}
+	if _, err := c.Get(ctx, "/after-sync"); err != nil {
+		log.Fatalf("get after sync: %v", err)
+	}
+	fmt.Println("OK autosync")
+}
+
+func restart() {
+	proxy, direct := connect(*proxyURL, 0), connect(*etcdURL, 0)
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	wch := proxy.Watch(wctx, "/r/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		log.Fatalf("no created notification")
+	}
+	var revs []int64
+	var want []int64
+	for i := 0; i < 5; i++ {
+		want = append(want, put(direct, fmt.Sprintf("/r/%d", i), "before"))
+	}
+	for len(revs) < 5 {
+		wr := <-wch
+		for _, e := range wr.Events {
+			revs = append(revs, e.Kv.ModRevision)
+		}
+	}
+	stdin := bufio.NewReader(os.Stdin)
+	expect := func(word string) {
+		line, _ := stdin.ReadString('\n')
+		if strings.TrimSpace(line) != word {
+			log.Fatalf("unexpected line %q, want %q", line, word)
+		}
+	}
+	fmt.Println("STOP NOW")
+	expect("stopped")
+	// Written while the proxy is down: older than the restarted cache's first list.
+	for i := 0; i < 5; i++ {
+		want = append(want, put(direct, fmt.Sprintf("/r/%d", i), "during"))
+	}
+	fmt.Println("START NOW")
+	expect("started")
+	for i := 0; i < 5; i++ {
+		want = append(want, put(direct, fmt.Sprintf("/r/%d", i), "after"))
+	}
+	timeout := time.After(30 * time.Second)
+	for len(revs) < len(want) {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				log.Fatalf("watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				log.Fatalf("watch error after restart: %v", err)
+			}
+			for _, e := range wr.Events {
+				revs = append(revs, e.Kv.ModRevision)
+			}
+		case <-timeout:
+			log.Fatalf("after the restart got %v, want %v", revs, want)
+		}
+	}
+	if !reflect.DeepEqual(revs, want) {
+		log.Fatalf("revisions %v, want %v (a gap or a duplicate)", revs, want)
+	}
+	fmt.Println("OK restart")
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	switch flag.Arg(0) {
+	case "watches":
+		watches()
+	case "progress":
+		progress()
+	case "autosync":
+		autosync()
+	case "restart":
+		restart()
+	default:
+		log.Fatalf("unknown mode %q", flag.Arg(0))
+	}
+}

@@ -1,0 +1,144 @@
+//! Go's clientv3 (the client most fleets run) through etcd-cache-proxy: the program in
+//! `tests/go/` is built with `go build` into the target directory and run per scenario.
+//! Skipped, with a message, when `go` is not installed.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use support::{EtcdOptions, EtcdServer, Proxy};
+
+/// Builds the Go program once; `None` when `go` is absent.
+fn program() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if Command::new("go").arg("version").output().is_err() {
+                eprintln!("SKIP: `go` is not installed; the clientv3 tests need it");
+                return None;
+            }
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-cache-proxy-gotest");
+            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go");
+            let build = Command::new("go")
+                .args(["build", "-o"])
+                .arg(&out)
+                .arg(".")
+                .current_dir(&src)
+                .output()
+                .expect("running go build");
+            assert!(
+                build.status.success(),
+                "go build failed:\n{}",
+                String::from_utf8_lossy(&build.stderr)
+            );
+            Some(out)
+        })
+        .clone()
+}
+
+fn run(mode: &str, proxy: &Proxy, etcd: &EtcdServer) {
+    let Some(bin) = program() else { return };
+    let out = Command::new(bin)
+        .args(["-proxy", &proxy.endpoint(), "-etcd", &etcd.endpoint(), mode])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("OK {mode}")),
+        "gotest {mode} failed:\n{stdout}{}\nproxy log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        proxy.log_tail()
+    );
+}
+
+#[test]
+fn clientv3_watches_with_every_option() {
+    if program().is_none() {
+        return;
+    }
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    // A small fragment threshold, so that the txn's response reaches the `fragment` watch
+    // in parts that clientv3 reassembles.
+    let proxy = Proxy::start(&etcd.endpoint(), &["--max-request-bytes", "200"]);
+    run("watches", &proxy, &etcd);
+}
+
+#[test]
+fn clientv3_request_progress_and_require_leader() {
+    if program().is_none() {
+        return;
+    }
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let proxy = Proxy::start(&etcd.endpoint(), &[]);
+    run("progress", &proxy, &etcd);
+}
+
+#[test]
+fn clientv3_auto_sync_stays_on_the_proxy() {
+    if program().is_none() {
+        return;
+    }
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let proxy = Proxy::start(&etcd.endpoint(), &[]);
+    run("autosync", &proxy, &etcd);
+}
+
+#[test]
+fn clientv3_watch_resumes_after_a_proxy_restart() {
+    let Some(bin) = program() else { return };
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let mut proxy = Proxy::start(&etcd.endpoint(), &[]);
+    let mut child = Command::new(bin)
+        .args([
+            "-proxy",
+            &proxy.endpoint(),
+            "-etcd",
+            &etcd.endpoint(),
+            "restart",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut wait_for = |word: &str| {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "gotest ended before {word}"
+            );
+            if line.trim() == word {
+                return;
+            }
+        }
+    };
+    wait_for("STOP NOW");
+    let status = proxy.terminate(std::time::Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "graceful stop: {status:?}"
+    );
+    stdin.write_all(b"stopped\n").unwrap();
+    // The client's writes while the proxy is down are below the new cache's window: the
+    // resumed watch is served by etcd through the proxy, without a gap.
+    wait_for("START NOW");
+    proxy.start_again();
+    stdin.write_all(b"started\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && rest.contains("OK restart"),
+        "gotest restart failed:\n{rest}{}\nproxy log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        proxy.log_tail()
+    );
+}

@@ -1,0 +1,202 @@
+//! Stream behaviour under stress and faults: a client that does not read, a
+//! require-leader watch when etcd goes away, the health service, the send limit.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{ConnectOptions, WatchOptions};
+use support::{client, start_etcd, start_proxy, EtcdOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_stalls_nobody() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec![
+            "--history-window".into(),
+            "64".into(),
+            "--subscriber-buffer".into(),
+            "4".into(),
+            "--watch-send-queue".into(),
+            "4".into(),
+        ],
+    )
+    .await;
+    let mut writer = client(&etcd.endpoint()).await;
+    // The slow client opens a watch and never reads it.
+    let mut slow = client(&proxy.endpoint()).await;
+    let mut slow_stream = slow
+        .watch("/s/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(slow_stream.message().await.unwrap().unwrap().created());
+    // The fast client reads everything, promptly.
+    let mut fast = client(&proxy.endpoint()).await;
+    let mut fast_stream = fast
+        .watch("/s/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(fast_stream.message().await.unwrap().unwrap().created());
+    let value = "v".repeat(16 * 1024);
+    let writes = 400;
+    let started = Instant::now();
+    let mut last = 0;
+    let reader = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while seen.len() < writes {
+            let r = tokio::time::timeout(Duration::from_secs(10), fast_stream.message())
+                .await
+                .expect("the fast client stalled")
+                .unwrap()
+                .unwrap();
+            assert!(!r.canceled(), "fast client canceled: {}", r.cancel_reason());
+            seen.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+        }
+        seen
+    });
+    for i in 0..writes {
+        last = writer
+            .put(format!("/s/{}", i % 10), value.clone(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    let seen = reader.await.unwrap();
+    assert_eq!(seen.len(), writes);
+    assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "gap or reorder");
+    assert_eq!(*seen.last().unwrap(), last);
+    eprintln!(
+        "{writes} writes seen by the fast client in {:?}",
+        started.elapsed()
+    );
+    // The slow client, reading at last, gets an ordered prefix of the history and then
+    // (it fell out of the 64-revision window) a cancel with compact_revision.
+    let mut prev = 0;
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(10), slow_stream.message())
+            .await
+            .expect("slow client: no answer")
+            .unwrap()
+            .expect("slow client: stream ended without a cancel");
+        if r.canceled() {
+            assert!(
+                r.compact_revision() > 0,
+                "canceled without compact_revision"
+            );
+            break;
+        }
+        for e in r.events() {
+            let rev = e.kv().unwrap().mod_revision();
+            assert!(
+                prev == 0 || rev == prev + 1,
+                "slow client: {prev} then {rev}"
+            );
+            prev = rev;
+        }
+        assert!(prev < last, "the slow client was never left behind");
+    }
+    // The proxy still serves new watches.
+    let mut again = fast.watch("/s/0", Some(WatchOptions::new())).await.unwrap();
+    assert!(again.message().await.unwrap().unwrap().created());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_leader_watch_ends_when_etcd_is_gone() {
+    let mut etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(etcd.endpoint(), vec![]).await;
+    let _ = client(&proxy.endpoint()).await;
+    let opts = ConnectOptions::new().with_require_leader(true);
+    let mut c = etcd_client::Client::connect([proxy.endpoint()], Some(opts))
+        .await
+        .unwrap();
+    let mut plain = client(&proxy.endpoint()).await;
+    let mut leader_watch = c.watch("/l", None).await.unwrap();
+    assert!(leader_watch.message().await.unwrap().unwrap().created());
+    let mut plain_watch = plain.watch("/l", None).await.unwrap();
+    assert!(plain_watch.message().await.unwrap().unwrap().created());
+    let etcd = tokio::task::spawn_blocking(move || {
+        etcd.kill();
+        etcd
+    })
+    .await
+    .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(20), leader_watch.message())
+        .await
+        .expect("the require-leader watch did not end");
+    let err = end.expect_err("expected an error");
+    assert!(err.to_string().contains("no leader"), "{err}");
+    // A watch without the requirement stays open.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), plain_watch.message())
+            .await
+            .is_err()
+    );
+    drop(etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_cache_and_the_send_limit_holds() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient};
+
+    let mut etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec!["--max-send-bytes".into(), "4096".into()],
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = HealthCheckRequest {
+        service: String::new(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A response above --max-send-bytes is refused; small ones still go.
+    let mut c = client(&proxy.endpoint()).await;
+    c.put("/big", "x".repeat(10_000), None).await.unwrap();
+    assert!(c.get("/big", None).await.is_err());
+    c.put("/small", "y", None).await.unwrap();
+    assert_eq!(c.get("/small", None).await.unwrap().count(), 1);
+    // Without etcd the cache stops following it: NOT_SERVING.
+    let etcd_back = tokio::task::spawn_blocking(move || {
+        etcd.kill();
+        etcd
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == ServingStatus::NotServing as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still SERVING without etcd");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(etcd_back);
+}

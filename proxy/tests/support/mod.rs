@@ -1,0 +1,212 @@
+//! Test support: real etcd processes (from `testkit`) and the `etcd-cache-proxy` binary
+//! as a child process.
+#![allow(dead_code, unreachable_pub)]
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use testkit::{free_port, EtcdOptions, EtcdServer};
+
+/// How long the proxy may take to serve after it is started.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One `etcd-cache-proxy` process on a free port; SIGKILLed when dropped.
+pub struct Proxy {
+    addr: SocketAddr,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// Starts the proxy in front of `etcd` (an endpoint URL) with extra flags, and waits
+    /// until it serves a Range.
+    pub fn start(etcd: &str, extra: &[&str]) -> Proxy {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut args = vec![
+            "--endpoints".to_string(),
+            etcd.to_string(),
+            "--listen-addr".to_string(),
+            addr.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("proxy.log");
+        let mut p = Proxy {
+            addr,
+            args,
+            child: None,
+            log,
+            _dir: dir,
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("PROXY_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawning etcd-cache-proxy");
+        self.child = Some(child);
+        self.wait_serving();
+    }
+
+    fn wait_serving(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "etcd-cache-proxy exited with {status}:\n{}",
+                    self.log_tail()
+                );
+            }
+            if self.log_text().contains("serving etcd's v3 gRPC API")
+                && TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd-cache-proxy did not serve within {START_TIMEOUT:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGTERM, then waits for the exit (SIGKILL after `limit`). Returns the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same command line again (same port) and waits until it serves.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Starts the same command line again after [`terminate`](Self::terminate) or
+    /// [`kill`](Self::kill).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the proxy is still running");
+        self.spawn();
+    }
+
+    /// Stops with SIGTERM (graceful), then starts the same command line again.
+    pub fn restart_graceful(&mut self) {
+        let status = self.terminate(Duration::from_secs(15));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "graceful stop failed ({status:?}):\n{}",
+            self.log_tail()
+        );
+        self.spawn();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An etcd-client connected to `endpoint` (the proxy or etcd).
+pub async fn client(endpoint: &str) -> etcd_client::Client {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        match etcd_client::Client::connect([endpoint], Some(opts)).await {
+            Ok(mut c) => {
+                if c.get("probe", None).await.is_ok() {
+                    return c;
+                }
+            }
+            Err(e) => assert!(Instant::now() < deadline, "connect {endpoint}: {e}"),
+        }
+        assert!(Instant::now() < deadline, "no answer from {endpoint}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts etcd off the async threads.
+pub async fn start_etcd(opts: EtcdOptions) -> EtcdServer {
+    tokio::task::spawn_blocking(move || EtcdServer::start_with(opts))
+        .await
+        .unwrap()
+}
+
+/// Starts a proxy off the async threads.
+pub async fn start_proxy(etcd: String, extra: Vec<String>) -> Proxy {
+    tokio::task::spawn_blocking(move || {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        Proxy::start(&etcd, &extra)
+    })
+    .await
+    .unwrap()
+}

@@ -1,0 +1,181 @@
+//! TLS on both sides: proxy A serves TLS and requires client certificates; proxy B
+//! reaches A over TLS with a client certificate (as it would reach a TLS etcd), and a
+//! plain client uses B. Certificates are made with `openssl` for the test.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions, WatchOptions};
+use support::{client, start_etcd, start_proxy, EtcdOptions};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate.
+fn make_certs(dir: &Path) {
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ],
+    );
+    for name in ["server", "client"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_both_sides() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("SKIP: openssl not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let p = |f: &str| dir.path().join(f).display().to_string();
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let a = start_proxy(
+        etcd.endpoint(),
+        vec![
+            "--cert-file".into(),
+            p("server.crt"),
+            "--key-file".into(),
+            p("server.key"),
+            "--trusted-ca-file".into(),
+            p("ca.crt"),
+        ],
+    )
+    .await;
+    let a_url = a.endpoint().replace("http://", "https://");
+    let b = start_proxy(
+        a_url.clone(),
+        vec![
+            "--cacert".into(),
+            p("ca.crt"),
+            "--cert".into(),
+            p("client.crt"),
+            "--key".into(),
+            p("client.key"),
+        ],
+    )
+    .await;
+    // A TLS client with a certificate talks to A directly.
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(read("ca.crt")))
+        .identity(Identity::from_pem(read("client.crt"), read("client.key")));
+    let mut on_a =
+        etcd_client::Client::connect([a_url.clone()], Some(ConnectOptions::new().with_tls(tls)))
+            .await
+            .unwrap();
+    on_a.put("/tls/a", "1", None).await.unwrap();
+    // A client without a certificate is refused by A.
+    let no_cert = TlsOptions::new().ca_certificate(Certificate::from_pem(read("ca.crt")));
+    let refused = async {
+        let mut c = etcd_client::Client::connect(
+            [a_url.clone()],
+            Some(ConnectOptions::new().with_tls(no_cert)),
+        )
+        .await?;
+        c.get("/tls/a", None).await
+    };
+    assert!(
+        refused.await.is_err(),
+        "A accepted a client without a certificate"
+    );
+    // The plain client on B reads and watches through B -> TLS -> A -> etcd.
+    let mut on_b = client(&b.endpoint()).await;
+    let got = on_b.get("/tls/a", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"1");
+    let mut w = on_b
+        .watch("/tls/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+    let rev = on_a
+        .put("/tls/b", "2", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let r = w.message().await.unwrap().unwrap();
+    assert_eq!(r.header().unwrap().revision(), rev);
+    assert_eq!(r.events()[0].kv().unwrap().value(), b"2");
+    assert!(
+        b.log_text().contains("upstream_tls=true"),
+        "{}",
+        b.log_tail()
+    );
+    // The cache's own probe of each member's version reaches A over TLS too.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        !b.log_text().contains("could not learn the etcd version"),
+        "{}",
+        b.log_tail()
+    );
+}
