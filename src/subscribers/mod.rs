@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::history::{Batch, History};
 use filter::Filter;
 use index::{DispatchStats, Index};
-use mailbox::{End, LagCount, Mailbox};
+use mailbox::{End, LagCount, Mailbox, CATCH_UP_SCAN};
 
 /// Identifies one subscriber, unique within a cache.
 pub(crate) type SubId = u64;
@@ -151,7 +151,18 @@ impl Subscribers {
         if let Some(scope) = &slot.scope {
             scope.ids.lock().insert(id);
         }
+        // A replay catches up now, not at the consumer's first poll: the producer skips
+        // a lagging subscriber, so a consumer that reads late would find its start
+        // evicted although everything it is owed may still be in the window. The first
+        // scan runs under the index lock (the writer cannot move the window meanwhile),
+        // the rest, if any, after it.
+        let more = lagging && mailbox.catch_up(&history.read(), &filter, &self.lag, CATCH_UP_SCAN);
+        let replay = more.then(|| filter.clone());
         index.insert(id, filter, mailbox.clone());
+        drop(index);
+        if let Some(filter) = replay {
+            mailbox.replay(history, &filter, &self.lag);
+        }
         Ok(Registered::Live {
             id,
             mailbox,
