@@ -347,6 +347,10 @@ impl Mailbox {
 }
 
 #[cfg(test)]
+#[path = "interleaving.rs"]
+mod interleaving;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::history::Batch;
