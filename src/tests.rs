@@ -9,6 +9,7 @@
 //! - `subscribers`: slow subscribers, limits, scopes, shutdown, bad input.
 
 mod follow;
+mod model;
 mod progress;
 mod review;
 mod streams;

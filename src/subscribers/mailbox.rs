@@ -11,6 +11,18 @@
 //! ends as compacted. Lagging subscribers are counted in one [`LagCount`], changed only
 //! by the transitions in this file, under the mailbox lock.
 //!
+//! A lagging subscriber's position is just below the next revision it is owed and has
+//! not queued (the one that did not fit, whether the producer or a catch-up found the
+//! queue full), never at its last queued revision: the window may move past revisions
+//! that do not match it without compacting it, as etcd does not compact a watch for
+//! revisions it was not owed. A replay from a start revision catches up when it is
+//! registered, not at its consumer's first poll, for the same reason. The one
+//! exception: a catch-up longer than one bounded scan (`CATCH_UP_SCAN` batches, a
+//! window larger than that) leaves the position at the last batch scanned between two
+//! scans, so a writer that appends more than a whole scan's worth of revisions in that
+//! gap evicts batches no scan read, and the subscriber is compacted although it may have
+//! been owed none of them.
+//!
 //! ## Ordering
 //! The position `last_rev` says: every matching event with a revision `<= last_rev` is
 //! queued or was delivered. The producer pushes revisions in increasing order and never
@@ -114,8 +126,8 @@ pub(crate) struct Mailbox {
     state: Mutex<State>,
 }
 
-/// Batches a catch-up scans per call at most (while it holds the history read lock).
-const CATCH_UP_SCAN: usize = 512;
+/// Batches one scan of a catch-up reads at most (while it holds the history read lock).
+pub(crate) const CATCH_UP_SCAN: usize = 512;
 
 impl Mailbox {
     /// A mailbox positioned at `last_rev`; `lagging` if it must first catch up from the
@@ -231,36 +243,59 @@ impl Mailbox {
         revision: impl Fn() -> i64,
     ) -> Polled {
         loop {
-            let mut s = self.state.lock();
-            if let Some(d) = s.queue.pop_front() {
-                return Polled::Delivery(d);
+            match self.poll_queue(waker, &revision) {
+                Some(polled) => return polled,
+                None => self.replay(history, filter, lag),
             }
-            if s.lagging {
-                drop(s);
-                let history = history.read();
-                self.catch_up(&history, filter, lag);
-                continue;
-            }
-            if let Some(end) = &s.end {
-                return Polled::Ended(end.clone());
-            }
-            match &s.waker {
-                Some(w) if w.will_wake(waker) => {}
-                _ => s.waker = Some(waker.clone()),
-            }
-            // Read under the lock: the producer publishes a revision after its pushes,
-            // so every push up to it is in the (empty) queue already.
-            return Polled::Idle {
-                revision: revision(),
-            };
         }
     }
 
-    /// Refills a lagging subscriber's queue from the history (a bounded scan per call).
-    fn catch_up(&self, history: &History, filter: &Filter, lag: &LagCount) {
+    /// One look at the queue (under the mailbox lock): the next delivery, the end, or
+    /// idle; `None` while lagging with nothing queued, when the caller must catch up.
+    fn poll_queue(&self, waker: &Waker, revision: &impl Fn() -> i64) -> Option<Polled> {
+        let mut s = self.state.lock();
+        if let Some(d) = s.queue.pop_front() {
+            return Some(Polled::Delivery(d));
+        }
+        if s.lagging {
+            return None;
+        }
+        if let Some(end) = &s.end {
+            return Some(Polled::Ended(end.clone()));
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            _ => s.waker = Some(waker.clone()),
+        }
+        // Read under the lock: the producer publishes a revision after its pushes,
+        // so every push up to it is in the (empty) queue already.
+        Some(Polled::Idle {
+            revision: revision(),
+        })
+    }
+
+    /// Catches a lagging subscriber up from the history until its queue is full (its
+    /// position then just below the next matching revision that is not queued), it is
+    /// live again, or it is compacted: one bounded scan after another, the history
+    /// lock released in between, so the writer waits for one scan at most. Also called
+    /// right after a replaying subscriber is registered, so that its position does not
+    /// wait for its consumer's first poll.
+    pub(crate) fn replay(&self, history: &RwLock<History>, filter: &Filter, lag: &LagCount) {
+        while self.catch_up(&history.read(), filter, lag, CATCH_UP_SCAN) {}
+    }
+
+    /// One bounded scan of the catch-up (at most `scan` batches, while the caller holds
+    /// the history read lock). Returns true if it stopped at the bound: scan again.
+    pub(crate) fn catch_up(
+        &self,
+        history: &History,
+        filter: &Filter,
+        lag: &LagCount,
+        scan: usize,
+    ) -> bool {
         let mut s = self.state.lock();
         if !s.lagging {
-            return;
+            return false;
         }
         if s.last_rev + 1 < history.floor() {
             s.lagging = false;
@@ -268,17 +303,23 @@ impl Mailbox {
             if matches!(s.end, None | Some(End::Closed) | Some(End::Failed(_))) {
                 s.end = Some(End::Compacted(history.floor()));
             }
-            return;
+            return false;
         }
         let mut pos = s.last_rev;
         for (scanned, batch) in history.after(s.last_rev).enumerate() {
-            // Bounded work per call, so the writer waits for at most this many batches;
-            // the consumer calls again.
-            if s.queue.len() >= s.cap || scanned >= CATCH_UP_SCAN {
+            if scanned >= scan {
                 s.last_rev = pos;
-                return;
+                return true;
             }
             if let Some(events) = filter.select(batch) {
+                if s.queue.len() >= s.cap {
+                    // As in `push`: every matching revision below this one is queued,
+                    // so the position is just below it, not at the last queued one
+                    // (which may be far behind when the revisions in between did not
+                    // match, and the window may move past those).
+                    s.last_rev = batch.revision - 1;
+                    return false;
+                }
                 s.queue.push_back(Delivery {
                     revision: batch.revision,
                     events,
@@ -289,6 +330,7 @@ impl Mailbox {
         s.last_rev = pos.max(history.head());
         s.lagging = false;
         lag.leave();
+        false
     }
 
     /// Whether the subscriber is lagging now (benchmarks).
@@ -303,6 +345,10 @@ impl Mailbox {
         self.state.lock().queue.drain(..).collect()
     }
 }
+
+#[cfg(test)]
+#[path = "interleaving.rs"]
+mod interleaving;
 
 #[cfg(test)]
 mod tests {
@@ -366,6 +412,115 @@ mod tests {
         let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
         assert_eq!(pushed, Pushed::Queued);
         assert_eq!(drain(&mb, &history, &f, &lag).0, [10]);
+    }
+
+    fn push_batch(history: &RwLock<History>, rev: i64, key: &[u8]) -> Arc<Batch> {
+        let b = Batch::new(rev, vec![put(key, rev)]);
+        history.write().push(b.clone());
+        b
+    }
+
+    /// A catch-up that fills the queue keeps scanning past revisions that do not match,
+    /// and stops just below the first matching one that does not fit: the window may
+    /// then move past the revisions that did not match without compacting the
+    /// subscriber.
+    #[test]
+    fn a_full_catch_up_stops_below_the_next_matching_revision() {
+        let history = RwLock::new(History::new(4));
+        history.write().reset(10);
+        let lag = LagCount::default();
+        let f = filter(b"a");
+        push_batch(&history, 11, b"a");
+        push_batch(&history, 12, b"b");
+        push_batch(&history, 13, b"b");
+        push_batch(&history, 14, b"a");
+        let mb = Mailbox::new(1, 10, true, &lag);
+        let noop = futures_util::task::noop_waker_ref();
+        let first = mb.poll(noop, &history, &f, &lag, || 0);
+        assert!(
+            matches!(first, Polled::Delivery(ref d) if d.revision == 11),
+            "{first:?}"
+        );
+        assert_eq!(mb.last_rev(), 13, "12 and 13 do not match");
+        push_batch(&history, 15, b"b");
+        push_batch(&history, 16, b"b");
+        assert_eq!(
+            history.read().floor(),
+            13,
+            "11 and 12 left the window, 14 did not"
+        );
+        let (got, end) = drain(&mb, &history, &f, &lag);
+        assert_eq!(got, [14]);
+        assert!(end.is_none(), "not compacted: {end:?}");
+        assert_eq!(lag.get(), 0);
+    }
+
+    /// A poll does not return between two bounded scans of a catch-up: when it returns,
+    /// the position is just below the next matching revision that is not queued (or the
+    /// subscriber is live), however far the scan went, so a window larger than one scan
+    /// does not compact a sparse subscriber that is read slowly.
+    #[test]
+    fn a_catch_up_longer_than_one_scan_is_finished_before_the_poll_returns() {
+        let history = RwLock::new(History::new(700));
+        history.write().reset(10);
+        let lag = LagCount::default();
+        let f = filter(b"a");
+        push_batch(&history, 11, b"a");
+        for rev in 12..=611 {
+            push_batch(&history, rev, b"b");
+        }
+        push_batch(&history, 612, b"a");
+        let mb = Mailbox::new(1, 10, true, &lag);
+        let noop = futures_util::task::noop_waker_ref();
+        let first = mb.poll(noop, &history, &f, &lag, || 0);
+        assert!(
+            matches!(first, Polled::Delivery(ref d) if d.revision == 11),
+            "{first:?}"
+        );
+        assert_eq!(mb.last_rev(), 611);
+        for rev in 613..=1230 {
+            push_batch(&history, rev, b"b");
+        }
+        assert_eq!(
+            history.read().floor(),
+            531,
+            "more than one scan past 11, not 612"
+        );
+        let (got, end) = drain(&mb, &history, &f, &lag);
+        assert_eq!(got, [612]);
+        assert!(end.is_none(), "not compacted: {end:?}");
+    }
+
+    /// A replay from a start revision catches up when it is registered, not at its
+    /// consumer's first poll: a consumer that reads late does not find its start
+    /// evicted (and itself compacted) while everything it is owed is in the window.
+    #[test]
+    fn a_replay_catches_up_at_registration_not_at_the_first_poll() {
+        use crate::subscribers::{Registered, Subscribers};
+        let history = RwLock::new(History::new(4));
+        history.write().reset(10);
+        let subs = Subscribers::new(16, 1);
+        let f = filter(b"a");
+        let b11 = push_batch(&history, 11, b"b");
+        subs.lock().dispatch(&b11);
+        let slot = subs.acquire(None).unwrap();
+        let Registered::Live { mailbox, .. } = subs
+            .register(f.clone(), 11, 0, &history, || 11, &slot)
+            .unwrap()
+        else {
+            panic!("11 is inside the window");
+        };
+        assert_eq!(subs.lagging(), 0, "caught up at once: 11 does not match");
+        for rev in 12..=16 {
+            let b = push_batch(&history, rev, b"b");
+            subs.lock().dispatch(&b);
+        }
+        let b = push_batch(&history, 17, b"a");
+        subs.lock().dispatch(&b);
+        assert_eq!(history.read().floor(), 14, "its start left the window");
+        let (got, end) = drain(&mailbox, &history, &f, subs.lag());
+        assert_eq!(got, [17]);
+        assert!(end.is_none(), "not compacted: {end:?}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::history::{Batch, History};
 use filter::Filter;
 use index::{DispatchStats, Index};
-use mailbox::{End, LagCount, Mailbox};
+use mailbox::{End, LagCount, Mailbox, CATCH_UP_SCAN};
 
 /// Identifies one subscriber, unique within a cache.
 pub(crate) type SubId = u64;
@@ -41,11 +41,8 @@ pub(crate) type SubId = u64;
 pub(crate) struct Subscribers {
     index: Mutex<Index>,
     lag: LagCount,
-    /// Slots held (what the limits count), shared with every [`Slot`].
+    /// Slots held (what the limits and `watchers()` count), shared with every [`Slot`].
     watchers: Arc<AtomicUsize>,
-    /// Watches in the index: registered and not ended (what `watchers()` reports; a
-    /// slot is freed a little later, when its stream reads the end).
-    registered: AtomicUsize,
     max_watchers: usize,
     buffer: usize,
     next_id: AtomicU64,
@@ -72,16 +69,16 @@ impl Subscribers {
             index: Mutex::new(Index::default()),
             lag: LagCount::default(),
             watchers: Arc::default(),
-            registered: AtomicUsize::new(0),
             max_watchers,
             buffer,
             next_id: AtomicU64::new(1),
         }
     }
 
-    /// Open watches: registered and not ended.
+    /// Open watches: a watch counts until its stream has returned its last response
+    /// (or was dropped), so a count never includes a watch whose end was read.
     pub(crate) fn watchers(&self) -> usize {
-        self.registered.load(Ordering::Relaxed)
+        self.watchers.load(Ordering::Relaxed)
     }
 
     /// Lagging watches.
@@ -155,8 +152,18 @@ impl Subscribers {
         if let Some(scope) = &slot.scope {
             scope.ids.lock().insert(id);
         }
+        // A replay catches up now, not at the consumer's first poll: the producer skips
+        // a lagging subscriber, so a consumer that reads late would find its start
+        // evicted although everything it is owed may still be in the window. The first
+        // scan runs under the index lock (the writer cannot move the window meanwhile),
+        // the rest, if any, after it.
+        let more = lagging && mailbox.catch_up(&history.read(), &filter, &self.lag, CATCH_UP_SCAN);
+        let replay = more.then(|| filter.clone());
         index.insert(id, filter, mailbox.clone());
-        self.registered.fetch_add(1, Ordering::Relaxed);
+        drop(index);
+        if let Some(filter) = replay {
+            mailbox.replay(history, &filter, &self.lag);
+        }
         Ok(Registered::Live {
             id,
             mailbox,
@@ -168,7 +175,6 @@ impl Subscribers {
     pub(crate) fn unsubscribe(&self, id: SubId, why: End) {
         let removed = self.index.lock().remove(id);
         if let Some(mailbox) = removed {
-            self.registered.fetch_sub(1, Ordering::Relaxed);
             mailbox.end(why, &self.lag);
         }
     }
@@ -187,7 +193,6 @@ impl Subscribers {
         Dispatcher {
             index: self.index.lock(),
             lag: &self.lag,
-            registered: &self.registered,
         }
     }
 }
@@ -196,7 +201,6 @@ impl Subscribers {
 pub(crate) struct Dispatcher<'a> {
     index: MutexGuard<'a, Index>,
     lag: &'a LagCount,
-    registered: &'a AtomicUsize,
 }
 
 impl Dispatcher<'_> {
@@ -233,7 +237,6 @@ impl Dispatcher<'_> {
         }
         for id in &gone {
             if let Some(mailbox) = self.index.remove(*id) {
-                self.registered.fetch_sub(1, Ordering::Relaxed);
                 mailbox.end(End::Compacted(revision + 1), self.lag);
             }
         }
