@@ -248,7 +248,9 @@ pub(crate) struct Counters {
     /// The server versions of the last probe (`unreachable:<url>` where unknown).
     versions: Mutex<Vec<String>>,
     /// Who answered last: cluster id, member id and raft term for response headers.
-    identity: Mutex<Header>,
+    /// (cluster id, member id, raft term), each written whole (a torn mix of two
+    /// members' ids for one response is harmless: both are real and current).
+    identity: [AtomicU64; 3],
     consistency_checks: AtomicU64,
     consistency_mismatches: AtomicU64,
 }
@@ -257,7 +259,9 @@ impl Counters {
     /// Records who answered (from an upstream header).
     pub(crate) fn set_identity(&self, header: Header) {
         if header.cluster_id != 0 {
-            *self.identity.lock() = header;
+            self.identity[0].store(header.cluster_id, Ordering::Relaxed);
+            self.identity[1].store(header.member_id, Ordering::Relaxed);
+            self.identity[2].store(header.raft_term, Ordering::Relaxed);
         }
     }
 
@@ -414,15 +418,23 @@ impl Shared {
         self.view.borrow().status.closed()
     }
 
-    /// Loaded and not closed: serializable reads can be answered from memory.
-    pub(crate) fn is_serving(&self) -> bool {
+    /// Runs `f` on the newest snapshot if the cache is loaded and not closed (one look
+    /// at the view: the fast path of a serializable read).
+    pub(crate) fn with_serving_snapshot<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> Option<T> {
         let v = self.view.borrow();
-        v.status.loaded && !v.status.closed()
+        (v.status.loaded && !v.status.closed()).then(|| f(&v.snapshot))
     }
 
     /// A response header at `revision`, with the upstream's identity.
     pub(crate) fn header(&self, revision: i64) -> etcd_client::ResponseHeader {
-        response_header(&self.counters.identity.lock(), revision)
+        let id = &self.counters.identity;
+        let header = Header {
+            cluster_id: id[0].load(Ordering::Relaxed),
+            member_id: id[1].load(Ordering::Relaxed),
+            raft_term: id[2].load(Ordering::Relaxed),
+            revision,
+        };
+        response_header(&header, revision)
     }
 
     /// A future that resolves at the next published change (a revision or a status).

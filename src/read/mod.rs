@@ -142,8 +142,20 @@ async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result
 
 /// The read path of [`Cache::get`](crate::Cache::get).
 pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
-    if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {
-        return answer(shared, key, opts).await;
+    // Fast path: a serializable read of one key at the latest revision is one map
+    // lookup in the current snapshot, without building a range or a span.
+    if opts.is_plain_serializable_get(key) && shared.range.contains(key) {
+        let request = opts.shaping()?;
+        let answered = shared.with_serving_snapshot(|snap| {
+            GetResponse::new(
+                snap.revision,
+                shared.header(snap.revision),
+                request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
+            )
+        });
+        if let Some(resp) = answered {
+            return Ok(resp);
+        }
     }
     let span = tracing::debug_span!(
         "etcd_cache.get",
@@ -169,18 +181,6 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
 }
 
 async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
-    // Fast path: a serializable read of one key at the latest revision is one map
-    // lookup in the current snapshot, without building a range.
-    if opts.is_plain_serializable_get(key) && shared.range.contains(key) && shared.is_serving() {
-        let request = opts.shaping()?;
-        return Ok(shared.with_snapshot(|snap| {
-            GetResponse::new(
-                snap.revision,
-                shared.header(snap.revision),
-                request.answer(snap.map.get(key).map(|e| &e.0).into_iter()),
-            )
-        }));
-    }
     let request = opts.request(key)?;
     request.range.check_within(&shared.range)?;
     let status = shared.status();
