@@ -1132,8 +1132,8 @@ fn svg(results: &[RunResult], modes: &[(Mode, &str)]) -> String {
             let _ = write!(
                 s,
                 r#"<text x="{}" y="{}" fill="{color}">{}</text>"#,
-                ox + w - pad - 60.0,
-                pad + 15.0 * li as f64 + 5.0,
+                ox + pad + 8.0,
+                pad + 36.0 + 15.0 * li as f64,
                 mode.name()
             );
         }
