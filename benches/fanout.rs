@@ -5,6 +5,7 @@
 //! cargo xtask bench fanout [--quick]        # builds etcd-cache-proxy, then cargo bench --bench fanout
 //! cargo bench --bench fanout -- --n 1,100,1000 --puts 5000 --modes direct,cache
 //! cargo bench --bench fanout -- --modes remote --n 1000,10000
+//! cargo bench --bench fanout -- --modes remote --n 1000 --rate 500   # paced writers
 //! ```
 //!
 //! One etcd on loopback (started here), N subscribers on one prefix. Writers keep 16 puts in
@@ -26,7 +27,10 @@
 //!
 //! A remote run writes min(puts, max-deliveries / N) puts (20,000,000 deliveries at most,
 //! so N = 10,000 gets 2,000 puts), and each group of N is framed by two no-watcher runs of
-//! the same puts, its baseline.
+//! the same puts, its baseline. `--rate R` paces the writers at R puts/s (every run), for
+//! latency at a load the variants can all sustain; unpaced, the writers go as fast as etcd
+//! takes 16 puts in flight, which saturates the machine at large N, so that p99 is mostly
+//! the time to drain the backlog.
 //!
 //! Every run reports puts/s (and its ratio to the `none` runs), deliveries/s, put -> delivery
 //! latency p50/p99 over every delivery, and CPU seconds and peak RSS of this process, of
@@ -329,6 +333,8 @@ struct Env {
     /// The etcd-cache-proxy binary (remote runs), or why there is none.
     cache_proxy_bin: Result<std::path::PathBuf, String>,
     writer: Writer,
+    /// Puts/s the writers are paced at (0: unpaced).
+    rate: f64,
     run_no: usize,
 }
 
@@ -488,10 +494,12 @@ async fn open_cache(
 /// The writers live on their own thread with their own single-threaded runtime and
 /// connection, like another service writing to etcd: they never queue behind the
 /// subscriber tasks of the runtime under test (their CPU still counts for this process).
-/// A burst to write: prefix, number of puts, where to send the elapsed time.
+/// A burst to write: prefix, number of puts, puts/s to pace them at (0: as fast as 16 in
+/// flight go), where to send the elapsed time.
 type WriteJob = (
     String,
     usize,
+    f64,
     std::sync::mpsc::Sender<Result<Duration, String>>,
 );
 
@@ -501,11 +509,7 @@ struct Writer {
 
 impl Writer {
     fn start(ep: String) -> Result<Writer, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<(
-            String,
-            usize,
-            std::sync::mpsc::Sender<Result<Duration, String>>,
-        )>();
+        let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("fanout-writer".into())
@@ -525,8 +529,8 @@ impl Writer {
                             return;
                         }
                     };
-                    while let Ok((prefix, puts, reply)) = rx.recv() {
-                        let _ = reply.send(write_burst(&client, &prefix, puts).await);
+                    while let Ok((prefix, puts, rate, reply)) = rx.recv() {
+                        let _ = reply.send(write_burst(&client, &prefix, puts, rate).await);
                     }
                 });
             })
@@ -536,10 +540,10 @@ impl Writer {
     }
 
     /// Writes the burst and waits for it without blocking the caller's runtime.
-    async fn write(&self, prefix: &str, puts: usize) -> Result<Duration, String> {
+    async fn write(&self, prefix: &str, puts: usize, rate: f64) -> Result<Duration, String> {
         let (reply_tx, reply_rx) = std::sync::mpsc::channel();
         self.tx
-            .send((prefix.to_string(), puts, reply_tx))
+            .send((prefix.to_string(), puts, rate, reply_tx))
             .map_err(|e| e.to_string())?;
         tokio::task::spawn_blocking(move || reply_rx.recv().map_err(|e| e.to_string())?)
             .await
@@ -547,14 +551,17 @@ impl Writer {
     }
 }
 
-/// 16 writers, `puts` puts in total; returns the elapsed time.
+/// 16 writers, `puts` puts in total; with `rate` > 0, put i is not sent before
+/// i / `rate` seconds from the start. Returns the elapsed time.
 async fn write_burst(
     client: &etcd_client::Client,
     prefix: &str,
     puts: usize,
+    rate: f64,
 ) -> Result<Duration, String> {
     let next = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
+    let start = tokio::time::Instant::now();
     let mut ws = Vec::new();
     for _ in 0..IN_FLIGHT {
         let mut kv = client.kv_client();
@@ -566,6 +573,10 @@ async fn write_burst(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= puts as u64 {
                     return Ok::<(), String>(());
+                }
+                if rate > 0.0 {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate))
+                        .await;
                 }
                 value[..8].copy_from_slice(&now_ns().to_le_bytes());
                 kv.put(
@@ -684,7 +695,7 @@ async fn run_one(
         cpu_sample(proxy_pid),
     );
     let t0 = Instant::now();
-    let write_time = env.writer.write(&prefix, puts).await?;
+    let write_time = env.writer.write(&prefix, puts, env.rate).await?;
     // Wait for every subscriber; generous, and only a failure if nothing moves for 60 s.
     let want = (n * puts) as u64;
     let mut last_progress = (Instant::now(), total_deliveries());
@@ -1152,6 +1163,8 @@ struct Opts {
     /// Remote runs write min(puts, max_deliveries / N) puts.
     max_deliveries: usize,
     modes: Vec<Mode>,
+    /// Puts/s to pace the writers at (0: as fast as 16 puts in flight go).
+    rate: f64,
 }
 
 const ALL_MODES: [Mode; 6] = [
@@ -1172,6 +1185,7 @@ fn parse_opts() -> Result<Opts, String> {
             puts: 2000,
             max_deliveries: REMOTE_MAX_DELIVERIES_QUICK,
             modes: ALL_MODES.to_vec(),
+            rate: 0.0,
         }
     } else {
         Opts {
@@ -1180,6 +1194,7 @@ fn parse_opts() -> Result<Opts, String> {
             puts: 10_000,
             max_deliveries: REMOTE_MAX_DELIVERIES,
             modes: ALL_MODES.to_vec(),
+            rate: 0.0,
         }
     };
     let mut it = std::env::args().skip(1);
@@ -1200,6 +1215,12 @@ fn parse_opts() -> Result<Opts, String> {
                     .next()
                     .and_then(|v| v.parse().ok())
                     .ok_or("--puts needs a number")?
+            }
+            "--rate" => {
+                o.rate = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--rate needs a number (puts/s)")?
             }
             "--max-deliveries" => {
                 o.max_deliveries = it
@@ -1309,14 +1330,16 @@ fn main() {
             proxy_ep: proxy.as_ref().map(|p| p.endpoint()).unwrap_or_default(),
             cache_proxy_bin,
             writer,
+            rate: opts.rate,
             run_no: 0,
         };
         let local_modes: Vec<Mode> = opts.modes.iter().copied().filter(|m| !m.is_remote()).collect();
         let remote_modes: Vec<Mode> = opts.modes.iter().copied().filter(|m| m.is_remote()).collect();
         println!(
-            "fanout: etcd {version}, {} CPUs, {} puts per run, {IN_FLIGHT} in flight, {VALUE_SIZE}-byte values, {KEYS} keys, local N in {:?}, remote N in {:?} (at most {} deliveries per remote run), load average {}",
+            "fanout: etcd {version}, {} CPUs, {} puts per run{}, {IN_FLIGHT} in flight, {VALUE_SIZE}-byte values, {KEYS} keys, local N in {:?}, remote N in {:?} (at most {} deliveries per remote run), load average {}",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             opts.puts,
+            if opts.rate > 0.0 { format!(" paced at {} puts/s", opts.rate) } else { String::new() },
             if local_modes.is_empty() { &[][..] } else { &opts.ns[..] },
             if remote_modes.is_empty() { &[][..] } else { &opts.remote_ns[..] },
             opts.max_deliveries,
