@@ -1,25 +1,43 @@
 //! End-to-end fan-out against a real etcd: one cache against direct etcd watches and
-//! etcd's gRPC proxy.
+//! etcd's gRPC proxy, in process (local) and as a front for remote watchers (remote).
 //!
 //! ```text
-//! cargo xtask bench fanout [--quick]        # = cargo bench --bench fanout
+//! cargo xtask bench fanout [--quick]        # builds etcd-cache-proxy, then cargo bench --bench fanout
 //! cargo bench --bench fanout -- --n 1,100,1000 --puts 5000 --modes direct,cache
+//! cargo bench --bench fanout -- --modes remote --n 1000,10000
+//! cargo bench --bench fanout -- --modes remote --n 1000 --rate 500   # paced writers
 //! ```
 //!
 //! One etcd on loopback (started here), N subscribers on one prefix. Writers keep 16 puts in
-//! flight (on their own thread, runtime and connection), 256-byte values whose first 8
-//! bytes are the send time, over 1,000 keys. Each run
-//! serves the subscribers one way:
+//! flight (on their own thread, runtime and connection, straight to etcd), 256-byte values
+//! whose first 8 bytes are the send time, over 1,000 keys. Each run serves the subscribers
+//! one way. Local (the subscribers are in this process):
 //! - `none`:   no watcher at all (the baseline for puts/s);
-//! - `direct`: N etcd-client watches, 100 per gRPC watch stream (N <= 1000);
+//! - `direct`: N etcd-client watches on one connection, 100 per gRPC watch stream (N <= 1000);
 //! - `proxy`:  the same N watches through `etcd grpc-proxy start` (N <= 1000);
 //! - `cache`:  N subscribers of one `Cache` (which holds one watch on etcd).
 //!
-//! Every run reports puts/s (and its ratio to the `none` run), deliveries/s, put -> delivery
+//! Remote (`--modes remote`): N etcd-client watches over M = ceil(N / 100) gRPC
+//! connections, one Watch stream of up to 100 watches per connection, the same N and M for
+//! the three variants; a proxy is started for its run only and stopped after it:
+//! - `etcd`:        straight to etcd;
+//! - `grpc-proxy`:  through `etcd grpc-proxy start`;
+//! - `cache-proxy`: through `etcd-cache-proxy --prefix <the run's prefix>` (its
+//!   `--history-window` is puts + 1024, so no watcher can fall out of the window).
+//!
+//! A remote run writes min(puts, max-deliveries / N) puts (20,000,000 deliveries at most,
+//! so N = 10,000 gets 2,000 puts), and each group of N is framed by two no-watcher runs of
+//! the same puts, its baseline. `--rate R` paces the writers at R puts/s (every run), for
+//! latency at a load the variants can all sustain; unpaced, the writers go as fast as etcd
+//! takes 16 puts in flight, which saturates the machine at large N, so that p99 is mostly
+//! the time to drain the backlog.
+//!
+//! Every run reports puts/s (and its ratio to the `none` runs), deliveries/s, put -> delivery
 //! latency p50/p99 over every delivery, and CPU seconds and peak RSS of this process, of
 //! etcd and of the proxy (from /proc; peaks are reset per run through `clear_refs`).
 //! A run fails (exit code 1) if a subscriber misses an event or the run times out; slowness
-//! is reported, never failed. An SVG chart goes to `<target dir>/fanout/fanout.svg`.
+//! is reported, never failed. SVG charts go to `<target dir>/fanout/fanout.svg` (local) and
+//! `fanout-remote.svg` (remote).
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
@@ -39,6 +57,9 @@ const WATCHES_PER_STREAM: usize = 100;
 /// Direct and proxied watches are measured up to this N (ten streams of 100 watches); the
 /// cache alone goes further.
 const DIRECT_MAX_N: usize = 1000;
+/// Remote runs: deliveries per run at most (puts = min(puts, this / N)).
+const REMOTE_MAX_DELIVERIES: usize = 20_000_000;
+const REMOTE_MAX_DELIVERIES_QUICK: usize = 2_000_000;
 
 // ---------------------------------------------------------------------------------------
 // Per-thread latency histograms and delivery counters (no shared cache line on the hot path)
@@ -81,6 +102,8 @@ fn bucket_value(idx: usize) -> u64 {
 struct Local {
     hist: Vec<AtomicU64>,
     deliveries: AtomicU64,
+    /// Watch responses that carried events (their events are counted in `deliveries`).
+    responses: AtomicU64,
 }
 
 static REGISTRY: Mutex<Vec<Arc<Local>>> = Mutex::new(Vec::new());
@@ -90,6 +113,7 @@ thread_local! {
         let l = Arc::new(Local {
             hist: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             deliveries: AtomicU64::new(0),
+            responses: AtomicU64::new(0),
         });
         REGISTRY.lock().unwrap().push(l.clone());
         l
@@ -109,11 +133,29 @@ fn record(sent_ns: u64, now: u64, events: u64) {
     });
 }
 
+/// Counts one watch response with events (same single-writer rule as [`record`]).
+fn record_response() {
+    LOCAL.with(|l| {
+        l.responses
+            .store(l.responses.load(Ordering::Relaxed) + 1, Ordering::Relaxed)
+    });
+}
+
 fn reset_stats() {
     for l in REGISTRY.lock().unwrap().iter() {
         l.hist.iter().for_each(|b| b.store(0, Ordering::Relaxed));
         l.deliveries.store(0, Ordering::Relaxed);
+        l.responses.store(0, Ordering::Relaxed);
     }
+}
+
+fn total_responses() -> u64 {
+    REGISTRY
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.responses.load(Ordering::Relaxed))
+        .sum()
 }
 
 fn total_deliveries() -> u64 {
@@ -212,6 +254,12 @@ enum Mode {
     Direct,
     Proxy,
     Cache,
+    /// Remote watchers over M connections, straight to etcd.
+    RemoteEtcd,
+    /// Remote watchers over M connections through `etcd grpc-proxy start`.
+    RemoteGrpcProxy,
+    /// Remote watchers over M connections through `etcd-cache-proxy`.
+    RemoteCacheProxy,
 }
 
 impl Mode {
@@ -221,17 +269,50 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Proxy => "proxy",
             Mode::Cache => "cache",
+            Mode::RemoteEtcd => "etcd",
+            Mode::RemoteGrpcProxy => "grpc-proxy",
+            Mode::RemoteCacheProxy => "cache-proxy",
         }
     }
+
+    fn is_remote(self) -> bool {
+        matches!(
+            self,
+            Mode::RemoteEtcd | Mode::RemoteGrpcProxy | Mode::RemoteCacheProxy
+        )
+    }
+
+    /// Whether a proxy process serves the run (its CPU and RSS are reported).
+    fn has_proxy(self) -> bool {
+        matches!(
+            self,
+            Mode::Proxy | Mode::RemoteGrpcProxy | Mode::RemoteCacheProxy
+        )
+    }
+}
+
+/// The gRPC connections of a remote run: one per 100 watches.
+fn remote_conns(n: usize) -> usize {
+    n.div_ceil(WATCHES_PER_STREAM).max(1)
 }
 
 #[derive(Debug, Clone)]
 struct RunResult {
     mode: Mode,
     n: usize,
+    /// gRPC connections the watches used (0: in process, no watch at all).
+    conns: usize,
+    /// Runs of one group share their no-watcher baseline (the remote groups).
+    group: usize,
     puts: usize,
     puts_per_s: f64,
     deliveries: u64,
+    /// Watch responses with events the subscribers received (events per response =
+    /// deliveries / responses).
+    responses: u64,
+    /// gRPC watch streams the run used, and how many of them the proxy cut (grpc-proxy).
+    streams: usize,
+    streams_cut: usize,
     deliveries_per_s: f64,
     p50: Duration,
     p99: Duration,
@@ -249,17 +330,45 @@ struct Env {
     proxy_pid: Option<u32>,
     etcd_ep: String,
     proxy_ep: String,
+    /// The etcd-cache-proxy binary (remote runs), or why there is none.
+    cache_proxy_bin: Result<std::path::PathBuf, String>,
     writer: Writer,
+    /// Puts/s the writers are paced at (0: unpaced).
+    rate: f64,
     run_no: usize,
 }
 
-/// Opens N direct watches on `prefix` through `ep`, 100 per stream; each stream gets a
-/// task that counts and timestamps every event. Returns once every watch is created.
+/// A proxy process started for one remote run.
+enum RunProxy {
+    Grpc(testkit::ProxyProcess),
+    Cache(common::CacheProxy),
+}
+
+impl RunProxy {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            RunProxy::Grpc(p) => p.pid(),
+            RunProxy::Cache(p) => p.pid(),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        match self {
+            RunProxy::Grpc(p) => p.endpoint(),
+            RunProxy::Cache(p) => p.endpoint(),
+        }
+    }
+}
+
+/// Opens N watches on `prefix` through `ep`, 100 per stream, over `conns` connections
+/// (stream i on connection i mod `conns`); each stream gets a task that counts and
+/// timestamps every event. Returns once every watch is created.
 async fn open_direct(
     ep: &str,
     prefix: &str,
     n: usize,
     puts: usize,
+    conns: usize,
 ) -> Result<
     (
         Vec<etcd_client::Client>,
@@ -267,13 +376,18 @@ async fn open_direct(
     ),
     String,
 > {
-    let client = testkit::Connect::plain().try_client(&[ep]).await?;
+    let mut clients = Vec::with_capacity(conns);
+    for _ in 0..conns.max(1) {
+        clients.push(testkit::Connect::plain().try_client(&[ep]).await?);
+    }
     let mut tasks = Vec::new();
     let mut left = n;
+    let mut stream_no = 0;
     while left > 0 {
         let k = left.min(WATCHES_PER_STREAM);
         left -= k;
-        let mut c = client.clone();
+        let mut c = clients[stream_no % clients.len()].clone();
+        stream_no += 1;
         let opts = || Some(etcd_client::WatchOptions::new().with_prefix());
         let mut stream = c.watch(prefix, opts()).await.map_err(|e| e.to_string())?;
         for _ in 1..k {
@@ -305,6 +419,9 @@ async fn open_direct(
                                 record(sent_time(kv.value()), now, 1);
                             }
                         }
+                        if !r.events().is_empty() {
+                            record_response();
+                        }
                         got += r.events().len() as u64;
                     }
                     Ok(None) => return Err("watch stream ended".into()),
@@ -315,7 +432,7 @@ async fn open_direct(
             Ok(())
         }));
     }
-    Ok((vec![client], tasks))
+    Ok((clients, tasks))
 }
 
 /// Opens one Cache on `prefix` and N subscribers of it.
@@ -359,6 +476,9 @@ async fn open_cache(
                                 record(sent_time(kv.value()), now, 1);
                             }
                         }
+                        if !r.events().is_empty() {
+                            record_response();
+                        }
                         got += r.events().len() as u64;
                     }
                     Ok(None) => return Err("cache stream ended".into()),
@@ -374,10 +494,12 @@ async fn open_cache(
 /// The writers live on their own thread with their own single-threaded runtime and
 /// connection, like another service writing to etcd: they never queue behind the
 /// subscriber tasks of the runtime under test (their CPU still counts for this process).
-/// A burst to write: prefix, number of puts, where to send the elapsed time.
+/// A burst to write: prefix, number of puts, puts/s to pace them at (0: as fast as 16 in
+/// flight go), where to send the elapsed time.
 type WriteJob = (
     String,
     usize,
+    f64,
     std::sync::mpsc::Sender<Result<Duration, String>>,
 );
 
@@ -387,11 +509,7 @@ struct Writer {
 
 impl Writer {
     fn start(ep: String) -> Result<Writer, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<(
-            String,
-            usize,
-            std::sync::mpsc::Sender<Result<Duration, String>>,
-        )>();
+        let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("fanout-writer".into())
@@ -411,8 +529,8 @@ impl Writer {
                             return;
                         }
                     };
-                    while let Ok((prefix, puts, reply)) = rx.recv() {
-                        let _ = reply.send(write_burst(&client, &prefix, puts).await);
+                    while let Ok((prefix, puts, rate, reply)) = rx.recv() {
+                        let _ = reply.send(write_burst(&client, &prefix, puts, rate).await);
                     }
                 });
             })
@@ -422,10 +540,10 @@ impl Writer {
     }
 
     /// Writes the burst and waits for it without blocking the caller's runtime.
-    async fn write(&self, prefix: &str, puts: usize) -> Result<Duration, String> {
+    async fn write(&self, prefix: &str, puts: usize, rate: f64) -> Result<Duration, String> {
         let (reply_tx, reply_rx) = std::sync::mpsc::channel();
         self.tx
-            .send((prefix.to_string(), puts, reply_tx))
+            .send((prefix.to_string(), puts, rate, reply_tx))
             .map_err(|e| e.to_string())?;
         tokio::task::spawn_blocking(move || reply_rx.recv().map_err(|e| e.to_string())?)
             .await
@@ -433,14 +551,17 @@ impl Writer {
     }
 }
 
-/// 16 writers, `puts` puts in total; returns the elapsed time.
+/// 16 writers, `puts` puts in total; with `rate` > 0, put i is not sent before
+/// i / `rate` seconds from the start. Returns the elapsed time.
 async fn write_burst(
     client: &etcd_client::Client,
     prefix: &str,
     puts: usize,
+    rate: f64,
 ) -> Result<Duration, String> {
     let next = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
+    let start = tokio::time::Instant::now();
     let mut ws = Vec::new();
     for _ in 0..IN_FLIGHT {
         let mut kv = client.kv_client();
@@ -452,6 +573,10 @@ async fn write_burst(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= puts as u64 {
                     return Ok::<(), String>(());
+                }
+                if rate > 0.0 {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate))
+                        .await;
                 }
                 value[..8].copy_from_slice(&now_ns().to_le_bytes());
                 kv.put(
@@ -470,7 +595,13 @@ async fn write_burst(
     Ok(t.elapsed())
 }
 
-async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<RunResult, String> {
+async fn run_one(
+    env: &mut Env,
+    mode: Mode,
+    n: usize,
+    puts: usize,
+    group: usize,
+) -> Result<RunResult, String> {
     env.run_no += 1;
     let prefix = format!(
         "/fanout/{}/{}-{}/",
@@ -481,15 +612,64 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
     let setup_t = Instant::now();
     let mut cache = None;
     let mut clients = Vec::new();
+    // A remote run's proxy, started for this run (its start is not part of the set-up time).
+    let run_proxy = match mode {
+        Mode::RemoteGrpcProxy => {
+            let etcd = env.etcd_ep.clone();
+            Some(RunProxy::Grpc(
+                tokio::task::spawn_blocking(move || testkit::grpc_proxy(&[etcd]))
+                    .await
+                    .map_err(|e| format!("grpc-proxy: {e}"))?,
+            ))
+        }
+        Mode::RemoteCacheProxy => {
+            let bin = env.cache_proxy_bin.clone()?;
+            let etcd = env.etcd_ep.clone();
+            let extra = vec![
+                "--prefix".to_string(),
+                prefix.clone(),
+                "--history-window".to_string(),
+                (puts + 1024).to_string(),
+            ];
+            Some(RunProxy::Cache(
+                tokio::task::spawn_blocking(move || common::CacheProxy::start(&bin, &etcd, &extra))
+                    .await
+                    .map_err(|e| e.to_string())??,
+            ))
+        }
+        _ => None,
+    };
+    let setup_t = if run_proxy.is_some() {
+        Instant::now()
+    } else {
+        setup_t
+    };
+    let proxy_pid = match mode {
+        Mode::Proxy => env.proxy_pid,
+        _ => run_proxy.as_ref().and_then(RunProxy::pid),
+    };
+    let conns = match mode {
+        Mode::None => 0,
+        Mode::Cache => 0,
+        Mode::Direct | Mode::Proxy => 1,
+        _ => remote_conns(n),
+    };
     let tasks = match mode {
         Mode::None => Vec::new(),
-        Mode::Direct | Mode::Proxy => {
-            let ep = if mode == Mode::Direct {
-                &env.etcd_ep
-            } else {
-                &env.proxy_ep
+        Mode::Direct
+        | Mode::Proxy
+        | Mode::RemoteEtcd
+        | Mode::RemoteGrpcProxy
+        | Mode::RemoteCacheProxy => {
+            let ep = match mode {
+                Mode::Direct | Mode::RemoteEtcd => env.etcd_ep.clone(),
+                Mode::Proxy => env.proxy_ep.clone(),
+                _ => run_proxy
+                    .as_ref()
+                    .map(RunProxy::endpoint)
+                    .unwrap_or_default(),
             };
-            let (c, t) = open_direct(ep, &prefix, n, puts).await?;
+            let (c, t) = open_direct(&ep, &prefix, n, puts, conns).await?;
             clients = c;
             t
         }
@@ -503,7 +683,7 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
     tokio::time::sleep(Duration::from_millis(100)).await;
     reset_stats();
     let peaks_reset = reset_peak(None) & reset_peak(env.etcd_pid);
-    if let Some(p) = env.proxy_pid {
+    if let Some(p) = proxy_pid {
         reset_peak(Some(p));
     }
     if !peaks_reset {
@@ -512,19 +692,30 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
     let (c0, e0, p0) = (
         cpu_sample(None),
         cpu_sample(env.etcd_pid),
-        cpu_sample(env.proxy_pid),
+        cpu_sample(proxy_pid),
     );
     let t0 = Instant::now();
-    let write_time = env.writer.write(&prefix, puts).await?;
+    let write_time = env.writer.write(&prefix, puts, env.rate).await?;
     // Wait for every subscriber; generous, and only a failure if nothing moves for 60 s.
     let want = (n * puts) as u64;
     let mut last_progress = (Instant::now(), total_deliveries());
     let mut failed = None;
+    // etcd's grpc-proxy cancels a client's whole watch stream when it cannot queue a
+    // response to it within 50 ms (`watcher.post` in its proxy/grpcproxy/watcher.go): that
+    // is how it treats a slow client, so it is reported (streams cut), not a failure.
+    let cuts_streams = matches!(mode, Mode::Proxy | Mode::RemoteGrpcProxy);
+    let mut cut = (0usize, None::<String>);
+    let streams = tasks.len();
     for t in tasks {
         let mut t = t;
         loop {
             match tokio::time::timeout(Duration::from_secs(1), &mut t).await {
                 Ok(Ok(Ok(()))) => break,
+                Ok(Ok(Err(e))) if cuts_streams => {
+                    cut.0 += 1;
+                    cut.1.get_or_insert(e);
+                    break;
+                }
                 Ok(Ok(Err(e))) => {
                     failed.get_or_insert(e);
                     break;
@@ -550,31 +741,37 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
     let (c1, e1, p1) = (
         cpu_sample(None),
         cpu_sample(env.etcd_pid),
-        cpu_sample(env.proxy_pid),
+        cpu_sample(proxy_pid),
     );
     let deliveries = total_deliveries();
+    let responses = total_responses();
     let ps = percentiles(&[0.5, 0.99]);
     let tck = clk_tck();
     let r = RunResult {
         mode,
         n,
+        conns,
+        group,
         puts,
         puts_per_s: puts as f64 / write_time.as_secs_f64(),
         deliveries,
+        responses,
+        streams,
+        streams_cut: cut.0,
         deliveries_per_s: deliveries as f64 / elapsed.as_secs_f64(),
         p50: ps[0],
         p99: ps[1],
         client_cpu_s: (c1.cpu_ticks - c0.cpu_ticks) as f64 / tck,
         etcd_cpu_s: (e1.cpu_ticks - e0.cpu_ticks) as f64 / tck,
-        proxy_cpu_s: if mode == Mode::Proxy {
+        proxy_cpu_s: if mode.has_proxy() {
             (p1.cpu_ticks - p0.cpu_ticks) as f64 / tck
         } else {
             0.0
         },
         client_peak_mib: peak_rss_mib(None),
         etcd_peak_mib: peak_rss_mib(env.etcd_pid),
-        proxy_peak_mib: if mode == Mode::Proxy {
-            peak_rss_mib(env.proxy_pid)
+        proxy_peak_mib: if mode.has_proxy() {
+            peak_rss_mib(proxy_pid)
         } else {
             0.0
         },
@@ -584,10 +781,25 @@ async fn run_one(env: &mut Env, mode: Mode, n: usize, puts: usize) -> Result<Run
         c.close().await;
     }
     drop(clients);
+    if let (Some(e), Some(RunProxy::Cache(p))) = (&failed, &run_proxy) {
+        eprintln!(
+            "fanout: {e}; etcd-cache-proxy's log ends:\n{}",
+            p.log_tail(20)
+        );
+    }
+    drop(run_proxy);
     if let Some(e) = failed {
         return Err(format!("{} N={n}: {e}", mode.name()));
     }
-    if mode != Mode::None && deliveries != want {
+    if cut.0 > 0 {
+        println!(
+            "    {} N={n}: {} of {streams} watch streams cut by the proxy ({}); {deliveries} of {want} deliveries",
+            mode.name(),
+            cut.0,
+            cut.1.as_deref().unwrap_or("")
+        );
+    }
+    if mode != Mode::None && cut.0 == 0 && deliveries != want {
         return Err(format!(
             "{} N={n}: {deliveries} deliveries, want {want}",
             mode.name()
@@ -641,13 +853,188 @@ fn table(results: &[RunResult], baseline: f64, one_watch: Option<f64>) -> String
     s
 }
 
-/// A small two-panel SVG (deliveries/s and p99 against N, log x), no dependencies.
-fn svg(results: &[RunResult]) -> String {
-    let modes = [
-        (Mode::Direct, "#1f77b4"),
-        (Mode::Proxy, "#ff7f0e"),
-        (Mode::Cache, "#2ca02c"),
-    ];
+/// The remote runs' baseline: the mean puts/s of the no-watcher runs of their group.
+fn group_baseline(results: &[RunResult], group: usize) -> f64 {
+    let v: Vec<f64> = results
+        .iter()
+        .filter(|r| r.mode == Mode::None && r.group == group)
+        .map(|r| r.puts_per_s)
+        .collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn remote_table(results: &[RunResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| variant | N | M | puts | deliveries | streams cut | events/response | puts/s | vs none | deliveries/s | p50 ms | p99 ms | client CPU s | etcd CPU s | etcd CPU µs/put | proxy CPU s | client peak MiB | etcd peak MiB | proxy peak MiB |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in results.iter().filter(|r| r.group > 0) {
+        let base = group_baseline(results, r.group);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {:.0} | {:.0} | {} |",
+            r.mode.name(),
+            r.n,
+            r.conns,
+            r.puts,
+            r.deliveries,
+            if r.mode == Mode::None { "-".to_string() } else { format!("{}/{}", r.streams_cut, r.streams) },
+            if r.responses > 0 { format!("{:.2}", r.deliveries as f64 / r.responses as f64) } else { "-".into() },
+            r.puts_per_s,
+            r.puts_per_s / base,
+            r.deliveries_per_s,
+            ms(r.p50),
+            ms(r.p99),
+            r.client_cpu_s,
+            r.etcd_cpu_s,
+            r.etcd_cpu_s * 1e6 / r.puts as f64,
+            if r.mode.has_proxy() { format!("{:.2}", r.proxy_cpu_s) } else { "-".into() },
+            r.client_peak_mib,
+            r.etcd_peak_mib,
+            if r.mode.has_proxy() { format!("{:.0}", r.proxy_peak_mib) } else { "-".into() },
+        );
+    }
+    s
+}
+
+/// The remote comparisons: every variant against its group's baseline, cache-proxy
+/// against grpc-proxy and etcd at the same N, and etcd's CPU per put across N.
+fn remote_comparisons(results: &[RunResult]) -> String {
+    let mut s = String::new();
+    let remote: Vec<&RunResult> = results.iter().filter(|r| r.mode.is_remote()).collect();
+    if remote.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "remote comparisons (N watchers over M connections; puts/s ratio to the two no-watcher runs around each group):"
+    );
+    let find = |m: Mode, n: usize| remote.iter().find(|r| r.mode == m && r.n == n);
+    for r in &remote {
+        let base = group_baseline(results, r.group);
+        let _ = writeln!(
+            s,
+            "  {:<11} N={:<6} M={:<4} puts/s ratio {:.2}x, {:.0} deliveries/s, p50 {:.2} ms, p99 {:.2} ms, {:.2} events/response, etcd {:.0} µs CPU/put, CPU per delivery: client {:.0} ns, proxy {:.0} ns",
+            r.mode.name(),
+            r.n,
+            r.conns,
+            r.puts_per_s / base,
+            r.deliveries_per_s,
+            ms(r.p50),
+            ms(r.p99),
+            r.deliveries as f64 / r.responses.max(1) as f64,
+            r.etcd_cpu_s * 1e6 / r.puts as f64,
+            r.client_cpu_s * 1e9 / r.deliveries.max(1) as f64,
+            r.proxy_cpu_s * 1e9 / r.deliveries.max(1) as f64,
+        );
+    }
+    let mut ns: Vec<usize> = remote.iter().map(|r| r.n).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    for &n in &ns {
+        let Some(c) = find(Mode::RemoteCacheProxy, n) else {
+            continue;
+        };
+        for other in [Mode::RemoteGrpcProxy, Mode::RemoteEtcd] {
+            if let Some(o) = find(other, n) {
+                let _ = writeln!(
+                    s,
+                    "  cache-proxy vs {:<10} N={:<6} deliveries/s {:.2}x, p99 {:.2} ms vs {:.2} ms ({:.3}x), puts/s {:.2}x, etcd CPU {:.2}x, client+etcd+proxy CPU {:.2} s vs {:.2} s",
+                    other.name(),
+                    n,
+                    c.deliveries_per_s / o.deliveries_per_s,
+                    ms(c.p99),
+                    ms(o.p99),
+                    ms(c.p99) / ms(o.p99),
+                    c.puts_per_s / o.puts_per_s,
+                    c.etcd_cpu_s / o.etcd_cpu_s,
+                    c.client_cpu_s + c.etcd_cpu_s + c.proxy_cpu_s,
+                    o.client_cpu_s + o.etcd_cpu_s + o.proxy_cpu_s,
+                );
+            }
+        }
+        if let Some(g) = find(Mode::RemoteGrpcProxy, n) {
+            if n >= 1000 {
+                let ratio = c.deliveries_per_s / g.deliveries_per_s;
+                let _ = writeln!(
+                    s,
+                    "  goal N={n}: deliveries/s >= 4x grpc-proxy's: {} ({ratio:.2}x); p99 lower: {} ({:.2} ms vs {:.2} ms){}",
+                    if ratio >= 4.0 { "met" } else { "NOT met" },
+                    if c.p99 < g.p99 { "met" } else { "NOT met" },
+                    ms(c.p99),
+                    ms(g.p99),
+                    if g.streams_cut > 0 {
+                        format!(
+                            "; grpc-proxy cut {} of {} streams, so its figures cover only what it delivered",
+                            g.streams_cut, g.streams
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+    }
+    for m in [
+        Mode::RemoteEtcd,
+        Mode::RemoteGrpcProxy,
+        Mode::RemoteCacheProxy,
+    ] {
+        let per_put: Vec<String> = ns
+            .iter()
+            .filter_map(|&n| find(m, n))
+            .map(|r| format!("N={} {:.0}", r.n, r.etcd_cpu_s * 1e6 / r.puts as f64))
+            .collect();
+        if per_put.is_empty() {
+            continue;
+        }
+        let (lo, hi) =
+            ns.iter()
+                .filter_map(|&n| find(m, n))
+                .fold((f64::MAX, 0f64), |(lo, hi), r| {
+                    let v = r.etcd_cpu_s * 1e6 / r.puts as f64;
+                    (lo.min(v), hi.max(v))
+                });
+        let _ = writeln!(
+            s,
+            "  etcd CPU µs per put with {:<11}: {} (max/min {:.2}x)",
+            m.name(),
+            per_put.join(", "),
+            hi / lo
+        );
+    }
+    s
+}
+
+/// The local chart's lines.
+const LOCAL_LINES: [(Mode, &str); 3] = [
+    (Mode::Direct, "#1f77b4"),
+    (Mode::Proxy, "#ff7f0e"),
+    (Mode::Cache, "#2ca02c"),
+];
+/// The remote chart's lines.
+const REMOTE_LINES: [(Mode, &str); 3] = [
+    (Mode::RemoteEtcd, "#1f77b4"),
+    (Mode::RemoteGrpcProxy, "#ff7f0e"),
+    (Mode::RemoteCacheProxy, "#2ca02c"),
+];
+
+/// A small two-panel SVG (deliveries/s and p99 against N, log x), no dependencies; one
+/// line per mode of `modes`.
+fn svg(results: &[RunResult], modes: &[(Mode, &str)]) -> String {
+    let results: Vec<&RunResult> = results
+        .iter()
+        .filter(|r| modes.iter().any(|(m, _)| *m == r.mode))
+        .collect();
     let ns: Vec<usize> = {
         let mut v: Vec<usize> = results
             .iter()
@@ -679,7 +1066,7 @@ fn svg(results: &[RunResult]) -> String {
         let vals: Vec<f64> = results
             .iter()
             .filter(|r| r.mode != Mode::None)
-            .map(f)
+            .map(|r| f(r))
             .filter(|v| *v > 0.0)
             .collect();
         let lo = vals
@@ -756,8 +1143,8 @@ fn svg(results: &[RunResult]) -> String {
             let _ = write!(
                 s,
                 r#"<text x="{}" y="{}" fill="{color}">{}</text>"#,
-                ox + w - pad - 40.0,
-                pad + 15.0 * li as f64 + 5.0,
+                ox + pad + 8.0,
+                pad + 36.0 + 15.0 * li as f64,
                 mode.name()
             );
         }
@@ -770,23 +1157,44 @@ fn svg(results: &[RunResult]) -> String {
 
 struct Opts {
     ns: Vec<usize>,
+    /// The remote runs' N (the quick form leaves out N > 1000).
+    remote_ns: Vec<usize>,
     puts: usize,
+    /// Remote runs write min(puts, max_deliveries / N) puts.
+    max_deliveries: usize,
     modes: Vec<Mode>,
+    /// Puts/s to pace the writers at (0: as fast as 16 puts in flight go).
+    rate: f64,
 }
+
+const ALL_MODES: [Mode; 6] = [
+    Mode::Direct,
+    Mode::Proxy,
+    Mode::Cache,
+    Mode::RemoteEtcd,
+    Mode::RemoteGrpcProxy,
+    Mode::RemoteCacheProxy,
+];
 
 fn parse_opts() -> Result<Opts, String> {
     let quick = common::quick();
     let mut o = if quick {
         Opts {
             ns: vec![1, 100, 1000, 10_000],
+            remote_ns: vec![1, 100, 1000],
             puts: 2000,
-            modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache],
+            max_deliveries: REMOTE_MAX_DELIVERIES_QUICK,
+            modes: ALL_MODES.to_vec(),
+            rate: 0.0,
         }
     } else {
         Opts {
             ns: vec![1, 100, 1000, 10_000],
+            remote_ns: vec![1, 100, 1000, 10_000],
             puts: 10_000,
-            modes: vec![Mode::Direct, Mode::Proxy, Mode::Cache],
+            max_deliveries: REMOTE_MAX_DELIVERIES,
+            modes: ALL_MODES.to_vec(),
+            rate: 0.0,
         }
     };
     let mut it = std::env::args().skip(1);
@@ -799,7 +1207,8 @@ fn parse_opts() -> Result<Opts, String> {
                     .ok_or("--n needs a list")?
                     .split(',')
                     .map(|v| v.trim().parse().map_err(|_| format!("bad N {v}")))
-                    .collect::<Result<_, _>>()?
+                    .collect::<Result<_, _>>()?;
+                o.remote_ns = o.ns.clone();
             }
             "--puts" => {
                 o.puts = it
@@ -807,24 +1216,61 @@ fn parse_opts() -> Result<Opts, String> {
                     .and_then(|v| v.parse().ok())
                     .ok_or("--puts needs a number")?
             }
-            "--modes" => {
-                o.modes = it
+            "--rate" => {
+                o.rate = it
                     .next()
-                    .ok_or("--modes needs a list")?
-                    .split(',')
-                    .map(|m| match m.trim() {
-                        "direct" => Ok(Mode::Direct),
-                        "proxy" => Ok(Mode::Proxy),
-                        "cache" => Ok(Mode::Cache),
-                        other => Err(format!("unknown mode {other}")),
-                    })
-                    .collect::<Result<_, _>>()?
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--rate needs a number (puts/s)")?
+            }
+            "--max-deliveries" => {
+                o.max_deliveries = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--max-deliveries needs a number")?
+            }
+            "--modes" => {
+                let mut modes = Vec::new();
+                for m in it.next().ok_or("--modes needs a list")?.split(',') {
+                    match m.trim() {
+                        "direct" => modes.push(Mode::Direct),
+                        "proxy" => modes.push(Mode::Proxy),
+                        "cache" => modes.push(Mode::Cache),
+                        "local" => modes.extend(&ALL_MODES[..3]),
+                        "etcd" => modes.push(Mode::RemoteEtcd),
+                        "grpc-proxy" => modes.push(Mode::RemoteGrpcProxy),
+                        "cache-proxy" => modes.push(Mode::RemoteCacheProxy),
+                        "remote" => modes.extend(&ALL_MODES[3..]),
+                        other => return Err(format!("unknown mode {other} (direct, proxy, cache, local, etcd, grpc-proxy, cache-proxy, remote)")),
+                    }
+                }
+                o.modes = modes;
             }
             // Arguments cargo bench passes to every bench target (filters etc.) are ignored.
             _ => {}
         }
     }
     Ok(o)
+}
+
+/// Remote runs write fewer puts at large N, so that a run stays under `max_deliveries`.
+fn remote_puts(o: &Opts, n: usize) -> usize {
+    o.puts.min(o.max_deliveries / n.max(1)).max(1)
+}
+
+fn print_run(r: &RunResult) {
+    println!(
+        "run {:<11} N={:<6} M={:<4} {:>6} puts {:>8.0} puts/s  {:>11.0} deliveries/s  p50 {:>8.2} ms  p99 {:>8.2} ms  client {:.2} s CPU {:.0} MiB  etcd {:.2} s CPU {:.0} MiB{}  (set-up {:.1} s)",
+        r.mode.name(), r.n, r.conns, r.puts, r.puts_per_s, r.deliveries_per_s, ms(r.p50), ms(r.p99),
+        r.client_cpu_s, r.client_peak_mib, r.etcd_cpu_s, r.etcd_peak_mib,
+        if r.mode.has_proxy() { format!("  proxy {:.2} s CPU {:.0} MiB", r.proxy_cpu_s, r.proxy_peak_mib) } else { String::new() },
+        r.setup.as_secs_f64()
+    );
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn main() {
@@ -851,6 +1297,18 @@ fn main() {
     } else {
         None
     };
+    let cache_proxy_bin = if opts.modes.contains(&Mode::RemoteCacheProxy) {
+        common::cache_proxy_bin()
+    } else {
+        Err("not asked for".to_string())
+    };
+    if let (true, Err(e)) = (
+        opts.modes.contains(&Mode::RemoteCacheProxy),
+        &cache_proxy_bin,
+    ) {
+        eprintln!("fanout: {e}");
+        std::process::exit(2);
+    }
     let version = server.status().map(|s| s.version).unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -870,85 +1328,130 @@ fn main() {
             proxy_pid: proxy.as_ref().and_then(|p| p.pid()),
             etcd_ep: server.endpoint(),
             proxy_ep: proxy.as_ref().map(|p| p.endpoint()).unwrap_or_default(),
+            cache_proxy_bin,
             writer,
+            rate: opts.rate,
             run_no: 0,
         };
+        let local_modes: Vec<Mode> = opts.modes.iter().copied().filter(|m| !m.is_remote()).collect();
+        let remote_modes: Vec<Mode> = opts.modes.iter().copied().filter(|m| m.is_remote()).collect();
         println!(
-            "fanout: etcd {version}, {} CPUs, {} puts per run, {IN_FLIGHT} in flight, {VALUE_SIZE}-byte values, {KEYS} keys, N in {:?}",
+            "fanout: etcd {version}, {} CPUs, {} puts per run{}, {IN_FLIGHT} in flight, {VALUE_SIZE}-byte values, {KEYS} keys, local N in {:?}, remote N in {:?} (at most {} deliveries per remote run), load average {}",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             opts.puts,
-            opts.ns
+            if opts.rate > 0.0 { format!(" paced at {} puts/s", opts.rate) } else { String::new() },
+            if local_modes.is_empty() { &[][..] } else { &opts.ns[..] },
+            if remote_modes.is_empty() { &[][..] } else { &opts.remote_ns[..] },
+            opts.max_deliveries,
+            loadavg()
         );
+        if let Ok(bin) = &env.cache_proxy_bin {
+            println!("fanout: etcd-cache-proxy is {}", bin.display());
+        }
         // Warm-up (connections, etcd's first writes), not reported.
-        let _ = run_one(&mut env, Mode::None, 0, opts.puts / 4).await;
+        let _ = run_one(&mut env, Mode::None, 0, opts.puts / 4, 0).await;
         let mut results = Vec::new();
         let mut failures = Vec::new();
-        let mut plan = vec![(Mode::None, 0)];
-        for &n in &opts.ns {
-            if n != opts.ns[0] {
-                // A no-watcher run between the groups too, to see the baseline drift.
-                plan.push((Mode::None, 0));
-            }
-            for &m in &opts.modes {
-                if matches!(m, Mode::Direct | Mode::Proxy) && n > DIRECT_MAX_N {
-                    continue;
+        // (mode, N, puts, group): group 0 is the local suite, 1.. the remote groups of N.
+        let mut plan = Vec::new();
+        if !local_modes.is_empty() {
+            plan.push((Mode::None, 0, opts.puts, 0));
+            for &n in &opts.ns {
+                if n != opts.ns[0] {
+                    // A no-watcher run between the groups too, to see the baseline drift.
+                    plan.push((Mode::None, 0, opts.puts, 0));
                 }
-                plan.push((m, n));
+                for &m in &local_modes {
+                    if matches!(m, Mode::Direct | Mode::Proxy) && n > DIRECT_MAX_N {
+                        continue;
+                    }
+                    plan.push((m, n, opts.puts, 0));
+                }
+            }
+            // The no-watcher baseline once more at the end, to see drift.
+            plan.push((Mode::None, 0, opts.puts, 0));
+        }
+        if !remote_modes.is_empty() {
+            // Each N: a no-watcher run of the same puts before and after the variants.
+            for (gi, &n) in opts.remote_ns.iter().enumerate() {
+                let puts = remote_puts(&opts, n);
+                plan.push((Mode::None, 0, puts, gi + 1));
+                for &m in &remote_modes {
+                    plan.push((m, n, puts, gi + 1));
+                }
+                plan.push((Mode::None, 0, puts, gi + 1));
             }
         }
-        // The no-watcher baseline once more at the end, to see drift.
-        plan.push((Mode::None, 0));
-        for (mode, n) in plan {
-            match run_one(&mut env, mode, n, opts.puts).await {
+        let mut remote_started = false;
+        for (mode, n, puts, group) in plan {
+            if group > 0 && !remote_started {
+                remote_started = true;
+                println!("remote runs (N watchers over M = ceil(N/100) connections), load average {}", loadavg());
+            }
+            match run_one(&mut env, mode, n, puts, group).await {
                 Ok(r) => {
-                    println!(
-                        "run {:<6} N={:<6} {:>8.0} puts/s  {:>11.0} deliveries/s  p50 {:>7.2} ms  p99 {:>7.2} ms  client {:.2} s CPU {:.0} MiB  etcd {:.2} s CPU {:.0} MiB{}  (set-up {:.1} s)",
-                        mode.name(), n, r.puts_per_s, r.deliveries_per_s, ms(r.p50), ms(r.p99),
-                        r.client_cpu_s, r.client_peak_mib, r.etcd_cpu_s, r.etcd_peak_mib,
-                        if mode == Mode::Proxy { format!("  proxy {:.2} s CPU {:.0} MiB", r.proxy_cpu_s, r.proxy_peak_mib) } else { String::new() },
-                        r.setup.as_secs_f64()
-                    );
+                    print_run(&r);
                     results.push(r);
                 }
                 Err(e) => {
-                    println!("run {:<6} N={:<6} FAILED: {e}", mode.name(), n);
+                    println!("run {:<11} N={:<6} FAILED: {e}", mode.name(), n);
                     failures.push(e);
                 }
             }
         }
-        let nones: Vec<f64> = results.iter().filter(|r| r.mode == Mode::None).map(|r| r.puts_per_s).collect();
+        let local: Vec<RunResult> = results.iter().filter(|r| r.group == 0).cloned().collect();
+        let nones: Vec<f64> = local.iter().filter(|r| r.mode == Mode::None).map(|r| r.puts_per_s).collect();
         let baseline = if nones.is_empty() { f64::NAN } else { nones.iter().sum::<f64>() / nones.len() as f64 };
-        let one_watch = results.iter().find(|r| r.mode == Mode::Direct && r.n == 1).map(|r| r.puts_per_s);
-        println!();
-        println!("comparisons (puts/s ratio to the no-watcher baseline of {baseline:.0} puts/s, mean of the no-watcher runs):");
-        for r in results.iter().filter(|r| r.mode != Mode::None) {
-            let direct = results.iter().find(|d| d.mode == Mode::Direct && d.n == r.n);
-            let extra = match (r.mode, direct) {
-                (Mode::Direct, _) | (_, None) => String::new(),
-                (_, Some(d)) => format!(
-                    ", deliveries/s {:.2}x direct, p99 {:+.2} ms vs direct",
-                    r.deliveries_per_s / d.deliveries_per_s,
-                    ms(r.p99) - ms(d.p99)
-                ),
-            };
-            let vs1 = one_watch.map_or(String::new(), |b| format!(" ({:.2}x one direct watch)", r.puts_per_s / b));
-            println!(
-                "  {:<6} N={:<6} puts/s ratio {:.2}x{vs1}, {:.0} deliveries/s, p99 {:.2} ms{extra}",
-                r.mode.name(), r.n, r.puts_per_s / baseline, r.deliveries_per_s, ms(r.p99)
-            );
+        let one_watch = local.iter().find(|r| r.mode == Mode::Direct && r.n == 1).map(|r| r.puts_per_s);
+        if !local_modes.is_empty() {
+            println!();
+            println!("comparisons (puts/s ratio to the no-watcher baseline of {baseline:.0} puts/s, mean of the no-watcher runs):");
+            for r in local.iter().filter(|r| r.mode != Mode::None) {
+                let direct = local.iter().find(|d| d.mode == Mode::Direct && d.n == r.n);
+                let extra = match (r.mode, direct) {
+                    (Mode::Direct, _) | (_, None) => String::new(),
+                    (_, Some(d)) => format!(
+                        ", deliveries/s {:.2}x direct, p99 {:+.2} ms vs direct",
+                        r.deliveries_per_s / d.deliveries_per_s,
+                        ms(r.p99) - ms(d.p99)
+                    ),
+                };
+                let vs1 = one_watch.map_or(String::new(), |b| format!(" ({:.2}x one direct watch)", r.puts_per_s / b));
+                println!(
+                    "  {:<6} N={:<6} puts/s ratio {:.2}x{vs1}, {:.0} deliveries/s, p99 {:.2} ms{extra}",
+                    r.mode.name(), r.n, r.puts_per_s / baseline, r.deliveries_per_s, ms(r.p99)
+                );
+            }
+            println!();
+            print!("{}", table(&local, baseline, one_watch));
         }
-        println!();
-        print!("{}", table(&results, baseline, one_watch));
+        if !remote_modes.is_empty() {
+            println!();
+            print!("{}", remote_comparisons(&results));
+            println!();
+            print!("{}", remote_table(&results));
+        }
         let dir = std::path::PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
             concat!(env!("CARGO_MANIFEST_DIR"), "/target").to_string()
         }))
         .join("fanout");
         if std::fs::create_dir_all(&dir).is_ok() {
-            let _ = std::fs::write(dir.join("fanout.svg"), svg(&results));
-            let _ = std::fs::write(dir.join("fanout.md"), table(&results, baseline, one_watch));
-            println!("\nchart: {}  table: {}", dir.join("fanout.svg").display(), dir.join("fanout.md").display());
+            println!();
+            if !local_modes.is_empty() {
+                let _ = std::fs::write(dir.join("fanout.svg"), svg(&local, &LOCAL_LINES));
+                let _ = std::fs::write(dir.join("fanout.md"), table(&local, baseline, one_watch));
+                println!("chart: {}  table: {}", dir.join("fanout.svg").display(), dir.join("fanout.md").display());
+            }
+            if !remote_modes.is_empty() {
+                let _ = std::fs::write(dir.join("fanout-remote.svg"), svg(&results, &REMOTE_LINES));
+                let _ = std::fs::write(
+                    dir.join("fanout-remote.md"),
+                    format!("{}\n{}", remote_table(&results), remote_comparisons(&results)),
+                );
+                println!("chart: {}  table: {}", dir.join("fanout-remote.svg").display(), dir.join("fanout-remote.md").display());
+            }
         }
-        println!("fanout: {} runs in {:.0} s, {} failed", results.len() + failures.len(), started.elapsed().as_secs_f64(), failures.len());
+        println!("fanout: {} runs in {:.0} s, {} failed, load average {}", results.len() + failures.len(), started.elapsed().as_secs_f64(), failures.len(), loadavg());
         if failures.is_empty() { 0 } else { 1 }
     });
     drop(proxy);

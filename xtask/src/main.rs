@@ -58,7 +58,8 @@ Commands:
         With a name: `cargo bench --features bench-internals --bench <name>` if
         benches/<name>.rs exists, otherwise
         `cargo run --release --example bench_<name>` if examples/bench_<name>.rs exists.
-        e.g. `cargo xtask bench fanout`.
+        e.g. `cargo xtask bench fanout`. For `fanout` (and no name) it first runs
+        `cargo build --release -p etcd-cache-proxy`: the fan-out bench's remote mode runs it.
         --quick sets ETCD_CACHE_BENCH_QUICK=1, which every benchmark reads to run a short form.
         Arguments after `--` go to the benchmark binary.
   soak [--duration SECS] [-- test-args]
@@ -296,6 +297,17 @@ fn bench(args: Vec<String>) -> i32 {
     }
     if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
         return 1;
+    }
+    // The fan-out bench runs etcd-cache-proxy (its remote mode); the bench cannot build it
+    // itself while cargo holds the target directory's lock.
+    if matches!(name.as_deref(), None | Some("fanout")) {
+        let mut build = cargo();
+        build.args(["build", "--release", "-p", "etcd-cache-proxy"]);
+        let code = run(build);
+        if code != 0 {
+            println!("xtask bench: building etcd-cache-proxy FAILED (exit code {code})");
+            return code;
+        }
     }
     let mut cmd = cargo();
     match &name {
