@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
+use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest,
     WatchRequest, WatchResponse,
@@ -39,6 +40,8 @@ pub(crate) struct Forwarded {
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
     next_id: i64,
+    /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
+    open: GaugeGuard,
 }
 
 impl Forwarded {
@@ -51,6 +54,7 @@ impl Forwarded {
             ids: HashSet::new(),
             creating: VecDeque::new(),
             next_id: FIRST_ID,
+            open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
 
@@ -145,9 +149,12 @@ impl Forwarded {
                         if let Some(id) = asked {
                             self.ids.remove(&id);
                         }
+                    } else {
+                        self.open.add();
+                        crate::metrics::get().watch_created(Served::Etcd);
                     }
-                } else if r.canceled {
-                    self.ids.remove(&r.watch_id);
+                } else if r.canceled && self.ids.remove(&r.watch_id) {
+                    self.open.sub();
                 }
                 self.up.observe(r.header.as_ref());
                 Ok(r)

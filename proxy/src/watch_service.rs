@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::conn;
 use crate::forwarded::Forwarded;
+use crate::metrics::{GaugeGuard, Refusal, Served};
 use crate::pb::etcdserverpb::{
     watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
     WatchCreateRequest, WatchRequest, WatchResponse,
@@ -90,6 +91,8 @@ impl Watch for WatchService {
             cache_ids: HashSet::new(),
             progress: VecDeque::new(),
             require_leader,
+            _stream: crate::metrics::get().watch_stream(),
+            open: crate::metrics::get().open_watches(Served::Cache),
         };
         tokio::spawn(session.run(req.into_inner()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -124,6 +127,10 @@ struct Session {
     /// lower revision answers each.
     progress: VecDeque<[Option<i64>; 2]>,
     require_leader: bool,
+    /// Counts the stream in `etcd_cache_proxy_watch_streams` while it is open.
+    _stream: GaugeGuard,
+    /// Counts its cache watches in `etcd_cache_proxy_watches{served="cache"}`.
+    open: GaugeGuard,
 }
 
 /// Which side answered a progress request.
@@ -343,6 +350,9 @@ impl Session {
             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
             return self.progress_answer(FROM_ETCD, revision).await;
         }
+        if resp.created && resp.canceled {
+            crate::metrics::get().watch_refused(Refusal::Etcd);
+        }
         if resp.canceled {
             self.fragment.remove(&resp.watch_id);
         }
@@ -365,6 +375,7 @@ impl Session {
 
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
     async fn refuse(&mut self, reason: String) -> Result<(), ()> {
+        crate::metrics::get().watch_refused(Refusal::of(&reason));
         let resp = WatchResponse {
             header: Some(self.st.up.header(self.watches.revision())),
             watch_id: INVALID_WATCH_ID,
@@ -382,7 +393,10 @@ impl Session {
             return self.progress_answer(FROM_CACHE, r.revision()).await;
         }
         if r.created() && !r.canceled() {
-            self.cache_ids.insert(watch_id);
+            if self.cache_ids.insert(watch_id) {
+                self.open.add();
+                crate::metrics::get().watch_created(Served::Cache);
+            }
             if self.fragment_pending.pop_front().unwrap_or(false) {
                 self.fragment.insert(watch_id);
             }
@@ -390,7 +404,9 @@ impl Session {
             // Created and canceled at once (below the window): no fragments ever.
             self.fragment_pending.pop_front();
         } else if r.canceled() {
-            self.cache_ids.remove(&watch_id);
+            if self.cache_ids.remove(&watch_id) {
+                self.open.sub();
+            }
             self.fragment.remove(&watch_id);
         }
         let resp = WatchResponse {
