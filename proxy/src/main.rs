@@ -28,6 +28,7 @@ mod maintenance;
 mod metrics;
 mod namespace;
 mod pb;
+mod progress;
 mod server;
 mod state;
 mod status;

@@ -1,0 +1,464 @@
+//! Stream-level progress (`WatchProgressRequest`) on a Watch stream whose watches are
+//! served by two sides: the cache, and etcd for the forwarded ones. Each side answers for
+//! its own watches; the client gets one answer (watch id -1) that must hold for every
+//! watch on the stream, as etcd's does:
+//!
+//! - **bookmarkable**: every event at or below the answer's revision R has been sent on
+//!   the stream before it, for every watch: both sides have proven R (each side's answer
+//!   comes after everything it had up to its revision);
+//! - **ordered**: no event above R has been sent before it, for any watch (a client that
+//!   resumes from a progress revision would otherwise get that event twice, and one that
+//!   checks order sees the revision go back).
+//!
+//! Both sides keep sending while they are asked, so the two conditions are kept by
+//! holding back: from the request on, responses with events above the request's *floor*
+//! (a revision at or above etcd's when the request came, and above everything sent so
+//! far) are held; once both sides have answered at or above the floor, the held events up
+//! to R = the lower answer are sent, then the answer, then the rest. A side that answers
+//! below what was already sent is asked again. A request that cannot be answered within
+//! [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`] responses wait) is given up: the
+//! held responses go out and that request gets no answer, as etcd gives none to a
+//! request it cannot answer.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::pb::etcdserverpb::WatchResponse;
+
+/// How long responses may be held for one progress request.
+pub(crate) const HOLD_LIMIT: Duration = Duration::from_secs(5);
+/// How many responses may be held before the oldest request is given up.
+pub(crate) const HELD_LIMIT: usize = 4096;
+/// How many times one side is asked again before its request is given up.
+const RETRIES: u32 = 8;
+
+/// The two sides of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Cache = 0,
+    Etcd = 1,
+}
+
+/// What the session sends, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Item {
+    /// A response of a watch.
+    Resp(WatchResponse),
+    /// The stream-level progress answer at this revision.
+    Progress(i64),
+}
+
+/// What the session must do after an input: send these, and ask each side this many
+/// more times.
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    pub(crate) items: Vec<Item>,
+    pub(crate) ask: [u32; 2],
+}
+
+#[derive(Debug)]
+struct Pending {
+    floor: i64,
+    /// The highest revision each side has answered (`i64::MAX`: that side has no watches).
+    proven: [Option<i64>; 2],
+    /// Answers still owed by each side to this request.
+    waiting: [u32; 2],
+    retries: u32,
+    deadline: Instant,
+    abandoned: bool,
+}
+
+impl Pending {
+    fn answered(&self) -> bool {
+        self.waiting == [0, 0]
+    }
+}
+
+/// The progress requests of one stream and the responses held for them.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pending: VecDeque<Pending>,
+    held: VecDeque<WatchResponse>,
+    /// Watch ids with held responses (their later responses queue behind them).
+    held_ids: HashMap<i64, usize>,
+    /// The highest event revision sent on the stream.
+    sent_max: i64,
+}
+
+/// The revision of a response's last event (0 without events).
+fn last_revision(r: &WatchResponse) -> i64 {
+    r.events
+        .last()
+        .and_then(|e| e.kv.as_ref())
+        .map_or(0, |kv| kv.mod_revision)
+}
+
+/// Splits `r` into its events at or below `bound` and the rest (either may be `None`). The
+/// flags that end a watch stay with the later part.
+fn split(mut r: WatchResponse, bound: i64) -> (Option<WatchResponse>, Option<WatchResponse>) {
+    let at = r
+        .events
+        .iter()
+        .position(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision) > bound)
+        .unwrap_or(r.events.len());
+    if r.events.is_empty() || at == r.events.len() {
+        return (Some(r), None);
+    }
+    if at == 0 {
+        return (None, Some(r));
+    }
+    let high_events = r.events.split_off(at);
+    let low = WatchResponse {
+        events: std::mem::take(&mut r.events),
+        canceled: false,
+        compact_revision: 0,
+        cancel_reason: String::new(),
+        ..r.clone()
+    };
+    r.events = high_events;
+    (Some(low), Some(r))
+}
+
+impl Progress {
+    /// The highest event revision sent on the stream.
+    #[cfg(test)]
+    pub(crate) fn sent_max(&self) -> i64 {
+        self.sent_max
+    }
+
+    /// The floor of the oldest request still being answered: responses with events above
+    /// it are held.
+    fn bound(&self) -> Option<i64> {
+        self.pending.iter().find(|p| !p.abandoned).map(|p| p.floor)
+    }
+
+    /// When the oldest request still being answered is given up.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.pending
+            .iter()
+            .find(|p| !p.abandoned)
+            .map(|p| p.deadline)
+    }
+
+    /// A client's request. `floor`: at or above etcd's revision now and every event sent;
+    /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
+    pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
+        let floor = floor.max(self.sent_max);
+        self.pending.push_back(Pending {
+            floor,
+            proven: [None, if etcd { None } else { Some(i64::MAX) }],
+            waiting: [1, u32::from(etcd)],
+            retries: 0,
+            deadline: now + HOLD_LIMIT,
+            abandoned: false,
+        });
+        Out {
+            items: Vec::new(),
+            ask: [1, u32::from(etcd)],
+        }
+    }
+
+    /// A forwarded watch was created: requests that did not ask etcd (the stream had no
+    /// forwarded watch then) ask it now, after the create, so their answers cover it.
+    pub(crate) fn forwarded_created(&mut self) -> Out {
+        let mut out = Out::default();
+        for p in self.pending.iter_mut().filter(|p| !p.abandoned) {
+            if p.proven[Side::Etcd as usize] == Some(i64::MAX) {
+                p.proven[Side::Etcd as usize] = None;
+                p.waiting[Side::Etcd as usize] += 1;
+                out.ask[Side::Etcd as usize] += 1;
+            }
+        }
+        out
+    }
+
+    /// A side's answer (a stream-level progress response from the cache or from etcd).
+    pub(crate) fn answer(&mut self, side: Side, revision: i64) -> Out {
+        let s = side as usize;
+        match self.pending.iter_mut().find(|p| p.waiting[s] > 0) {
+            Some(p) => {
+                p.waiting[s] -= 1;
+                p.proven[s] = Some(p.proven[s].map_or(revision, |r| r.max(revision)));
+            }
+            // Not asked for: passed on only where it cannot break either rule.
+            None => {
+                let mut out = Out::default();
+                if self.pending.is_empty() && self.held.is_empty() && revision >= self.sent_max {
+                    out.items.push(Item::Progress(revision));
+                }
+                return out;
+            }
+        }
+        self.settle()
+    }
+
+    /// A response of a watch: sent now, or held (and sent later, in order).
+    pub(crate) fn push(&mut self, r: WatchResponse) -> Out {
+        let mut out = Out::default();
+        let Some(bound) = self.bound() else {
+            debug_assert!(self.held.is_empty());
+            self.emit(&mut out, r);
+            return out;
+        };
+        if self.held_ids.contains_key(&r.watch_id) {
+            self.hold(r);
+        } else {
+            let (low, high) = split(r, bound);
+            if let Some(low) = low {
+                self.emit(&mut out, low);
+            }
+            if let Some(high) = high {
+                self.hold(high);
+            }
+        }
+        if self.held.len() > HELD_LIMIT {
+            if let Some(p) = self.pending.iter_mut().find(|p| !p.abandoned) {
+                tracing::debug!("progress request given up: too many responses held");
+                p.abandoned = true;
+            }
+            let more = self.settle();
+            out.items.extend(more.items);
+            out.ask[0] += more.ask[0];
+            out.ask[1] += more.ask[1];
+        }
+        out
+    }
+
+    /// Gives up the requests whose time is over.
+    pub(crate) fn expire(&mut self, now: Instant) -> Out {
+        for p in self.pending.iter_mut() {
+            if !p.abandoned && p.deadline <= now {
+                tracing::debug!(floor = p.floor, proven = ?p.proven, "progress request given up: not answered in time");
+                p.abandoned = true;
+            }
+        }
+        self.settle()
+    }
+
+    fn hold(&mut self, r: WatchResponse) {
+        *self.held_ids.entry(r.watch_id).or_default() += 1;
+        self.held.push_back(r);
+    }
+
+    fn emit(&mut self, out: &mut Out, r: WatchResponse) {
+        self.sent_max = self.sent_max.max(last_revision(&r));
+        out.items.push(Item::Resp(r));
+    }
+
+    /// Answers what can be answered, asks again where an answer is too low, and sends the
+    /// held responses the remaining requests allow.
+    fn settle(&mut self) -> Out {
+        let mut out = Out::default();
+        loop {
+            // Requests given up and fully answered are done.
+            while self
+                .pending
+                .front()
+                .is_some_and(|p| p.abandoned && p.answered())
+            {
+                self.pending.pop_front();
+            }
+            let Some(i) = self.pending.iter().position(|p| !p.abandoned) else {
+                break;
+            };
+            if !self.pending[i].answered() {
+                break;
+            }
+            let p = &self.pending[i];
+            let r = p.proven[0].unwrap_or(0).min(p.proven[1].unwrap_or(0));
+            if r < self.sent_max {
+                // A side proved less than was already sent: ask it again.
+                let p = &mut self.pending[i];
+                p.retries += 1;
+                if p.retries > RETRIES {
+                    tracing::debug!(floor = p.floor, proven = ?p.proven, "progress request given up: answers stay below what was sent");
+                    p.abandoned = true;
+                    continue;
+                }
+                for s in 0..2 {
+                    if p.proven[s].unwrap_or(0) < self.sent_max {
+                        p.waiting[s] += 1;
+                        out.ask[s] += 1;
+                    }
+                }
+                break;
+            }
+            self.release(&mut out, Some(r));
+            out.items.push(Item::Progress(r));
+            self.pending.remove(i);
+        }
+        let bound = self.bound();
+        self.release(&mut out, bound);
+        out
+    }
+
+    /// Sends the held responses at or below `bound` (all with `None`), keeping each
+    /// watch's responses in order.
+    fn release(&mut self, out: &mut Out, bound: Option<i64>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut keep = VecDeque::new();
+        let mut blocked = HashSet::new();
+        for r in std::mem::take(&mut self.held) {
+            if blocked.contains(&r.watch_id) {
+                keep.push_back(r);
+                continue;
+            }
+            let (low, high) = match bound {
+                None => (Some(r), None),
+                Some(b) => split(r, b),
+            };
+            if let Some(low) = low {
+                self.emit(out, low);
+            }
+            if let Some(high) = high {
+                blocked.insert(high.watch_id);
+                keep.push_back(high);
+            }
+        }
+        self.held_ids.clear();
+        for r in &keep {
+            *self.held_ids.entry(r.watch_id).or_default() += 1;
+        }
+        self.held = keep;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::mvccpb::{Event, KeyValue};
+
+    fn resp(watch_id: i64, revs: &[i64]) -> WatchResponse {
+        WatchResponse {
+            watch_id,
+            events: revs
+                .iter()
+                .map(|&r| Event {
+                    kv: Some(KeyValue {
+                        key: bytes::Bytes::from(format!("k{r}")),
+                        mod_revision: r,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn revs(items: &[Item]) -> Vec<(i64, Vec<i64>)> {
+        items
+            .iter()
+            .map(|i| match i {
+                Item::Resp(r) => (
+                    r.watch_id,
+                    r.events
+                        .iter()
+                        .map(|e| e.kv.as_ref().unwrap().mod_revision)
+                        .collect(),
+                ),
+                Item::Progress(p) => (-1, vec![*p]),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_requests_everything_passes() {
+        let mut p = Progress::default();
+        let out = p.push(resp(1, &[5, 6]));
+        assert_eq!(revs(&out.items), [(1, vec![5, 6])]);
+        assert_eq!(p.sent_max(), 6);
+    }
+
+    #[test]
+    fn events_above_the_floor_wait_for_the_answer() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.push(resp(1, &[10]));
+        // Asked at etcd revision 12, with a forwarded watch.
+        let out = p.request(12, true, now);
+        assert_eq!(out.ask, [1, 1]);
+        // The cache answers 12, then sends 13 for watch 1: held.
+        assert!(p.answer(Side::Cache, 12).items.is_empty());
+        assert!(p.push(resp(1, &[13])).items.is_empty());
+        // etcd sends a batch 11..14 for watch 2: 11 and 12 go now, the rest waits.
+        assert_eq!(
+            revs(&p.push(resp(2, &[11, 12, 14])).items),
+            [(2, vec![11, 12])]
+        );
+        // etcd answers 14: the answer is the lower, 12; then the held events follow.
+        let out = p.answer(Side::Etcd, 14);
+        assert_eq!(
+            revs(&out.items),
+            [(-1, vec![12]), (1, vec![13]), (2, vec![14])]
+        );
+    }
+
+    #[test]
+    fn a_side_that_answers_below_what_was_sent_is_asked_again() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.push(resp(2, &[20]));
+        // A floor below what was sent is raised to it.
+        p.request(15, true, now);
+        assert!(p.answer(Side::Etcd, 21).items.is_empty());
+        // The cache proves only 18 (< 20 sent): asked again, nothing answered yet.
+        let out = p.answer(Side::Cache, 18);
+        assert!(out.items.is_empty());
+        assert_eq!(out.ask, [1, 0]);
+        let out = p.answer(Side::Cache, 21);
+        assert_eq!(revs(&out.items), [(-1, vec![21])]);
+    }
+
+    #[test]
+    fn a_forwarded_watch_created_meanwhile_makes_etcd_answer_too() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(5, false, now).ask, [1, 0]);
+        assert_eq!(p.forwarded_created().ask, [0, 1]);
+        assert!(p.answer(Side::Cache, 5).items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 6).items), [(-1, vec![5])]);
+    }
+
+    #[test]
+    fn an_unanswered_request_is_given_up_and_the_held_responses_go() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.request(5, true, now);
+        p.answer(Side::Cache, 5);
+        assert!(p.push(resp(1, &[6])).items.is_empty());
+        // A cancel of the same watch waits behind its events.
+        let mut cancel = resp(1, &[]);
+        cancel.canceled = true;
+        assert!(p.push(cancel).items.is_empty());
+        assert_eq!(p.deadline(), Some(now + HOLD_LIMIT));
+        let out = p.expire(now + HOLD_LIMIT);
+        assert_eq!(revs(&out.items), [(1, vec![6]), (1, vec![])]);
+        assert_eq!(p.deadline(), None);
+        // etcd's late answer is consumed, not sent.
+        assert!(p.answer(Side::Etcd, 9).items.is_empty());
+        assert!(p.pending.is_empty());
+        // A later request works as usual.
+        p.request(9, false, now);
+        assert_eq!(revs(&p.answer(Side::Cache, 9).items), [(-1, vec![9])]);
+    }
+
+    #[test]
+    fn requests_are_answered_in_order() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.request(5, false, now);
+        p.request(7, false, now);
+        assert_eq!(revs(&p.answer(Side::Cache, 5).items), [(-1, vec![5])]);
+        // Held against the second floor now.
+        assert_eq!(revs(&p.push(resp(1, &[6, 8])).items), [(1, vec![6])]);
+        assert_eq!(
+            revs(&p.answer(Side::Cache, 8).items),
+            [(1, vec![8]), (-1, vec![8])]
+        );
+    }
+}
