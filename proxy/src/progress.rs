@@ -12,13 +12,21 @@
 //!
 //! Both sides keep sending while they are asked, so the two conditions are kept by
 //! holding back: from the request on, responses with events above the request's *floor*
-//! (a revision at or above etcd's when the request came, and above everything sent so
-//! far) are held; once both sides have answered at or above the floor, the held events up
-//! to R = the lower answer are sent, then the answer, then the rest. A side that answers
-//! below what was already sent is asked again. A request that cannot be answered within
-//! [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`] responses wait) is given up: the
-//! held responses go out and that request gets no answer, as etcd gives none to a
-//! request it cannot answer.
+//! (a revision at or above etcd's when the request came, and at or above everything sent
+//! so far) are held. A side's answer counts for a request once it is at or above the
+//! floor; when both sides have such an answer, the held events up to R = the lower of
+//! the two answers are sent, then the answer, then the rest. Each side has at most one
+//! request in flight, and its answer counts for the client requests made before that
+//! request was sent: etcd answers several requests with one while it defers them
+//! (`deferredProgress`, while a watch catches up), so answers cannot be counted one for
+//! one, and an answer made before a client's request must not count for it (a watch
+//! created in between may still be replaying). A side whose answer is below a request's
+//! floor is asked again. A request that is not answered within [`HOLD_LIMIT`] (or while
+//! more than [`HELD_LIMIT`] responses wait) is given up: the held responses go out and
+//! that request gets no answer, as etcd gives none to a request it cannot answer.
+//!
+//! The answer holds for the watches that were on the stream when it was asked for; a
+//! watch created after the request may still be replaying.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -60,19 +68,19 @@ pub(crate) struct Out {
 
 #[derive(Debug)]
 struct Pending {
+    /// Its place in the order of requests.
+    seq: u64,
     floor: i64,
-    /// The highest revision each side has answered (`i64::MAX`: that side has no watches).
+    /// The highest answer of each side at or above the floor (`i64::MAX`: that side has
+    /// no watches to answer for; `None`: no answer recent enough yet).
     proven: [Option<i64>; 2],
-    /// Answers still owed by each side to this request.
-    waiting: [u32; 2],
     retries: u32,
     deadline: Instant,
-    abandoned: bool,
 }
 
 impl Pending {
     fn answered(&self) -> bool {
-        self.waiting == [0, 0]
+        self.proven.iter().all(Option::is_some)
     }
 }
 
@@ -80,6 +88,9 @@ impl Pending {
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
     pending: VecDeque<Pending>,
+    next_seq: u64,
+    /// Per side, the request in flight: it covers the client requests up to this `seq`.
+    asked: [Option<u64>; 2],
     held: VecDeque<WatchResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
     held_ids: HashMap<i64, usize>,
@@ -128,70 +139,94 @@ impl Progress {
         self.sent_max
     }
 
-    /// The floor of the oldest request still being answered: responses with events above
-    /// it are held.
+    /// The floor of the oldest request: responses with events above it are held.
     fn bound(&self) -> Option<i64> {
-        self.pending.iter().find(|p| !p.abandoned).map(|p| p.floor)
+        self.pending.front().map(|p| p.floor)
     }
 
-    /// When the oldest request still being answered is given up.
+    /// When the oldest request is given up.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.pending
-            .iter()
-            .find(|p| !p.abandoned)
-            .map(|p| p.deadline)
+        self.pending.front().map(|p| p.deadline)
     }
 
-    /// A client's request. `floor`: at or above etcd's revision now and every event sent;
-    /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
+    /// A client's request. `floor`: at or above etcd's revision now; `etcd`: the stream
+    /// has forwarded watches. Asks the cache, and etcd if needed.
     pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
         let floor = floor.max(self.sent_max);
+        let seq = self.next_seq;
+        self.next_seq += 1;
         self.pending.push_back(Pending {
+            seq,
             floor,
             proven: [None, if etcd { None } else { Some(i64::MAX) }],
-            waiting: [1, u32::from(etcd)],
             retries: 0,
             deadline: now + HOLD_LIMIT,
-            abandoned: false,
         });
         Out {
             items: Vec::new(),
-            ask: [1, u32::from(etcd)],
+            ask: self.ask_needed(),
         }
     }
 
-    /// A forwarded watch was created: requests that did not ask etcd (the stream had no
-    /// forwarded watch then) ask it now, after the create, so their answers cover it.
-    pub(crate) fn forwarded_created(&mut self) -> Out {
-        let mut out = Out::default();
-        for p in self.pending.iter_mut().filter(|p| !p.abandoned) {
-            if p.proven[Side::Etcd as usize] == Some(i64::MAX) {
-                p.proven[Side::Etcd as usize] = None;
-                p.waiting[Side::Etcd as usize] += 1;
-                out.ask[Side::Etcd as usize] += 1;
+    /// Asks each side that has no request in flight and that a request waits for.
+    fn ask_needed(&mut self) -> [u32; 2] {
+        let mut ask = [0; 2];
+        for (s, a) in ask.iter_mut().enumerate() {
+            if self.asked[s].is_none() && self.pending.iter().any(|p| p.proven[s].is_none()) {
+                self.asked[s] = self.pending.back().map(|p| p.seq);
+                *a = 1;
             }
         }
-        out
+        ask
+    }
+
+    /// A forwarded watch was created: requests that did not ask etcd (the stream had no
+    /// forwarded watch then) ask it now, so that their held responses wait for etcd too.
+    pub(crate) fn forwarded_created(&mut self) -> Out {
+        let e = Side::Etcd as usize;
+        for p in self.pending.iter_mut() {
+            if p.proven[e] == Some(i64::MAX) {
+                p.proven[e] = None;
+            }
+        }
+        Out {
+            items: Vec::new(),
+            ask: self.ask_needed(),
+        }
     }
 
     /// A side's answer (a stream-level progress response from the cache or from etcd).
     pub(crate) fn answer(&mut self, side: Side, revision: i64) -> Out {
         let s = side as usize;
-        match self.pending.iter_mut().find(|p| p.waiting[s] > 0) {
-            Some(p) => {
-                p.waiting[s] -= 1;
-                p.proven[s] = Some(p.proven[s].map_or(revision, |r| r.max(revision)));
-            }
-            // Not asked for: passed on only where it cannot break either rule.
-            None => {
-                let mut out = Out::default();
-                if self.pending.is_empty() && self.held.is_empty() && revision >= self.sent_max {
-                    out.items.push(Item::Progress(revision));
+        // Not asked for (e.g. the answer to a request given up after the side was asked
+        // again): nothing waits for it.
+        if let Some(covered) = self.asked[s].take() {
+            self.pending.retain_mut(|p| {
+                if p.seq > covered || p.proven[s].is_some() {
+                    return true;
                 }
-                return out;
-            }
+                if revision >= p.floor {
+                    p.proven[s] = Some(revision);
+                    return true;
+                }
+                // Below the floor (the side could not prove more): asked again, a few
+                // times.
+                p.retries += 1;
+                if p.retries > RETRIES {
+                    tracing::debug!(
+                        floor = p.floor,
+                        ?side,
+                        revision,
+                        "progress request given up: answers stay below its floor"
+                    );
+                    return false;
+                }
+                true
+            });
         }
-        self.settle()
+        let mut out = self.settle();
+        out.ask = self.ask_needed();
+        out
     }
 
     /// A response of a watch: sent now, or held (and sent later, in order).
@@ -214,25 +249,18 @@ impl Progress {
             }
         }
         if self.held.len() > HELD_LIMIT {
-            if let Some(p) = self.pending.iter_mut().find(|p| !p.abandoned) {
-                tracing::debug!("progress request given up: too many responses held");
-                p.abandoned = true;
-            }
-            let more = self.settle();
-            out.items.extend(more.items);
-            out.ask[0] += more.ask[0];
-            out.ask[1] += more.ask[1];
+            tracing::debug!("progress request given up: too many responses held");
+            self.pending.pop_front();
+            out.items.extend(self.settle().items);
         }
         out
     }
 
     /// Gives up the requests whose time is over.
     pub(crate) fn expire(&mut self, now: Instant) -> Out {
-        for p in self.pending.iter_mut() {
-            if !p.abandoned && p.deadline <= now {
-                tracing::debug!(floor = p.floor, proven = ?p.proven, "progress request given up: not answered in time");
-                p.abandoned = true;
-            }
+        while self.pending.front().is_some_and(|p| p.deadline <= now) {
+            let p = self.pending.pop_front();
+            tracing::debug!(?p, "progress request given up: not answered in time");
         }
         self.settle()
     }
@@ -247,47 +275,15 @@ impl Progress {
         out.items.push(Item::Resp(r));
     }
 
-    /// Answers what can be answered, asks again where an answer is too low, and sends the
-    /// held responses the remaining requests allow.
+    /// Answers the requests that can be answered, oldest first, and sends the held
+    /// responses the remaining ones allow.
     fn settle(&mut self) -> Out {
         let mut out = Out::default();
-        loop {
-            // Requests given up and fully answered are done.
-            while self
-                .pending
-                .front()
-                .is_some_and(|p| p.abandoned && p.answered())
-            {
-                self.pending.pop_front();
-            }
-            let Some(i) = self.pending.iter().position(|p| !p.abandoned) else {
-                break;
-            };
-            if !self.pending[i].answered() {
-                break;
-            }
-            let p = &self.pending[i];
+        while let Some(p) = self.pending.front().filter(|p| p.answered()) {
             let r = p.proven[0].unwrap_or(0).min(p.proven[1].unwrap_or(0));
-            if r < self.sent_max {
-                // A side proved less than was already sent: ask it again.
-                let p = &mut self.pending[i];
-                p.retries += 1;
-                if p.retries > RETRIES {
-                    tracing::debug!(floor = p.floor, proven = ?p.proven, "progress request given up: answers stay below what was sent");
-                    p.abandoned = true;
-                    continue;
-                }
-                for s in 0..2 {
-                    if p.proven[s].unwrap_or(0) < self.sent_max {
-                        p.waiting[s] += 1;
-                        out.ask[s] += 1;
-                    }
-                }
-                break;
-            }
+            self.pending.pop_front();
             self.release(&mut out, Some(r));
             out.items.push(Item::Progress(r));
-            self.pending.remove(i);
         }
         let bound = self.bound();
         self.release(&mut out, bound);
@@ -440,8 +436,12 @@ mod tests {
         assert_eq!(revs(&out.items), [(1, vec![6]), (1, vec![])]);
         assert_eq!(p.deadline(), None);
         // etcd's late answer is consumed, not sent.
-        assert!(p.answer(Side::Etcd, 9).items.is_empty());
+        let out = p.answer(Side::Etcd, 9);
+        assert!(out.items.is_empty());
+        assert_eq!(out.ask, [0, 0]);
         assert!(p.pending.is_empty());
+        // An answer nobody asked for is dropped.
+        assert!(p.answer(Side::Cache, 9).items.is_empty());
         // A later request works as usual.
         p.request(9, false, now);
         assert_eq!(revs(&p.answer(Side::Cache, 9).items), [(-1, vec![9])]);
@@ -451,9 +451,13 @@ mod tests {
     fn requests_are_answered_in_order() {
         let mut p = Progress::default();
         let now = Instant::now();
-        p.request(5, false, now);
-        p.request(7, false, now);
-        assert_eq!(revs(&p.answer(Side::Cache, 5).items), [(-1, vec![5])]);
+        assert_eq!(p.request(5, false, now).ask, [1, 0]);
+        // One request per side in flight: the second waits for the first answer.
+        assert_eq!(p.request(7, false, now).ask, [0, 0]);
+        let out = p.answer(Side::Cache, 5);
+        assert_eq!(revs(&out.items), [(-1, vec![5])]);
+        // That answer was made before the second request: the cache is asked again.
+        assert_eq!(out.ask, [1, 0]);
         // Held against the second floor now.
         assert_eq!(revs(&p.push(resp(1, &[6, 8])).items), [(1, vec![6])]);
         assert_eq!(
