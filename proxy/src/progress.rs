@@ -17,13 +17,15 @@
 //! floor; when both sides have such an answer, the held events up to R = the lower of
 //! the two answers are sent, then the answer, then the rest. Each side has at most one
 //! request in flight, and its answer counts for the client requests made before that
-//! request was sent: etcd answers several requests with one while it defers them
-//! (`deferredProgress`, while a watch catches up), so answers cannot be counted one for
-//! one, and an answer made before a client's request must not count for it (a watch
-//! created in between may still be replaying). A side whose answer is below a request's
-//! floor is asked again. A request that is not answered within [`HOLD_LIMIT`] (or while
-//! more than [`HELD_LIMIT`] responses wait) is given up: the held responses go out and
-//! that request gets no answer, as etcd gives none to a request it cannot answer.
+//! request was sent (an answer made before a client's request must not count for it: a
+//! watch created in between may still be replaying). etcd answers a `RequestProgress`
+//! at once or never: `progressIfSync` (3.5, 3.6, 3.7) drops it while a watch on the
+//! stream is unsynced or starts above the current revision. So a request to a side that
+//! is not answered within [`ASK_TIMEOUT`] counts as dropped and the side is asked again.
+//! A side whose answer is below a request's floor is asked again too. A client request
+//! that is not answered within [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`]
+//! responses wait) is given up: the held responses go out and that request gets no
+//! answer, as etcd gives none to a request it cannot answer.
 //!
 //! The answer holds for the watches that were on the stream when it was asked for; a
 //! watch created after the request may still be replaying.
@@ -41,6 +43,9 @@ pub(crate) const HOLD_LIMIT: Duration = Duration::from_secs(5);
 pub(crate) const HELD_LIMIT: usize = 4096;
 /// How many times one side is asked again before its request is given up.
 const RETRIES: u32 = 8;
+/// How long a request to a side may stay unanswered before it counts as dropped (etcd
+/// answers at once or never).
+pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The two sides of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +94,9 @@ impl Pending {
 pub(crate) struct Progress {
     pending: VecDeque<Pending>,
     next_seq: u64,
-    /// Per side, the request in flight: it covers the client requests up to this `seq`.
-    asked: [Option<u64>; 2],
+    /// Per side, the request in flight: it covers the client requests up to this `seq`,
+    /// and when it was sent.
+    asked: [Option<(u64, Instant)>; 2],
     held: VecDeque<WatchResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
     held_ids: HashMap<i64, usize>,
@@ -144,9 +150,12 @@ impl Progress {
         self.pending.front().map(|p| p.floor)
     }
 
-    /// When the oldest request is given up.
+    /// When [`expire`](Self::expire) has something to do: the oldest request is given
+    /// up, or a request to a side counts as dropped.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.pending.front().map(|p| p.deadline)
+        let give_up = self.pending.front().map(|p| p.deadline);
+        let asks = self.asked.iter().flatten().map(|(_, at)| *at + ASK_TIMEOUT);
+        give_up.into_iter().chain(asks).min()
     }
 
     /// A client's request. `floor`: at or above etcd's revision now; `etcd`: the stream
@@ -173,7 +182,7 @@ impl Progress {
         let mut ask = [0; 2];
         for (s, a) in ask.iter_mut().enumerate() {
             if self.asked[s].is_none() && self.pending.iter().any(|p| p.proven[s].is_none()) {
-                self.asked[s] = self.pending.back().map(|p| p.seq);
+                self.asked[s] = self.pending.back().map(|p| (p.seq, Instant::now()));
                 *a = 1;
             }
         }
@@ -200,7 +209,7 @@ impl Progress {
         let s = side as usize;
         // Not asked for (e.g. the answer to a request given up after the side was asked
         // again): nothing waits for it.
-        if let Some(covered) = self.asked[s].take() {
+        if let Some((covered, _)) = self.asked[s].take() {
             self.pending.retain_mut(|p| {
                 if p.seq > covered || p.proven[s].is_some() {
                     return true;
@@ -256,13 +265,22 @@ impl Progress {
         out
     }
 
-    /// Gives up the requests whose time is over.
+    /// Gives up the requests whose time is over, and asks again a side whose request
+    /// went unanswered (dropped).
     pub(crate) fn expire(&mut self, now: Instant) -> Out {
         while self.pending.front().is_some_and(|p| p.deadline <= now) {
             let p = self.pending.pop_front();
             tracing::debug!(?p, "progress request given up: not answered in time");
         }
-        self.settle()
+        for (s, asked) in self.asked.iter_mut().enumerate() {
+            if asked.is_some_and(|(_, at)| at + ASK_TIMEOUT <= now) {
+                tracing::trace!(side = s, "progress: no answer, asking again");
+                *asked = None;
+            }
+        }
+        let mut out = self.settle();
+        out.ask = self.ask_needed();
+        out
     }
 
     fn hold(&mut self, r: WatchResponse) {
@@ -431,7 +449,8 @@ mod tests {
         let mut cancel = resp(1, &[]);
         cancel.canceled = true;
         assert!(p.push(cancel).items.is_empty());
-        assert_eq!(p.deadline(), Some(now + HOLD_LIMIT));
+        // The first deadline: etcd's request counts as dropped (and is asked again).
+        assert!(p.deadline().unwrap() < now + HOLD_LIMIT);
         let out = p.expire(now + HOLD_LIMIT);
         assert_eq!(revs(&out.items), [(1, vec![6]), (1, vec![])]);
         assert_eq!(p.deadline(), None);
@@ -445,6 +464,22 @@ mod tests {
         // A later request works as usual.
         p.request(9, false, now);
         assert_eq!(revs(&p.answer(Side::Cache, 9).items), [(-1, vec![9])]);
+    }
+
+    #[test]
+    fn a_side_that_drops_the_request_is_asked_again() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(5, true, now).ask, [1, 1]);
+        p.answer(Side::Cache, 5);
+        // etcd dropped it (a watch that starts in the future): asked again after a while.
+        let later = p.deadline().unwrap();
+        assert!(later <= Instant::now() + ASK_TIMEOUT);
+        let out = p.expire(later);
+        assert_eq!(out.ask, [0, 1]);
+        assert!(out.items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 7).items), [(-1, vec![5])]);
+        assert_eq!(p.deadline(), None);
     }
 
     #[test]

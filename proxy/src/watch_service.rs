@@ -334,9 +334,11 @@ impl Session {
     /// items in order.
     async fn apply(&mut self, out: Out) -> Result<(), ()> {
         for _ in 0..out.ask[Side::Cache as usize] {
+            tracing::trace!("progress: asking the cache");
             self.watches.request_progress().await;
         }
         for _ in 0..out.ask[Side::Etcd as usize] {
+            tracing::trace!("progress: asking etcd");
             if let Err(e) = self.forwarded.request_progress().await {
                 let _ = self.tx.send(Err(e)).await;
                 return Err(());
@@ -379,6 +381,7 @@ impl Session {
     async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
         if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+            tracing::trace!(revision, "progress: etcd answered");
             let out = self.progress.answer(Side::Etcd, revision);
             return self.apply(out).await;
         }
@@ -417,6 +420,7 @@ impl Session {
     async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
         let watch_id = r.watch_id();
         if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
+            tracing::trace!(revision = r.revision(), "progress: the cache answered");
             let out = self.progress.answer(Side::Cache, r.revision());
             return self.apply(out).await;
         }

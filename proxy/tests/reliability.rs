@@ -169,9 +169,14 @@ impl Remote {
         }
     }
 
-    fn expired(&self) -> bool {
+    /// A churn watch whose life is over. In the final drain (to `target`), also one that
+    /// starts after it: etcd answers no RequestProgress on a stream with a watch that
+    /// starts above its revision (`progressIfSync`), so a forwarded one would keep the
+    /// stream's drain from ever being answered.
+    fn expired(&self, target: i64) -> bool {
+        let future = target > 0 && self.spec().start_revision > target;
         self.life.is_some_and(|(msgs, until)| {
-            self.log.responses.len() >= msgs || Instant::now() >= until
+            future || self.log.responses.len() >= msgs || Instant::now() >= until
         })
     }
 
@@ -272,7 +277,10 @@ async fn stream_task(
     let mut drain_deadline: Option<Instant> = None;
     'session: loop {
         // Churn watches whose life ended while no stream was open are done.
-        for s in subs.iter_mut().filter(|s| !s.done && s.expired()) {
+        for s in subs
+            .iter_mut()
+            .filter(|s| !s.done && s.expired(*drain.borrow()))
+        {
             s.end(End::Dropped);
         }
         for s in &mut subs {
@@ -388,7 +396,7 @@ async fn stream_task(
                     if subs[i].done {
                         continue;
                     }
-                    if subs[i].expired() {
+                    if subs[i].expired(*drain.borrow()) {
                         subs[i].end(End::Dropped);
                         continue;
                     }
@@ -403,7 +411,7 @@ async fn stream_task(
             }
             // Churn watches whose life is over are cancelled.
             for s in subs.iter_mut() {
-                if !s.done && !s.cancel_sent && s.expired() {
+                if !s.done && !s.cancel_sent && s.expired(*drain.borrow()) {
                     if let Some(id) = s.id {
                         if w.cancel(id).await.is_err() {
                             continue 'session;
@@ -1065,7 +1073,12 @@ async fn run(seed: u64, plan: Plan) -> Summary {
         truth.resumes,
     );
     if !out.is_empty() {
-        let log = world.proxy.lock().unwrap().log_tail();
+        let (log, full) = {
+            let p = world.proxy.lock().unwrap();
+            (p.log_tail(), p.log_text())
+        };
+        let path = std::env::temp_dir().join(format!("proxy-reliability-{seed}.log"));
+        let _ = std::fs::write(&path, full);
         let mut msg = format!(
             "proxy_reliability: {} violation(s); replay with ETCD_CACHE_SEED={seed}\n",
             out.len()
@@ -1073,7 +1086,10 @@ async fn run(seed: u64, plan: Plan) -> Summary {
         for v in out.iter().take(40) {
             msg.push_str(&format!("  {v}\n"));
         }
-        msg.push_str(&format!("proxy log tail:\n{log}\n"));
+        msg.push_str(&format!(
+            "proxy log tail (all of it in {}):\n{log}\n",
+            path.display()
+        ));
         panic!("{msg}");
     }
     drop(world);
