@@ -12,16 +12,17 @@
 //!
 //! Both sides keep sending while they are asked, so the two conditions are kept by
 //! holding back: from the request on, responses with events above the request's *floor*
-//! (a revision at or above etcd's when the request came, and at or above everything sent
-//! so far) are held. A side's answer counts for a request once it is at or above the
+//! (the cache's revision when the request came, and at least everything sent so far)
+//! are held. A side's answer counts for a request once it is at or above the
 //! floor; when both sides have such an answer, the held events up to R = the lower of
 //! the two answers are sent, then the answer, then the rest. Each side has at most one
 //! request in flight, and its answer counts for the client requests made before that
 //! request was sent (an answer made before a client's request must not count for it: a
 //! watch created in between may still be replaying). etcd answers a `RequestProgress`
 //! at once or never: `progressIfSync` (3.5, 3.6, 3.7) drops it while a watch on the
-//! stream is unsynced or starts above the current revision. So a request to a side that
-//! is not answered within [`ASK_TIMEOUT`] counts as dropped and the side is asked again.
+//! stream is unsynced or starts above the current revision. So a request to etcd that is
+//! not answered within [`ASK_TIMEOUT`] counts as dropped and etcd is asked again (the
+//! cache answers every request, if need be with the revision it can prove).
 //! A side whose answer is below a request's floor is asked again too. A client request
 //! that is not answered within [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`]
 //! responses wait) is given up: the held responses go out and that request gets no
@@ -154,12 +155,12 @@ impl Progress {
     /// up, or a request to a side counts as dropped.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let give_up = self.pending.front().map(|p| p.deadline);
-        let asks = self.asked.iter().flatten().map(|(_, at)| *at + ASK_TIMEOUT);
-        give_up.into_iter().chain(asks).min()
+        let etcd = self.asked[Side::Etcd as usize].map(|(_, at)| at + ASK_TIMEOUT);
+        give_up.into_iter().chain(etcd).min()
     }
 
-    /// A client's request. `floor`: at or above etcd's revision now; `etcd`: the stream
-    /// has forwarded watches. Asks the cache, and etcd if needed.
+    /// A client's request. `floor`: the cache's revision now (raised to what was sent);
+    /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
     pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
         let floor = floor.max(self.sent_max);
         let seq = self.next_seq;
@@ -272,11 +273,10 @@ impl Progress {
             let p = self.pending.pop_front();
             tracing::debug!(?p, "progress request given up: not answered in time");
         }
-        for (s, asked) in self.asked.iter_mut().enumerate() {
-            if asked.is_some_and(|(_, at)| at + ASK_TIMEOUT <= now) {
-                tracing::trace!(side = s, "progress: no answer, asking again");
-                *asked = None;
-            }
+        let etcd = &mut self.asked[Side::Etcd as usize];
+        if etcd.is_some_and(|(_, at)| at + ASK_TIMEOUT <= now) {
+            tracing::trace!("progress: no answer from etcd, asking again");
+            *etcd = None;
         }
         let mut out = self.settle();
         out.ask = self.ask_needed();

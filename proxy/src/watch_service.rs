@@ -227,16 +227,14 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
-                // As etcd answers it: at a revision that covers every write completed
-                // before the request, not only what the cache had applied by then. That
-                // revision is also the floor above which responses wait for the answer.
-                let floor = self
-                    .st
-                    .catch_up_with_etcd()
-                    .await
-                    .unwrap_or_else(|| self.st.cache.revision());
+                // Answered as etcd answers it, at a revision that covers every write
+                // completed before the request: the cache's answer is at least the
+                // cluster's revision when it is asked (one round trip it shares), and
+                // etcd's is its own. The floor above which responses wait is what the
+                // cache has applied now (nothing sent is above it); no round trip here,
+                // which would hold up the whole stream while etcd is slow or away.
                 let out = self.progress.request(
-                    floor,
+                    self.st.cache.revision(),
                     !self.forwarded.is_empty(),
                     tokio::time::Instant::now(),
                 );
@@ -274,8 +272,8 @@ impl Session {
             return self.refuse(DUPLICATE_ID.into()).await;
         }
         let create = Create {
-            key,
-            range_end,
+            key: key.clone(),
+            range_end: range_end.clone(),
             start_revision: c.start_revision,
             progress_notify: c.progress_notify,
             prev_kv: c.prev_kv,
@@ -288,7 +286,10 @@ impl Session {
                 self.fragment_pending.push_back(c.fragment);
                 Ok(())
             }
-            Err(refused) => self.refuse(refused.0).await,
+            // Right after start, before the cache's first list: etcd serves it (a
+            // client resuming after a proxy restart must not be refused).
+            Err(refused) if refused.not_ready => self.forward(c, key, range_end).await,
+            Err(refused) => self.refuse(refused.reason).await,
         }
     }
 
