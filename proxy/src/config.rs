@@ -105,6 +105,11 @@ pub(crate) struct Config {
     #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub(crate) max_request_bytes: usize,
 
+    /// Address to serve metrics on, in Prometheus' text format at `GET /metrics` (the
+    /// cache's `etcd_cache_*` and the proxy's `etcd_cache_proxy_*`). Off when not given.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<SocketAddr>,
+
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub(crate) shutdown_timeout: Duration,

@@ -39,6 +39,8 @@ pub(crate) fn info(ext: &http::Extensions) -> Option<&ConnInfo> {
 pub(crate) struct Conn {
     io: TcpStream,
     info: ConnInfo,
+    /// Counts it in `etcd_cache_proxy_connections` until it is closed.
+    _open: crate::metrics::GaugeGuard,
 }
 
 impl Connected for Conn {
@@ -103,7 +105,12 @@ pub(crate) fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<C
                         remote: Some(remote),
                         watches: ConnScope::default(),
                     };
-                    return Some((Ok(Conn { io, info }), listener));
+                    let conn = Conn {
+                        io,
+                        info,
+                        _open: crate::metrics::get().connection(),
+                    };
+                    return Some((Ok(conn), listener));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

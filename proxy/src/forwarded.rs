@@ -7,6 +7,11 @@
 //!
 //! A forwarded watch keeps its client-chosen id, or gets one from a range the cache's
 //! automatic ids (counted from 0 per stream) never reach.
+//!
+//! etcd registers a watch before it records that the watch wants prev_kv
+//! (`serverWatchStream.recvLoop`: `watchStream.Watch`, then `prevKV[id] = true`), so
+//! events its send loop picks up in between come without prev_kv. The proxy fills those
+//! in as etcd's send loop would have ([`Forwarded::fill_prev_kv`]).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -16,10 +21,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
+use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
-    watch_request::RequestUnion, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest,
-    WatchRequest, WatchResponse,
+    watch_request::RequestUnion, RangeRequest, WatchCancelRequest, WatchCreateRequest,
+    WatchProgressRequest, WatchRequest, WatchResponse,
 };
+use crate::pb::mvccpb::event::EventType;
 use crate::upstream::Upstream;
 
 /// The first id given to a forwarded watch that did not choose one.
@@ -35,10 +42,14 @@ pub(crate) struct Forwarded {
     tx: Option<mpsc::Sender<WatchRequest>>,
     rx: Option<Streaming<WatchResponse>>,
     ids: HashSet<i64>,
+    /// The ones that asked for prev_kv.
+    prev_kv: HashSet<i64>,
     /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
     next_id: i64,
+    /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
+    open: GaugeGuard,
 }
 
 impl Forwarded {
@@ -49,8 +60,10 @@ impl Forwarded {
             tx: None,
             rx: None,
             ids: HashSet::new(),
+            prev_kv: HashSet::new(),
             creating: VecDeque::new(),
             next_id: FIRST_ID,
+            open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
 
@@ -82,8 +95,12 @@ impl Forwarded {
         c.fragment = false;
         let id = c.watch_id;
         self.ids.insert(id);
+        if c.prev_kv {
+            self.prev_kv.insert(id);
+        }
         if let Err(e) = self.send(RequestUnion::CreateRequest(c)).await {
             self.ids.remove(&id);
+            self.prev_kv.remove(&id);
             return Err(e);
         }
         self.creating.push_back(id);
@@ -127,6 +144,47 @@ impl Forwarded {
         Ok(())
     }
 
+    /// Fills in the prev_kv that etcd left out of events of a watch that asked for it
+    /// (see the module docs): the key at the event's revision - 1, read from etcd as its
+    /// send loop reads it. A create (a put whose create revision is its revision) has
+    /// none; a read that fails (e.g. compacted) leaves it out, as etcd does.
+    pub(crate) async fn fill_prev_kv(&self, resp: &mut WatchResponse) {
+        if !self.prev_kv.contains(&resp.watch_id) {
+            return;
+        }
+        for e in &mut resp.events {
+            let Some(kv) = e.kv.as_ref() else { continue };
+            let created =
+                e.r#type == EventType::Put as i32 && kv.create_revision == kv.mod_revision;
+            if e.prev_kv.is_some() || created {
+                continue;
+            }
+            let req = RangeRequest {
+                key: kv.key.clone(),
+                revision: kv.mod_revision - 1,
+                ..Default::default()
+            };
+            let up = &self.up;
+            match up
+                .call(&self.md, req, |q| {
+                    let mut c = up.kv();
+                    async move { c.range(q).await }
+                })
+                .await
+            {
+                Ok(r) => {
+                    tracing::debug!(
+                        watch_id = resp.watch_id,
+                        revision = kv.mod_revision,
+                        "filled in the prev_kv etcd left out"
+                    );
+                    e.prev_kv = r.into_inner().kvs.into_iter().next();
+                }
+                Err(s) => tracing::debug!(error = %s, "could not read the prev_kv etcd left out"),
+            }
+        }
+    }
+
     /// etcd's next response; never resolves while no forwarded watch was made.
     ///
     /// # Errors
@@ -144,10 +202,15 @@ impl Forwarded {
                         // Refused by etcd (id -1): the id it was asked with is free.
                         if let Some(id) = asked {
                             self.ids.remove(&id);
+                            self.prev_kv.remove(&id);
                         }
+                    } else {
+                        self.open.add();
+                        crate::metrics::get().watch_created(Served::Etcd);
                     }
-                } else if r.canceled {
-                    self.ids.remove(&r.watch_id);
+                } else if r.canceled && self.ids.remove(&r.watch_id) {
+                    self.prev_kv.remove(&r.watch_id);
+                    self.open.sub();
                 }
                 self.up.observe(r.header.as_ref());
                 Ok(r)

@@ -7,6 +7,7 @@ use etcd_cache::{GetOptions, SortOrder, SortTarget};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use crate::metrics::Served;
 use crate::pb::etcdserverpb::{
     kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
     DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse, RangeStreamResponse,
@@ -76,11 +77,15 @@ impl KvService {
         self.st.ns.range_in(r);
         if self.st.in_cache(&r.key, &r.range_end) {
             match self.cached_range(r).await {
-                Ok(resp) => return Ok(Some(resp)),
+                Ok(resp) => {
+                    crate::metrics::get().range(Served::Cache);
+                    return Ok(Some(resp));
+                }
                 Err(Some(status)) => return Err(status),
                 Err(None) => {}
             }
         }
+        crate::metrics::get().range(Served::Etcd);
         Ok(None)
     }
 }

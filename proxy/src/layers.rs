@@ -1,7 +1,8 @@
 //! Cross-cutting concerns as tower layers around every service: [`CallsLayer`] counts
-//! the calls in flight (reported at shutdown), logs each call's method and duration at
-//! `debug`, and gives an oversized request etcd's answer. Size limits themselves are
-//! tonic's codec limits, set per service in `server.rs`.
+//! the calls in flight (reported at shutdown), counts every call by service, method and
+//! status code and the bytes of its response (`crate::metrics`), logs each call's method
+//! and duration at `debug`, and gives an oversized request etcd's answer. Size limits
+//! themselves are tonic's codec limits, set per service in `server.rs`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +12,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tower::{Layer, Service};
+
+use crate::metrics::{Call, Counted};
 
 /// Calls (unary or streaming) currently in flight.
 #[derive(Debug, Default, Clone)]
@@ -93,10 +96,11 @@ impl<S, B, R> Service<http::Request<B>> for Calls<S>
 where
     S: Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
+    R: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<Counted<R>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -106,6 +110,7 @@ where
         self.in_flight.0.fetch_add(1, Ordering::Relaxed);
         let guard = Guard(self.in_flight.clone());
         let method = req.uri().path().to_string();
+        let call = Call::start(&method);
         let started = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
@@ -116,7 +121,7 @@ where
             // For a stream this is when its response headers are ready.
             tracing::debug!(method, elapsed = ?started.elapsed(), "call");
             drop(guard);
-            res
+            res.map(|resp| call.response(resp))
         })
     }
 }

@@ -8,8 +8,9 @@
 //! `forwarded`, the watches etcd serves), `lease`, `cluster`, `maintenance`, `auth`,
 //! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd),
 //! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
-//! (per-connection info), `layers` (tower layers), `status` (etcd's errors), `error`
-//! (start-up errors), `pb` (the generated code), `server` (start-up and shutdown).
+//! (per-connection info), `layers` (tower layers), `metrics` (the proxy's metrics and
+//! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
+//! `pb` (the generated code), `server` (start-up and shutdown).
 
 mod auth;
 mod cluster;
@@ -24,8 +25,10 @@ mod layers;
 mod lease;
 mod lock;
 mod maintenance;
+mod metrics;
 mod namespace;
 mod pb;
+mod progress;
 mod server;
 mod state;
 mod status;

@@ -42,6 +42,16 @@ const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Runs the proxy until SIGTERM or SIGINT.
 pub(crate) async fn run(config: Config) -> Result<()> {
+    // First: the recorder must be in place before the cache and the services register
+    // their metrics.
+    let metrics = match config.metrics_addr {
+        Some(addr) => Some(
+            crate::metrics::install(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })?,
+        ),
+        None => None,
+    };
     let ns = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
     let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
     tracing::info!(
@@ -63,8 +73,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         max_recv_bytes = config.max_recv_bytes,
         max_request_bytes = config.max_request_bytes,
         progress_notify_interval = ?config.progress_notify_interval,
+        metrics = ?metrics,
         "etcd-cache-proxy starting"
     );
+    if let Some(addr) = metrics {
+        tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
+    }
     for (url, version) in upstream::versions(&config).await {
         match version {
             Ok(v) => tracing::info!(endpoint = %url, version = %v, "etcd version"),

@@ -58,20 +58,6 @@ impl State {
         })
     }
 
-    /// Waits until the cache has applied every write completed before this call (one
-    /// linearizable read of one key, which the cache answers after catching up with the
-    /// cluster's revision). Best effort: a cache that cannot answer is not waited for.
-    pub(crate) async fn catch_up_with_etcd(&self) {
-        let key = if self.cached_start.is_empty() {
-            b"\0".to_vec()
-        } else {
-            self.cached_start.to_vec()
-        };
-        if let Err(e) = self.cache.get(key, None).await {
-            tracing::debug!(error = %e, "could not catch up with etcd");
-        }
-    }
-
     /// True if the etcd-space range `[key, end)` lies inside the cache and is well
     /// formed (empty end: one key; `"\0"`: every key from `key`). Anything else is
     /// forwarded, so etcd gives its own answer to a reversed range.

@@ -43,7 +43,11 @@ pub(crate) struct Create {
 
 /// Why a create was refused: the cancel reason etcd's clients read.
 #[derive(Debug)]
-pub(crate) struct Refused(pub(crate) String);
+pub(crate) struct Refused {
+    pub(crate) reason: String,
+    /// The cache has no snapshot yet (just started): etcd can serve the watch instead.
+    pub(crate) not_ready: bool,
+}
 
 /// The watches of one gRPC Watch stream.
 pub(crate) struct Watches {
@@ -85,7 +89,10 @@ impl Watches {
     pub(crate) async fn create(&mut self, c: Create) -> Result<(), Refused> {
         let end = c.range_end.as_ref();
         if !end.is_empty() && end != b"\0" && c.key.as_ref() >= end {
-            return Err(Refused(EMPTY_RANGE.into()));
+            return Err(Refused {
+                reason: EMPTY_RANGE.into(),
+                not_ready: false,
+            });
         }
         let mut opts = WatchOptions::new()
             .with_start_revision(c.start_revision)
@@ -112,7 +119,10 @@ impl Watches {
         self.sender
             .watch(c.key.to_vec(), Some(opts))
             .await
-            .map_err(|e| Refused(self.refusal(&e)))
+            .map_err(|e| Refused {
+                reason: self.refusal(&e),
+                not_ready: matches!(e, etcd_cache::Error::NotReady),
+            })
     }
 
     /// Cancels a watch; a `canceled` response follows. An unknown id is ignored, as etcd

@@ -26,11 +26,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::conn;
 use crate::forwarded::Forwarded;
+use crate::metrics::{GaugeGuard, Refusal, Served};
 use crate::pb::etcdserverpb::{
     watch_create_request::FilterType, watch_request::RequestUnion, watch_server::Watch,
     WatchCreateRequest, WatchRequest, WatchResponse,
 };
 use crate::pb::mvccpb::{event::EventType, Event};
+use crate::progress::{Item, Out, Progress, Side};
 use crate::state::State;
 use crate::status;
 use crate::watch::{Create, Watches, DUPLICATE_ID, EMPTY_RANGE};
@@ -88,8 +90,10 @@ impl Watch for WatchService {
             fragment_pending: VecDeque::new(),
             forwarded: Forwarded::new(self.st.up.clone(), req.metadata().clone()),
             cache_ids: HashSet::new(),
-            progress: VecDeque::new(),
+            progress: Progress::default(),
             require_leader,
+            _stream: crate::metrics::get().watch_stream(),
+            open: crate::metrics::get().open_watches(Served::Cache),
         };
         tokio::spawn(session.run(req.into_inner()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -103,6 +107,8 @@ enum Step {
     Reply(Option<etcd_cache::WatchResponse>),
     Forwarded(Result<WatchResponse, Status>),
     LeaderCheck(tokio::time::Instant),
+    /// A progress request held responses for too long (see `progress.rs`).
+    ProgressExpired,
 }
 
 struct Session {
@@ -119,16 +125,16 @@ struct Session {
     /// Ids of the cache's watches on this stream (from their `created` responses), so a
     /// forwarded watch cannot take one.
     cache_ids: HashSet<i64>,
-    /// Stream-level progress requests waiting for their answers: from the cache, and from
-    /// etcd when watches are forwarded (`i64::MAX`: none needed). One response with the
-    /// lower revision answers each.
-    progress: VecDeque<[Option<i64>; 2]>,
+    /// Stream-level progress requests waiting for their answers, from the cache and from
+    /// etcd when watches are forwarded, and the responses held back meanwhile so that the
+    /// one answer holds for every watch (see `progress.rs`).
+    progress: Progress,
     require_leader: bool,
+    /// Counts the stream in `etcd_cache_proxy_watch_streams` while it is open.
+    _stream: GaugeGuard,
+    /// Counts its cache watches in `etcd_cache_proxy_watches{served="cache"}`.
+    open: GaugeGuard,
 }
-
-/// Which side answered a progress request.
-const FROM_CACHE: usize = 0;
-const FROM_ETCD: usize = 1;
 
 impl Session {
     async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
@@ -139,6 +145,7 @@ impl Session {
         let mut not_ready_since: Option<tokio::time::Instant> = None;
         loop {
             let has_room = tx.capacity() > 0;
+            let progress_deadline = self.progress.deadline();
             let step = tokio::select! {
                 _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
                 _ = tx.closed() => return,
@@ -150,6 +157,7 @@ impl Session {
                     continue;
                 }
                 now = leader_check.tick(), if self.require_leader => Step::LeaderCheck(now),
+                _ = sleep_until_some(progress_deadline), if progress_deadline.is_some() => Step::ProgressExpired,
             };
             match step {
                 Step::Shutdown => {
@@ -186,6 +194,12 @@ impl Session {
                         return;
                     }
                 }
+                Step::ProgressExpired => {
+                    let out = self.progress.expire(tokio::time::Instant::now());
+                    if self.apply(out).await.is_err() {
+                        return;
+                    }
+                }
                 Step::LeaderCheck(now) => {
                     if self.st.cache.is_ready() {
                         not_ready_since = None;
@@ -213,23 +227,18 @@ impl Session {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {
-                // As etcd answers it: at a revision that covers every write completed
-                // before the request, not only what the cache had applied by then.
-                self.st.catch_up_with_etcd().await;
-                let etcd = if self.forwarded.is_empty() {
-                    Some(i64::MAX)
-                } else {
-                    None
-                };
-                self.progress.push_back([None, etcd]);
-                self.watches.request_progress().await;
-                if etcd.is_none() {
-                    if let Err(e) = self.forwarded.request_progress().await {
-                        let _ = self.tx.send(Err(e)).await;
-                        return Err(());
-                    }
-                }
-                Ok(())
+                // Answered as etcd answers it, at a revision that covers every write
+                // completed before the request: the cache's answer is at least the
+                // cluster's revision when it is asked (one round trip it shares), and
+                // etcd's is its own. The floor above which responses wait is what the
+                // cache has applied now (nothing sent is above it); no round trip here,
+                // which would hold up the whole stream while etcd is slow or away.
+                let out = self.progress.request(
+                    self.st.cache.revision(),
+                    !self.forwarded.is_empty(),
+                    tokio::time::Instant::now(),
+                );
+                self.apply(out).await
             }
             None => Ok(()),
         }
@@ -263,8 +272,8 @@ impl Session {
             return self.refuse(DUPLICATE_ID.into()).await;
         }
         let create = Create {
-            key,
-            range_end,
+            key: key.clone(),
+            range_end: range_end.clone(),
             start_revision: c.start_revision,
             progress_notify: c.progress_notify,
             prev_kv: c.prev_kv,
@@ -277,7 +286,10 @@ impl Session {
                 self.fragment_pending.push_back(c.fragment);
                 Ok(())
             }
-            Err(refused) => self.refuse(refused.0).await,
+            // Right after start, before the cache's first list: etcd serves it (a
+            // client resuming after a proxy restart must not be refused).
+            Err(refused) if refused.not_ready => self.forward(c, key, range_end).await,
+            Err(refused) => self.refuse(refused.reason).await,
         }
     }
 
@@ -307,7 +319,9 @@ impl Session {
                 if fragment {
                     self.fragment.insert(id);
                 }
-                Ok(())
+                // Progress requests made before it now need etcd's answer too.
+                let out = self.progress.forwarded_created();
+                self.apply(out).await
             }
             Ok(None) => self.refuse(DUPLICATE_ID.into()).await,
             Err(e) => {
@@ -317,43 +331,44 @@ impl Session {
         }
     }
 
-    /// Records one side's answer to the oldest progress request still waiting for it, and
-    /// sends the answers that are complete.
-    async fn progress_answer(&mut self, side: usize, revision: i64) -> Result<(), ()> {
-        match self.progress.iter_mut().find(|p| p[side].is_none()) {
-            Some(p) => p[side] = Some(revision),
-            // Not asked for by the client (cannot happen): pass it on.
-            None => self.progress.push_back([Some(revision), Some(i64::MAX)]),
+    /// Does what the progress bookkeeping asks: asks the sides again, then sends its
+    /// items in order.
+    async fn apply(&mut self, out: Out) -> Result<(), ()> {
+        for _ in 0..out.ask[Side::Cache as usize] {
+            tracing::trace!("progress: asking the cache");
+            self.watches.request_progress().await;
         }
-        while let Some([Some(a), Some(b)]) = self.progress.front().copied() {
-            self.progress.pop_front();
-            let resp = WatchResponse {
-                header: Some(self.st.up.header(a.min(b))),
-                watch_id: INVALID_WATCH_ID,
-                ..Default::default()
-            };
-            send(&self.tx, resp).await?;
+        for _ in 0..out.ask[Side::Etcd as usize] {
+            tracing::trace!("progress: asking etcd");
+            if let Err(e) = self.forwarded.request_progress().await {
+                let _ = self.tx.send(Err(e)).await;
+                return Err(());
+            }
+        }
+        for item in out.items {
+            match item {
+                Item::Resp(resp) => self.emit(resp).await?,
+                Item::Progress(revision) => {
+                    let resp = WatchResponse {
+                        header: Some(self.st.up.header(revision)),
+                        watch_id: INVALID_WATCH_ID,
+                        ..Default::default()
+                    };
+                    send(&self.tx, resp).await?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// A response of a forwarded watch, with keys moved out of the namespace.
-    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
-        if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
-            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-            return self.progress_answer(FROM_ETCD, revision).await;
-        }
-        if resp.canceled {
-            self.fragment.remove(&resp.watch_id);
-        }
-        for e in &mut resp.events {
-            if let Some(kv) = e.kv.as_mut() {
-                self.st.ns.kv_out(kv);
-            }
-            if let Some(kv) = e.prev_kv.as_mut() {
-                self.st.ns.kv_out(kv);
-            }
-        }
+    /// Sends a response of a watch now or after the pending progress answer.
+    async fn out(&mut self, resp: WatchResponse) -> Result<(), ()> {
+        let out = self.progress.push(resp);
+        self.apply(out).await
+    }
+
+    /// Sends a response of a watch, in fragments if it asked for them.
+    async fn emit(&mut self, resp: WatchResponse) -> Result<(), ()> {
         if self.fragment.contains(&resp.watch_id) && resp.events.len() > 1 {
             for part in fragments(resp, self.st.limits.max_request_bytes) {
                 send(&self.tx, part).await?;
@@ -363,8 +378,35 @@ impl Session {
         send(&self.tx, resp).await
     }
 
+    /// A response of a forwarded watch, with keys moved out of the namespace.
+    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
+        if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
+            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+            tracing::trace!(revision, "progress: etcd answered");
+            let out = self.progress.answer(Side::Etcd, revision);
+            return self.apply(out).await;
+        }
+        if resp.created && resp.canceled {
+            crate::metrics::get().watch_refused(Refusal::Etcd);
+        }
+        if resp.canceled {
+            self.fragment.remove(&resp.watch_id);
+        }
+        self.forwarded.fill_prev_kv(&mut resp).await;
+        for e in &mut resp.events {
+            if let Some(kv) = e.kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+            if let Some(kv) = e.prev_kv.as_mut() {
+                self.st.ns.kv_out(kv);
+            }
+        }
+        self.out(resp).await
+    }
+
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
     async fn refuse(&mut self, reason: String) -> Result<(), ()> {
+        crate::metrics::get().watch_refused(Refusal::of(&reason));
         let resp = WatchResponse {
             header: Some(self.st.up.header(self.watches.revision())),
             watch_id: INVALID_WATCH_ID,
@@ -379,10 +421,15 @@ impl Session {
     async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
         let watch_id = r.watch_id();
         if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
-            return self.progress_answer(FROM_CACHE, r.revision()).await;
+            tracing::trace!(revision = r.revision(), "progress: the cache answered");
+            let out = self.progress.answer(Side::Cache, r.revision());
+            return self.apply(out).await;
         }
         if r.created() && !r.canceled() {
-            self.cache_ids.insert(watch_id);
+            if self.cache_ids.insert(watch_id) {
+                self.open.add();
+                crate::metrics::get().watch_created(Served::Cache);
+            }
             if self.fragment_pending.pop_front().unwrap_or(false) {
                 self.fragment.insert(watch_id);
             }
@@ -390,7 +437,9 @@ impl Session {
             // Created and canceled at once (below the window): no fragments ever.
             self.fragment_pending.pop_front();
         } else if r.canceled() {
-            self.cache_ids.remove(&watch_id);
+            if self.cache_ids.remove(&watch_id) {
+                self.open.sub();
+            }
             self.fragment.remove(&watch_id);
         }
         let resp = WatchResponse {
@@ -408,13 +457,7 @@ impl Session {
             fragment: false,
             events: r.events().iter().map(|e| self.event(e)).collect(),
         };
-        if self.fragment.contains(&watch_id) && resp.events.len() > 1 {
-            for part in fragments(resp, self.st.limits.max_request_bytes) {
-                send(&self.tx, part).await?;
-            }
-            return Ok(());
-        }
-        send(&self.tx, resp).await
+        self.out(resp).await
     }
 
     fn event(&self, e: &etcd_cache::Event) -> Event {
@@ -427,6 +470,14 @@ impl Session {
             kv: e.kv().map(|kv| self.st.ns.kv_from_cache(kv)),
             prev_kv: e.prev_kv().map(|kv| self.st.ns.kv_from_cache(kv)),
         }
+    }
+}
+
+/// Sleeps until `at` (never without one).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
     }
 }
 

@@ -95,6 +95,15 @@ impl Ev {
             prev: e.prev_kv().map(Kv::from_cache),
         }
     }
+
+    /// An event as an etcd client received it (a remote watch through the proxy).
+    pub fn from_etcd(e: &etcd_client::Event) -> Ev {
+        Ev {
+            put: e.event_type() == etcd_client::EventType::Put,
+            kv: Kv::from_etcd(e.kv().expect("etcd event without kv")),
+            prev: e.prev_kv().map(Kv::from_etcd),
+        }
+    }
 }
 
 /// A half-open key range `[start, end)`; `end` empty = the single key `start`.
@@ -336,7 +345,7 @@ pub struct SubSpec {
     pub id: usize,
     pub class: Class,
     pub key: String,
-    /// How the range was asked for: "key", "prefix", "range".
+    /// How the range was asked for: "key", "prefix", "range", "from-key".
     pub form: &'static str,
     pub range: Range,
     pub start_revision: i64,
@@ -354,6 +363,7 @@ impl SubSpec {
         match self.form {
             "prefix" => o = o.with_prefix(),
             "range" => o = o.with_range(self.range.end.clone()),
+            "from-key" => o = o.with_from_key(),
             _ => {}
         }
         if self.prev_kv {
@@ -368,6 +378,34 @@ impl SubSpec {
         }
         if self.no_delete {
             filters.push(etcd_cache::WatchFilterType::NoDelete);
+        }
+        if !filters.is_empty() {
+            o = o.with_filters(filters);
+        }
+        o
+    }
+
+    /// The same request for etcd-client (a remote watch), starting at `start_revision`.
+    pub fn etcd_options(&self, start_revision: i64) -> etcd_client::WatchOptions {
+        let mut o = etcd_client::WatchOptions::new().with_start_revision(start_revision);
+        match self.form {
+            "prefix" => o = o.with_prefix(),
+            "range" => o = o.with_range(self.range.end.clone()),
+            "from-key" => o = o.with_from_key(),
+            _ => {}
+        }
+        if self.prev_kv {
+            o = o.with_prev_key();
+        }
+        if self.progress_notify {
+            o = o.with_progress_notify();
+        }
+        let mut filters = Vec::new();
+        if self.no_put {
+            filters.push(etcd_client::WatchFilterType::NoPut);
+        }
+        if self.no_delete {
+            filters.push(etcd_client::WatchFilterType::NoDelete);
         }
         if !filters.is_empty() {
             o = o.with_filters(filters);
@@ -403,6 +441,11 @@ pub enum Resp {
     Created(i64),
     Events(i64, Vec<Ev>),
     Progress(i64),
+    /// The watch was created again, on a new stream, from this start revision: a client
+    /// resuming after its stream broke (a remote watch across a proxy restart). Recorded
+    /// when the new watch's `created` response arrives; everything after it must go on
+    /// from where the old stream stopped, with no gap and no duplicate.
+    Resumed(i64),
 }
 
 /// How a subscriber's stream ended.
@@ -458,6 +501,8 @@ pub struct SubCounts {
     pub events: u64,
     pub responses: u64,
     pub progress: u64,
+    /// `Resumed` entries (remote watches created again after their stream broke).
+    pub resumes: u64,
 }
 
 /// Checks one subscriber's log against the truth. `final_rev` is the revision every
@@ -535,6 +580,19 @@ pub fn check_sub(
         counts.responses += 1;
         match r {
             Resp::Created(rev) => v("created", format!("second `created` response at {rev}")),
+            Resp::Resumed(from) => {
+                counts.resumes += 1;
+                if *from > covered + 1 {
+                    for rev in (covered + 1)..*from {
+                        let exp = spec.expected(truth, rev);
+                        if !exp.is_empty() {
+                            v("reliable", format!("resumed from {from} after covering only {covered}: the events at {rev} were never delivered: {exp:?}"));
+                            break;
+                        }
+                    }
+                    // A resumption from ahead promises nothing about what it skipped.
+                }
+            }
             Resp::Progress(p) => {
                 counts.progress += 1;
                 if *p < last_event {
@@ -885,6 +943,48 @@ mod self_test {
         assert!(guarantees(r.clone(), true, End::Compacted(3)).contains(&"resumable"));
         r.truncate(3);
         assert!(guarantees(r, true, End::Drained).contains(&"reliable"));
+    }
+
+    /// A remote watch that resumes on a new stream from where it stopped passes; one
+    /// that resumes too late (a gap) or too early (a duplicate) is caught.
+    #[test]
+    fn resumptions_are_checked_across_the_break() {
+        let t = truth();
+        let s = spec(true);
+        let resumed = |from: i64, revs: &[i64]| {
+            let mut r = vec![
+                Resp::Created(1),
+                Resp::Events(2, s.expected(&t, 2)),
+                Resp::Events(3, s.expected(&t, 3)),
+                Resp::Resumed(from),
+            ];
+            for rev in revs {
+                r.push(Resp::Events(*rev, s.expected(&t, *rev)));
+            }
+            r.push(Resp::Progress(6));
+            r
+        };
+        // From the last revision + 1; and from after a revision with nothing for it (5).
+        assert!(guarantees(resumed(4, &[4, 6]), true, End::Drained).is_empty());
+        assert!(guarantees(resumed(4, &[4]), true, End::Drained).contains(&"bookmarkable"));
+        let log = SubLog {
+            spec: spec(true),
+            responses: resumed(4, &[4, 6]),
+            end: End::Drained,
+            last_header: 0,
+            header_violations: Vec::new(),
+        };
+        let mut out = Vec::new();
+        assert_eq!(check_sub(&log, &t, 6, &mut out).resumes, 1);
+        // Resumed past revision 4: a gap across the break.
+        assert!(guarantees(resumed(5, &[6]), true, End::Drained).contains(&"reliable"));
+        // Resumed from 3 again: revision 3 twice.
+        let g = guarantees(resumed(3, &[3, 4, 6]), true, End::Drained);
+        assert!(g.contains(&"unique") && g.contains(&"ordered"), "{g:?}");
+        // A second `created` without a resumption is still wrong.
+        let mut r = resumed(4, &[4, 6]);
+        r[3] = Resp::Created(3);
+        assert!(guarantees(r, true, End::Drained).contains(&"created"));
     }
 
     #[test]

@@ -23,11 +23,11 @@ use crate::checker::{
 /// The cache's prefix. Keys inside and outside it are written.
 pub const PREFIX: &str = "/rel/";
 /// Written after the workload; every drained subscriber must cover its revision.
-const SENTINEL: &str = "/rel/~end";
-const INSIDE_DIRS: [&str; 3] = ["/rel/a/", "/rel/b/", "/rel/c/"];
+pub const SENTINEL: &str = "/rel/~end";
+pub const INSIDE_DIRS: [&str; 3] = ["/rel/a/", "/rel/b/", "/rel/c/"];
 const KEYS_PER_DIR: usize = 8;
 /// Keys outside the prefix, some right next to it.
-const OUTSIDE: [&str; 6] = ["/rel", "/rel0", "/rek/x", "/rem/0", "/rem/1", "/r"];
+pub const OUTSIDE: [&str; 6] = ["/rel", "/rel0", "/rek/x", "/rem/0", "/rem/1", "/r"];
 
 /// The seed: `ETCD_CACHE_SEED` to replay, otherwise from the clock.
 pub fn seed() -> u64 {
@@ -482,7 +482,7 @@ fn random_spec(rng: &mut StdRng, run: &Run, class: Class, relist: bool) -> SubSp
     run.sub_ctx().random_spec(rng, class, relist)
 }
 
-fn inside_key(rng: &mut StdRng) -> String {
+pub fn inside_key(rng: &mut StdRng) -> String {
     format!(
         "{}{}",
         INSIDE_DIRS[rng.random_range(0..INSIDE_DIRS.len())],
@@ -490,7 +490,7 @@ fn inside_key(rng: &mut StdRng) -> String {
     )
 }
 
-fn make_spec(
+pub fn make_spec(
     rng: &mut StdRng,
     id: usize,
     class: Class,
@@ -705,7 +705,7 @@ async fn sleep_until_opt(on: bool, at: Instant) {
 
 /// The seeded random workload: puts, deletes, range deletes, multi-key transactions and
 /// leased keys that expire, inside and outside the prefix. Writes go straight to etcd.
-async fn writer(
+pub async fn writer(
     seed: u64,
     direct: Arc<Mutex<Vec<String>>>,
     pause: Duration,

@@ -1,0 +1,503 @@
+//! Stream-level progress (`WatchProgressRequest`) on a Watch stream whose watches are
+//! served by two sides: the cache, and etcd for the forwarded ones. Each side answers for
+//! its own watches; the client gets one answer (watch id -1) that must hold for every
+//! watch on the stream, as etcd's does:
+//!
+//! - **bookmarkable**: every event at or below the answer's revision R has been sent on
+//!   the stream before it, for every watch: both sides have proven R (each side's answer
+//!   comes after everything it had up to its revision);
+//! - **ordered**: no event above R has been sent before it, for any watch (a client that
+//!   resumes from a progress revision would otherwise get that event twice, and one that
+//!   checks order sees the revision go back).
+//!
+//! Both sides keep sending while they are asked, so the two conditions are kept by
+//! holding back: from the request on, responses with events above the request's *floor*
+//! (the cache's revision when the request came, and at least everything sent so far)
+//! are held. A side's answer counts for a request once it is at or above the
+//! floor; when both sides have such an answer, the held events up to R = the lower of
+//! the two answers are sent, then the answer, then the rest. Each side has at most one
+//! request in flight, and its answer counts for the client requests made before that
+//! request was sent (an answer made before a client's request must not count for it: a
+//! watch created in between may still be replaying). etcd answers a `RequestProgress`
+//! at once or never: `progressIfSync` (3.5, 3.6, 3.7) drops it while a watch on the
+//! stream is unsynced or starts above the current revision. So a request to etcd that is
+//! not answered within [`ASK_TIMEOUT`] counts as dropped and etcd is asked again (the
+//! cache answers every request, if need be with the revision it can prove).
+//! A side whose answer is below a request's floor is asked again too. A client request
+//! that is not answered within [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`]
+//! responses wait) is given up: the held responses go out and that request gets no
+//! answer, as etcd gives none to a request it cannot answer.
+//!
+//! The answer holds for the watches that were on the stream when it was asked for; a
+//! watch created after the request may still be replaying.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::pb::etcdserverpb::WatchResponse;
+
+/// How long responses may be held for one progress request.
+pub(crate) const HOLD_LIMIT: Duration = Duration::from_secs(5);
+/// How many responses may be held before the oldest request is given up.
+pub(crate) const HELD_LIMIT: usize = 4096;
+/// How many times one side is asked again before its request is given up.
+const RETRIES: u32 = 8;
+/// How long a request to a side may stay unanswered before it counts as dropped (etcd
+/// answers at once or never).
+pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The two sides of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Cache = 0,
+    Etcd = 1,
+}
+
+/// What the session sends, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Item {
+    /// A response of a watch.
+    Resp(WatchResponse),
+    /// The stream-level progress answer at this revision.
+    Progress(i64),
+}
+
+/// What the session must do after an input: send these, and ask each side this many
+/// more times.
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    pub(crate) items: Vec<Item>,
+    pub(crate) ask: [u32; 2],
+}
+
+#[derive(Debug)]
+struct Pending {
+    /// Its place in the order of requests.
+    seq: u64,
+    floor: i64,
+    /// The highest answer of each side at or above the floor (`i64::MAX`: that side has
+    /// no watches to answer for; `None`: no answer recent enough yet).
+    proven: [Option<i64>; 2],
+    retries: u32,
+    deadline: Instant,
+}
+
+impl Pending {
+    fn answered(&self) -> bool {
+        self.proven.iter().all(Option::is_some)
+    }
+}
+
+/// The progress requests of one stream and the responses held for them.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pending: VecDeque<Pending>,
+    next_seq: u64,
+    /// Per side, the request in flight: it covers the client requests up to this `seq`,
+    /// and when it was sent.
+    asked: [Option<(u64, Instant)>; 2],
+    held: VecDeque<WatchResponse>,
+    /// Watch ids with held responses (their later responses queue behind them).
+    held_ids: HashMap<i64, usize>,
+    /// The highest event revision sent on the stream.
+    sent_max: i64,
+}
+
+/// The revision of a response's last event (0 without events).
+fn last_revision(r: &WatchResponse) -> i64 {
+    r.events
+        .last()
+        .and_then(|e| e.kv.as_ref())
+        .map_or(0, |kv| kv.mod_revision)
+}
+
+/// Splits `r` into its events at or below `bound` and the rest (either may be `None`). The
+/// flags that end a watch stay with the later part.
+fn split(mut r: WatchResponse, bound: i64) -> (Option<WatchResponse>, Option<WatchResponse>) {
+    let at = r
+        .events
+        .iter()
+        .position(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision) > bound)
+        .unwrap_or(r.events.len());
+    if r.events.is_empty() || at == r.events.len() {
+        return (Some(r), None);
+    }
+    if at == 0 {
+        return (None, Some(r));
+    }
+    let high_events = r.events.split_off(at);
+    let low = WatchResponse {
+        events: std::mem::take(&mut r.events),
+        canceled: false,
+        compact_revision: 0,
+        cancel_reason: String::new(),
+        ..r.clone()
+    };
+    r.events = high_events;
+    (Some(low), Some(r))
+}
+
+impl Progress {
+    /// The highest event revision sent on the stream.
+    #[cfg(test)]
+    pub(crate) fn sent_max(&self) -> i64 {
+        self.sent_max
+    }
+
+    /// The floor of the oldest request: responses with events above it are held.
+    fn bound(&self) -> Option<i64> {
+        self.pending.front().map(|p| p.floor)
+    }
+
+    /// When [`expire`](Self::expire) has something to do: the oldest request is given
+    /// up, or a request to a side counts as dropped.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        let give_up = self.pending.front().map(|p| p.deadline);
+        let etcd = self.asked[Side::Etcd as usize].map(|(_, at)| at + ASK_TIMEOUT);
+        give_up.into_iter().chain(etcd).min()
+    }
+
+    /// A client's request. `floor`: the cache's revision now (raised to what was sent);
+    /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
+    pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
+        let floor = floor.max(self.sent_max);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.pending.push_back(Pending {
+            seq,
+            floor,
+            proven: [None, if etcd { None } else { Some(i64::MAX) }],
+            retries: 0,
+            deadline: now + HOLD_LIMIT,
+        });
+        Out {
+            items: Vec::new(),
+            ask: self.ask_needed(),
+        }
+    }
+
+    /// Asks each side that has no request in flight and that a request waits for.
+    fn ask_needed(&mut self) -> [u32; 2] {
+        let mut ask = [0; 2];
+        for (s, a) in ask.iter_mut().enumerate() {
+            if self.asked[s].is_none() && self.pending.iter().any(|p| p.proven[s].is_none()) {
+                self.asked[s] = self.pending.back().map(|p| (p.seq, Instant::now()));
+                *a = 1;
+            }
+        }
+        ask
+    }
+
+    /// A forwarded watch was created: requests that did not ask etcd (the stream had no
+    /// forwarded watch then) ask it now, so that their held responses wait for etcd too.
+    pub(crate) fn forwarded_created(&mut self) -> Out {
+        let e = Side::Etcd as usize;
+        for p in self.pending.iter_mut() {
+            if p.proven[e] == Some(i64::MAX) {
+                p.proven[e] = None;
+            }
+        }
+        Out {
+            items: Vec::new(),
+            ask: self.ask_needed(),
+        }
+    }
+
+    /// A side's answer (a stream-level progress response from the cache or from etcd).
+    pub(crate) fn answer(&mut self, side: Side, revision: i64) -> Out {
+        let s = side as usize;
+        // Not asked for (e.g. the answer to a request given up after the side was asked
+        // again): nothing waits for it.
+        if let Some((covered, _)) = self.asked[s].take() {
+            self.pending.retain_mut(|p| {
+                if p.seq > covered || p.proven[s].is_some() {
+                    return true;
+                }
+                if revision >= p.floor {
+                    p.proven[s] = Some(revision);
+                    return true;
+                }
+                // Below the floor (the side could not prove more): asked again, a few
+                // times.
+                p.retries += 1;
+                if p.retries > RETRIES {
+                    tracing::debug!(
+                        floor = p.floor,
+                        ?side,
+                        revision,
+                        "progress request given up: answers stay below its floor"
+                    );
+                    return false;
+                }
+                true
+            });
+        }
+        let mut out = self.settle();
+        out.ask = self.ask_needed();
+        out
+    }
+
+    /// A response of a watch: sent now, or held (and sent later, in order).
+    pub(crate) fn push(&mut self, r: WatchResponse) -> Out {
+        let mut out = Out::default();
+        let Some(bound) = self.bound() else {
+            debug_assert!(self.held.is_empty());
+            self.emit(&mut out, r);
+            return out;
+        };
+        if self.held_ids.contains_key(&r.watch_id) {
+            self.hold(r);
+        } else {
+            let (low, high) = split(r, bound);
+            if let Some(low) = low {
+                self.emit(&mut out, low);
+            }
+            if let Some(high) = high {
+                self.hold(high);
+            }
+        }
+        if self.held.len() > HELD_LIMIT {
+            tracing::debug!("progress request given up: too many responses held");
+            self.pending.pop_front();
+            out.items.extend(self.settle().items);
+        }
+        out
+    }
+
+    /// Gives up the requests whose time is over, and asks again a side whose request
+    /// went unanswered (dropped).
+    pub(crate) fn expire(&mut self, now: Instant) -> Out {
+        while self.pending.front().is_some_and(|p| p.deadline <= now) {
+            let p = self.pending.pop_front();
+            tracing::debug!(?p, "progress request given up: not answered in time");
+        }
+        let etcd = &mut self.asked[Side::Etcd as usize];
+        if etcd.is_some_and(|(_, at)| at + ASK_TIMEOUT <= now) {
+            tracing::trace!("progress: no answer from etcd, asking again");
+            *etcd = None;
+        }
+        let mut out = self.settle();
+        out.ask = self.ask_needed();
+        out
+    }
+
+    fn hold(&mut self, r: WatchResponse) {
+        *self.held_ids.entry(r.watch_id).or_default() += 1;
+        self.held.push_back(r);
+    }
+
+    fn emit(&mut self, out: &mut Out, r: WatchResponse) {
+        self.sent_max = self.sent_max.max(last_revision(&r));
+        out.items.push(Item::Resp(r));
+    }
+
+    /// Answers the requests that can be answered, oldest first, and sends the held
+    /// responses the remaining ones allow.
+    fn settle(&mut self) -> Out {
+        let mut out = Out::default();
+        while let Some(p) = self.pending.front().filter(|p| p.answered()) {
+            let r = p.proven[0].unwrap_or(0).min(p.proven[1].unwrap_or(0));
+            self.pending.pop_front();
+            self.release(&mut out, Some(r));
+            out.items.push(Item::Progress(r));
+        }
+        let bound = self.bound();
+        self.release(&mut out, bound);
+        out
+    }
+
+    /// Sends the held responses at or below `bound` (all with `None`), keeping each
+    /// watch's responses in order.
+    fn release(&mut self, out: &mut Out, bound: Option<i64>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut keep = VecDeque::new();
+        let mut blocked = HashSet::new();
+        for r in std::mem::take(&mut self.held) {
+            if blocked.contains(&r.watch_id) {
+                keep.push_back(r);
+                continue;
+            }
+            let (low, high) = match bound {
+                None => (Some(r), None),
+                Some(b) => split(r, b),
+            };
+            if let Some(low) = low {
+                self.emit(out, low);
+            }
+            if let Some(high) = high {
+                blocked.insert(high.watch_id);
+                keep.push_back(high);
+            }
+        }
+        self.held_ids.clear();
+        for r in &keep {
+            *self.held_ids.entry(r.watch_id).or_default() += 1;
+        }
+        self.held = keep;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::mvccpb::{Event, KeyValue};
+
+    fn resp(watch_id: i64, revs: &[i64]) -> WatchResponse {
+        WatchResponse {
+            watch_id,
+            events: revs
+                .iter()
+                .map(|&r| Event {
+                    kv: Some(KeyValue {
+                        key: bytes::Bytes::from(format!("k{r}")),
+                        mod_revision: r,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn revs(items: &[Item]) -> Vec<(i64, Vec<i64>)> {
+        items
+            .iter()
+            .map(|i| match i {
+                Item::Resp(r) => (
+                    r.watch_id,
+                    r.events
+                        .iter()
+                        .map(|e| e.kv.as_ref().unwrap().mod_revision)
+                        .collect(),
+                ),
+                Item::Progress(p) => (-1, vec![*p]),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_requests_everything_passes() {
+        let mut p = Progress::default();
+        let out = p.push(resp(1, &[5, 6]));
+        assert_eq!(revs(&out.items), [(1, vec![5, 6])]);
+        assert_eq!(p.sent_max(), 6);
+    }
+
+    #[test]
+    fn events_above_the_floor_wait_for_the_answer() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.push(resp(1, &[10]));
+        // Asked at etcd revision 12, with a forwarded watch.
+        let out = p.request(12, true, now);
+        assert_eq!(out.ask, [1, 1]);
+        // The cache answers 12, then sends 13 for watch 1: held.
+        assert!(p.answer(Side::Cache, 12).items.is_empty());
+        assert!(p.push(resp(1, &[13])).items.is_empty());
+        // etcd sends a batch 11..14 for watch 2: 11 and 12 go now, the rest waits.
+        assert_eq!(
+            revs(&p.push(resp(2, &[11, 12, 14])).items),
+            [(2, vec![11, 12])]
+        );
+        // etcd answers 14: the answer is the lower, 12; then the held events follow.
+        let out = p.answer(Side::Etcd, 14);
+        assert_eq!(
+            revs(&out.items),
+            [(-1, vec![12]), (1, vec![13]), (2, vec![14])]
+        );
+    }
+
+    #[test]
+    fn a_side_that_answers_below_what_was_sent_is_asked_again() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.push(resp(2, &[20]));
+        // A floor below what was sent is raised to it.
+        p.request(15, true, now);
+        assert!(p.answer(Side::Etcd, 21).items.is_empty());
+        // The cache proves only 18 (< 20 sent): asked again, nothing answered yet.
+        let out = p.answer(Side::Cache, 18);
+        assert!(out.items.is_empty());
+        assert_eq!(out.ask, [1, 0]);
+        let out = p.answer(Side::Cache, 21);
+        assert_eq!(revs(&out.items), [(-1, vec![21])]);
+    }
+
+    #[test]
+    fn a_forwarded_watch_created_meanwhile_makes_etcd_answer_too() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(5, false, now).ask, [1, 0]);
+        assert_eq!(p.forwarded_created().ask, [0, 1]);
+        assert!(p.answer(Side::Cache, 5).items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 6).items), [(-1, vec![5])]);
+    }
+
+    #[test]
+    fn an_unanswered_request_is_given_up_and_the_held_responses_go() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        p.request(5, true, now);
+        p.answer(Side::Cache, 5);
+        assert!(p.push(resp(1, &[6])).items.is_empty());
+        // A cancel of the same watch waits behind its events.
+        let mut cancel = resp(1, &[]);
+        cancel.canceled = true;
+        assert!(p.push(cancel).items.is_empty());
+        // The first deadline: etcd's request counts as dropped (and is asked again).
+        assert!(p.deadline().unwrap() < now + HOLD_LIMIT);
+        let out = p.expire(now + HOLD_LIMIT);
+        assert_eq!(revs(&out.items), [(1, vec![6]), (1, vec![])]);
+        assert_eq!(p.deadline(), None);
+        // etcd's late answer is consumed, not sent.
+        let out = p.answer(Side::Etcd, 9);
+        assert!(out.items.is_empty());
+        assert_eq!(out.ask, [0, 0]);
+        assert!(p.pending.is_empty());
+        // An answer nobody asked for is dropped.
+        assert!(p.answer(Side::Cache, 9).items.is_empty());
+        // A later request works as usual.
+        p.request(9, false, now);
+        assert_eq!(revs(&p.answer(Side::Cache, 9).items), [(-1, vec![9])]);
+    }
+
+    #[test]
+    fn a_side_that_drops_the_request_is_asked_again() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(5, true, now).ask, [1, 1]);
+        p.answer(Side::Cache, 5);
+        // etcd dropped it (a watch that starts in the future): asked again after a while.
+        let later = p.deadline().unwrap();
+        assert!(later <= Instant::now() + ASK_TIMEOUT);
+        let out = p.expire(later);
+        assert_eq!(out.ask, [0, 1]);
+        assert!(out.items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 7).items), [(-1, vec![5])]);
+        assert_eq!(p.deadline(), None);
+    }
+
+    #[test]
+    fn requests_are_answered_in_order() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(5, false, now).ask, [1, 0]);
+        // One request per side in flight: the second waits for the first answer.
+        assert_eq!(p.request(7, false, now).ask, [0, 0]);
+        let out = p.answer(Side::Cache, 5);
+        assert_eq!(revs(&out.items), [(-1, vec![5])]);
+        // That answer was made before the second request: the cache is asked again.
+        assert_eq!(out.ask, [1, 0]);
+        // Held against the second floor now.
+        assert_eq!(revs(&p.push(resp(1, &[6, 8])).items), [(1, vec![6])]);
+        assert_eq!(
+            revs(&p.answer(Side::Cache, 8).items),
+            [(1, vec![8]), (-1, vec![8])]
+        );
+    }
+}
