@@ -32,7 +32,7 @@ type Changed = Pin<Box<dyn Future<Output = ()> + Send>>;
 const STREAM_WATCH_ID: i64 = -1;
 
 /// What the two halves of a stream share.
-struct Control {
+pub(super) struct Control {
     shared: Arc<Shared>,
     scope: Option<Arc<Scope>>,
     inner: Mutex<ControlInner>,
@@ -48,7 +48,7 @@ struct ControlInner {
     /// Added by the sender, not yet taken by the response half.
     incoming: Vec<Subscription>,
     /// Watch ids in use on the stream, with their registry ids.
-    ids: HashMap<i64, SubId>,
+    ids: Ids,
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
     /// Stream-wide progress requests not answered yet.
@@ -57,7 +57,71 @@ struct ControlInner {
     sender_gone: bool,
 }
 
+/// Watch ids in use on a stream, with their registry ids (0 while registering): a
+/// short list for the few watches most streams carry, a map beyond [`Ids::FEW`].
+enum Ids {
+    Few(Vec<(i64, SubId)>),
+    Many(HashMap<i64, SubId>),
+}
+
+impl Default for Ids {
+    fn default() -> Self {
+        Ids::Few(Vec::new())
+    }
+}
+
+impl Ids {
+    const FEW: usize = 16;
+
+    fn get(&self, watch_id: i64) -> Option<SubId> {
+        match self {
+            Ids::Few(few) => few.iter().find(|e| e.0 == watch_id).map(|e| e.1),
+            Ids::Many(many) => many.get(&watch_id).copied(),
+        }
+    }
+
+    fn contains(&self, watch_id: i64) -> bool {
+        self.get(watch_id).is_some()
+    }
+
+    /// Sets the registry id of `watch_id`, adding it if it is new.
+    fn insert(&mut self, watch_id: i64, sub_id: SubId) {
+        match self {
+            Ids::Few(few) => {
+                if let Some(e) = few.iter_mut().find(|e| e.0 == watch_id) {
+                    e.1 = sub_id;
+                } else if few.len() < Self::FEW {
+                    // Exactly one slot for a stream's first watch.
+                    few.reserve_exact(1);
+                    few.push((watch_id, sub_id));
+                } else {
+                    let mut many: HashMap<_, _> = few.drain(..).collect();
+                    many.insert(watch_id, sub_id);
+                    *self = Ids::Many(many);
+                }
+            }
+            Ids::Many(many) => {
+                many.insert(watch_id, sub_id);
+            }
+        }
+    }
+
+    fn remove(&mut self, watch_id: i64) {
+        match self {
+            Ids::Few(few) => few.retain(|e| e.0 != watch_id),
+            Ids::Many(many) => {
+                many.remove(&watch_id);
+            }
+        }
+    }
+}
+
 impl Control {
+    /// Frees the id of a watch that has ended.
+    pub(super) fn forget(&self, watch_id: i64) {
+        self.inner.lock().ids.remove(watch_id);
+    }
+
     /// Tells the response half that there is news.
     fn notify(&self) {
         self.dirty.store(true, Ordering::Release);
@@ -98,7 +162,15 @@ impl WatchRequestSender {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<()> {
-        let key = key.into();
+        let sub = self.register(key.into(), options).await?;
+        self.control.inner.lock().incoming.push(sub);
+        self.control.notify();
+        Ok(())
+    }
+
+    /// Registers a watch with the cache under a new id on this stream; the caller hands
+    /// it to the response half.
+    async fn register(&self, key: Vec<u8>, options: Option<WatchOptions>) -> Result<Subscription> {
         let options = options.unwrap_or_default();
         let control = &self.control;
         let request = Request::new(&control.shared, &key, &options)?;
@@ -108,14 +180,14 @@ impl WatchRequestSender {
             let id = match options.watch_id() {
                 // As etcd: the lowest id above every id given so far; never one reused.
                 0 => {
-                    while inner.ids.contains_key(&inner.next_id) {
+                    while inner.ids.contains(inner.next_id) {
                         inner.next_id += 1;
                     }
                     let id = inner.next_id;
                     inner.next_id += 1;
                     id
                 }
-                chosen if inner.ids.contains_key(&chosen) => {
+                chosen if inner.ids.contains(chosen) => {
                     return Err(Error::WatchIdInUse { watch_id: chosen })
                 }
                 chosen => chosen,
@@ -134,26 +206,20 @@ impl WatchRequestSender {
         let registration = match tracing::Instrument::instrument(registered, span.clone()).await {
             Ok(r) => r,
             Err(e) => {
-                control.inner.lock().ids.remove(&watch_id);
+                control.inner.lock().ids.remove(watch_id);
                 return Err(e);
             }
         };
-        let weak = Arc::downgrade(control);
-        let on_end = Box::new(move |id: i64| {
-            if let Some(control) = weak.upgrade() {
-                control.inner.lock().ids.remove(&id);
-            }
-        });
-        let sub = Subscription::new(control.shared.clone(), registration, watch_id, on_end);
+        let sub = Subscription::new(
+            control.shared.clone(),
+            registration,
+            watch_id,
+            Arc::downgrade(control),
+        );
         span.record("revision", sub.created_revision());
         span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
-        {
-            let mut inner = control.inner.lock();
-            inner.ids.insert(watch_id, sub.sub_id);
-            inner.incoming.push(sub);
-        }
-        control.notify();
-        Ok(())
+        control.inner.lock().ids.insert(watch_id, sub.sub_id);
+        Ok(sub)
     }
 
     /// Cancels the watch `watch_id`: what it was delivered stays, then a `canceled`
@@ -162,7 +228,7 @@ impl WatchRequestSender {
     /// # Errors
     /// None today; the `Result` mirrors etcd-client.
     pub async fn cancel(&mut self, watch_id: i64) -> Result<()> {
-        let sub_id = self.control.inner.lock().ids.get(&watch_id).copied();
+        let sub_id = self.control.inner.lock().ids.get(watch_id);
         if let Some(sub_id) = sub_id.filter(|&id| id != 0) {
             self.control
                 .shared
@@ -218,8 +284,10 @@ pub struct WatchResponseStream {
     /// The stream's only watch, polled directly: most streams carry one watch, and a
     /// `SelectAll` would add a task-queue hop and a wake-up per burst to each of them.
     solo: Option<Subscription>,
-    /// The other watches, polled as they are woken.
-    watches: SelectAll<Subscription>,
+    /// What a stream with more than one watch needs; made when a second watch comes
+    /// (most streams carry one, and an empty `SelectAll` alone holds a heap-allocated
+    /// task queue).
+    multi: Option<Box<Multi>>,
     /// Which of the two goes first next time (fairness).
     solo_first: bool,
     /// True for an unsplit stream: it ends whenever no watch is left.
@@ -229,16 +297,31 @@ pub struct WatchResponseStream {
     /// While a stream-wide progress request waits for the cache: the wait is
     /// registered (so the cache asks etcd for progress), and a change of the cache's
     /// revision or the request's deadline wakes the stream.
-    progress_wait: Option<(ProgressWait, Changed, Pin<Box<Sleep>>)>,
-    /// `created` responses of watches just added, in the order they were added (etcd
-    /// answers creates in order; a client maps them to its requests by that order).
-    created: VecDeque<(i64, i64)>,
+    progress_wait: Option<Box<StreamProgressWait>>,
+    /// The oldest `created` response (watch id, revision) not sent yet; later ones
+    /// wait in [`Multi::created`].
+    created_first: Option<(i64, i64)>,
     /// While no watch is left on a split stream: a change of the cache's status (its
     /// close) wakes the stream.
     close_wait: Option<Changed>,
     /// Copied from the control block when it has news.
     sender_gone: bool,
     progress_requests: VecDeque<ProgressRequest>,
+}
+
+/// A stream-wide progress request's wait: registered with the cache (so that it asks
+/// etcd for progress), woken by a change of the cache's revision or the deadline.
+type StreamProgressWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
+
+/// The part of a [`WatchResponseStream`] that only a stream with several watches uses.
+#[derive(Default)]
+struct Multi {
+    /// The watches other than the solo one, polled as they are woken.
+    watches: SelectAll<Subscription>,
+    /// `created` responses after [`WatchResponseStream::created_first`], in the order
+    /// their watches were added (etcd answers creates in order; a client maps them to
+    /// its requests by that order).
+    created: VecDeque<(i64, i64)>,
 }
 
 impl std::fmt::Debug for WatchResponseStream {
@@ -271,19 +354,48 @@ impl WatchResponseStream {
 
     /// Watches on the stream (not counting those added but not yet polled).
     fn len(&self) -> usize {
-        self.solo.iter().count() + self.watches.len()
+        self.solo.iter().count() + self.multi.as_ref().map_or(0, |m| m.watches.len())
     }
 
     fn iter(&self) -> impl Iterator<Item = &Subscription> + '_ {
-        self.solo.iter().chain(self.watches.iter())
+        let others = self.multi.iter().flat_map(|m| m.watches.iter());
+        self.solo.iter().chain(others)
     }
 
+    /// Ids of the watches whose `created` response has not been sent yet.
+    fn pending_created(&self) -> impl Iterator<Item = i64> + '_ {
+        let later = self.multi.iter().flat_map(|m| m.created.iter());
+        self.created_first.iter().chain(later).map(|c| c.0)
+    }
+
+    /// Takes a newly registered watch: its `created` response goes out next (after
+    /// those of the watches added before it), then its items.
     fn add(&mut self, sub: Subscription) {
-        if self.solo.is_none() && self.watches.is_empty() {
+        let created = (sub.watch_id, sub.created_revision());
+        let later_created = self.multi.as_ref().is_some_and(|m| !m.created.is_empty());
+        if self.created_first.is_none() && !later_created {
+            self.created_first = Some(created);
+        } else {
+            self.multi
+                .get_or_insert_with(Box::default)
+                .created
+                .push_back(created);
+        }
+        if self.len() == 0 {
             self.solo = Some(sub);
         } else {
-            self.watches.push(sub);
+            self.multi
+                .get_or_insert_with(Box::default)
+                .watches
+                .push(sub);
         }
+    }
+
+    /// The oldest `created` response not sent yet.
+    fn next_created(&mut self) -> Option<(i64, i64)> {
+        self.created_first
+            .take()
+            .or_else(|| self.multi.as_mut()?.created.pop_front())
     }
 
     /// The next item of any watch, if one is ready.
@@ -298,8 +410,8 @@ impl WatchResponseStream {
                         Poll::Pending => {}
                     }
                 }
-            } else if !self.watches.is_empty() {
-                if let Poll::Ready(Some(item)) = self.watches.poll_next_unpin(cx) {
+            } else if let Some(multi) = self.multi.as_mut().filter(|m| !m.watches.is_empty()) {
+                if let Poll::Ready(Some(item)) = multi.watches.poll_next_unpin(cx) {
                     return Poll::Ready(Some(item));
                 }
             }
@@ -367,12 +479,10 @@ impl Stream for WatchResponseStream {
                 .extend(inner.progress_requests.drain(..));
             drop(inner);
             for sub in incoming {
-                this.created
-                    .push_back((sub.watch_id, sub.created_revision()));
                 this.add(sub);
             }
         }
-        if let Some((watch_id, revision)) = this.created.pop_front() {
+        if let Some((watch_id, revision)) = this.next_created() {
             let h = this.header(revision);
             return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
         }
@@ -398,11 +508,11 @@ impl Stream for WatchResponseStream {
                     // revision (or the deadline) wakes this stream to look again.
                     let shared = &this.control.shared;
                     let wait = this.progress_wait.get_or_insert_with(|| {
-                        (
+                        Box::new((
                             ProgressWait::new(shared.clone()),
                             shared.changed(),
                             Box::pin(tokio::time::sleep_until(request.deadline)),
-                        )
+                        ))
                     });
                     if wait.1.as_mut().poll(cx).is_ready() {
                         wait.1 = shared.changed();
@@ -491,12 +601,12 @@ impl WatchStream {
             responses: WatchResponseStream {
                 control,
                 solo: None,
-                watches: SelectAll::new(),
+                multi: None,
                 solo_first: false,
                 end_when_empty: true,
                 reported: 0,
                 progress_wait: None,
-                created: VecDeque::new(),
+                created_first: None,
                 close_wait: None,
                 sender_gone: false,
                 progress_requests: VecDeque::new(),
@@ -513,7 +623,10 @@ impl WatchStream {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<()> {
-        self.sender.watch(key, options).await
+        // Both halves are here: hand the watch to the response half directly.
+        let sub = self.sender.register(key.into(), options).await?;
+        self.responses.add(sub);
+        Ok(())
     }
 
     /// Cancels the watch `watch_id`. As [`WatchRequestSender::cancel`].
@@ -563,7 +676,7 @@ impl WatchStream {
         self.responses
             .iter()
             .map(|w| w.watch_id)
-            .chain(self.responses.created.iter().map(|c| c.0))
+            .chain(self.responses.pending_created())
             .chain(
                 self.sender
                     .control
@@ -583,5 +696,33 @@ impl Stream for WatchStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         Pin::new(&mut self.get_mut().responses).poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ids;
+
+    #[test]
+    fn ids_stay_right_when_the_short_list_turns_into_a_map() {
+        let mut ids = Ids::default();
+        for id in 0..40 {
+            assert!(!ids.contains(id));
+            ids.insert(id, 0);
+            ids.insert(id, id as u64 + 100);
+            assert!(matches!(ids, Ids::Few(_)) == (id < Ids::FEW as i64));
+        }
+        for id in (0..40).step_by(3) {
+            ids.remove(id);
+        }
+        for id in 0..40 {
+            let expected = (id % 3 != 0).then_some(id as u64 + 100);
+            assert_eq!(ids.get(id), expected, "watch id {id}");
+        }
+        let mut few = Ids::default();
+        few.insert(7, 1);
+        few.insert(9, 2);
+        few.remove(7);
+        assert_eq!((few.get(7), few.get(9)), (None, Some(2)));
     }
 }

@@ -3,12 +3,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
 use tokio::time::{Instant, Sleep};
 
+use super::stream::Control;
 use super::Request;
 use crate::error::Error;
 use crate::kv::Event;
@@ -68,8 +69,9 @@ pub(super) struct Subscription {
     floor: i64,
     progress_timer: Option<Pin<Box<Sleep>>>,
     progress_due: bool,
-    /// Called with the watch id once the watch has ended (frees the id).
-    on_end: Option<Box<dyn FnOnce(i64) + Send>>,
+    /// Its stream's control block, told once the watch has ended (to free the id);
+    /// `None` once it has ended.
+    control: Option<Weak<Control>>,
 }
 
 impl Subscription {
@@ -77,7 +79,7 @@ impl Subscription {
         shared: Arc<Shared>,
         registration: Registration,
         watch_id: i64,
-        on_end: Box<dyn FnOnce(i64) + Send>,
+        control: Weak<Control>,
     ) -> Self {
         let Registration {
             request,
@@ -115,7 +117,7 @@ impl Subscription {
             floor: created,
             progress_timer,
             progress_due: false,
-            on_end: Some(on_end),
+            control: Some(control),
         }
     }
 
@@ -153,13 +155,13 @@ impl Subscription {
             slot.forget(self.sub_id);
         }
         self.progress_timer = None;
-        if let Some(on_end) = self.on_end.take() {
-            on_end(self.watch_id);
+        if let Some(control) = self.control.take().and_then(|c| c.upgrade()) {
+            control.forget(self.watch_id);
         }
     }
 
     fn ended(&self) -> bool {
-        self.on_end.is_none()
+        self.control.is_none()
     }
 }
 
