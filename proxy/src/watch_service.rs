@@ -13,12 +13,12 @@
 //! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
 //! reconnecting and resuming each watch after its last revision.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -43,6 +43,10 @@ const INVALID_WATCH_ID: i64 = -1;
 const LEADER_CHECK: Duration = Duration::from_millis(500);
 /// How long the cache may be cut off from etcd before `hasleader` streams end.
 const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
+/// Replies of the cache taken in one round of [`Session::send_replies`] at most.
+const BATCH_REPLIES: usize = 256;
+/// A merged events response takes no more events once it is this big (encoded).
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// etcd's Watch service, from the cache.
 pub(crate) struct WatchService {
@@ -180,7 +184,7 @@ impl Session {
                     return;
                 }
                 Step::Reply(Some(reply)) => {
-                    if self.send_reply(reply).await.is_err() {
+                    if self.send_replies(reply).await.is_err() {
                         return;
                     }
                 }
@@ -418,6 +422,89 @@ impl Session {
         send(&self.tx, resp).await
     }
 
+    /// Sends `first` and the cache's replies that are ready after it, with the events of
+    /// one watch in one response where they follow each other: etcd sends a watcher
+    /// that is catching up many revisions in one response (`syncWatchers`), and a remote
+    /// watcher pays per message more than per event. A watch's responses keep their
+    /// order; responses of different watches may pass each other, as on etcd's streams.
+    /// Created, canceled and progress responses are not merged: the merged responses
+    /// before them go out first.
+    async fn send_replies(&mut self, first: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let mut batch: Vec<WatchResponse> = Vec::new();
+        // Per watch: the index in `batch` of its response still taking events, and its
+        // encoded size.
+        let mut open: HashMap<i64, (usize, usize)> = HashMap::new();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(r) = next.take() {
+            taken += 1;
+            let id = r.watch_id();
+            let plain = !r.created()
+                && !r.canceled()
+                && !r.events().is_empty()
+                && !self.fragment.contains(&id);
+            if plain {
+                let resp = self.to_pb(&r);
+                let size = resp.events.iter().map(Message::encoded_len).sum::<usize>();
+                match open.get_mut(&id) {
+                    Some((at, bytes)) if *bytes < BATCH_BYTES => {
+                        let merged = &mut batch[*at];
+                        merged.header = resp.header;
+                        merged.events.extend(resp.events);
+                        *bytes += size;
+                    }
+                    _ => {
+                        open.insert(id, (batch.len(), size));
+                        batch.push(resp);
+                    }
+                }
+            } else {
+                self.flush(&mut batch).await?;
+                open.clear();
+                self.send_reply(r).await?;
+            }
+            // Gather only what the client's queue has room for, as the session takes a
+            // reply only when it has room.
+            if taken < BATCH_REPLIES && batch.len() < self.tx.capacity() {
+                next = self.watches.next().now_or_never().flatten();
+            }
+        }
+        self.flush(&mut batch).await
+    }
+
+    /// Sends the merged responses, with header revisions that do not go down along the
+    /// batch (a merged response carries its last event's header).
+    async fn flush(&mut self, batch: &mut Vec<WatchResponse>) -> Result<(), ()> {
+        let mut revision = 0;
+        for mut resp in batch.drain(..) {
+            if let Some(h) = resp.header.as_mut() {
+                h.revision = h.revision.max(revision);
+                revision = h.revision;
+            }
+            self.out(resp).await?;
+        }
+        Ok(())
+    }
+
+    /// The cache's response as etcd's message.
+    fn to_pb(&self, r: &etcd_cache::WatchResponse) -> WatchResponse {
+        WatchResponse {
+            header: Some(self.st.up.header_from_cache(r.header(), r.revision())),
+            watch_id: r.watch_id(),
+            created: r.created(),
+            canceled: r.canceled(),
+            compact_revision: r.compact_revision(),
+            // etcd gives no reason with a compaction (its clients read compact_revision).
+            cancel_reason: if r.compact_revision() > 0 {
+                String::new()
+            } else {
+                r.cancel_reason().to_string()
+            },
+            fragment: false,
+            events: r.events().iter().map(|e| self.event(e)).collect(),
+        }
+    }
+
     async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
         let watch_id = r.watch_id();
         if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
@@ -442,21 +529,7 @@ impl Session {
             }
             self.fragment.remove(&watch_id);
         }
-        let resp = WatchResponse {
-            header: Some(self.st.up.header_from_cache(r.header(), r.revision())),
-            watch_id,
-            created: r.created(),
-            canceled: r.canceled(),
-            compact_revision: r.compact_revision(),
-            // etcd gives no reason with a compaction (its clients read compact_revision).
-            cancel_reason: if r.compact_revision() > 0 {
-                String::new()
-            } else {
-                r.cancel_reason().to_string()
-            },
-            fragment: false,
-            events: r.events().iter().map(|e| self.event(e)).collect(),
-        };
+        let resp = self.to_pb(&r);
         self.out(resp).await
     }
 
