@@ -222,23 +222,16 @@ async fn a_catching_up_watch_gets_its_events_merged_in_order() {
     let key1: Vec<i64> = revisions.iter().copied().skip(1).step_by(7).collect();
     // A linearizable read through the proxy: the cache has applied every put.
     through.get("/m/", None).await.unwrap();
-    let from = Some(revisions[0]);
+    let from = revisions[0];
     let mut stream = through
         .watch(
             "/m/",
-            Some(
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(from.unwrap()),
-            ),
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
         )
         .await
         .unwrap();
     stream
-        .watch(
-            "/m/k1",
-            Some(WatchOptions::new().with_start_revision(from.unwrap())),
-        )
+        .watch("/m/k1", Some(WatchOptions::new().with_start_revision(from)))
         .await
         .unwrap();
     let mut ids = Vec::new();
