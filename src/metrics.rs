@@ -16,6 +16,7 @@ mod enabled {
         pub(crate) events_received: Counter,
         pub(crate) revisions_applied: Counter,
         pub(crate) deliveries: Counter,
+        pub(crate) replayed: Counter,
         pub(crate) responses_events: Counter,
         pub(crate) responses_progress: Counter,
         pub(crate) watchers: Gauge,
@@ -64,6 +65,7 @@ mod enabled {
                 events_received: c("etcd_cache_upstream_events_total"),
                 revisions_applied: c("etcd_cache_upstream_revisions_total"),
                 deliveries: c("etcd_cache_deliveries_total"),
+                replayed: c("etcd_cache_replayed_total"),
                 responses_events: cl("etcd_cache_watch_responses_total", "kind", "events"),
                 responses_progress: cl("etcd_cache_watch_responses_total", "kind", "progress"),
                 watchers: g("etcd_cache_watchers"),
@@ -174,6 +176,22 @@ impl Metrics {
             h.deliveries.increment(deliveries as u64);
             h.responses_events.increment(deliveries as u64);
         })
+    }
+
+    /// Takes the deliveries catch-ups from the history have queued since the last call
+    /// (a plain load when there are none: consumers call it on every poll).
+    #[inline]
+    pub(crate) fn replayed(&self, lag: &crate::subscribers::mailbox::LagCount) {
+        #[cfg(feature = "metrics")]
+        {
+            let n = lag.take_replayed();
+            if n > 0 {
+                self.h.replayed.increment(n as u64);
+                self.h.responses_events.increment(n as u64);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = lag;
     }
 
     #[inline]

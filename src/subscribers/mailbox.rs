@@ -67,23 +67,38 @@ pub(crate) enum End {
     Compacted(i64),
 }
 
-/// The number of lagging subscribers. Owned by the subscriber registry; changed only by
-/// the mailbox transitions below.
+/// The number of lagging subscribers, and the deliveries their catch-ups queued not yet
+/// taken for the metrics. Owned by the subscriber registry; changed only by the mailbox
+/// transitions below.
 #[derive(Debug, Default)]
-pub(crate) struct LagCount(AtomicUsize);
+pub(crate) struct LagCount {
+    lagging: AtomicUsize,
+    replayed: AtomicUsize,
+}
 
 impl LagCount {
     /// Subscribers lagging now.
     pub(crate) fn get(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.lagging.load(Ordering::Relaxed)
     }
 
     fn enter(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.lagging.fetch_add(1, Ordering::Relaxed);
     }
 
     fn leave(&self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.lagging.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Deliveries queued by catch-ups since the last call. A load of a line that only
+    /// catch-ups write when there is nothing to take, so that every consumer's poll can
+    /// call it.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn take_replayed(&self) -> usize {
+        if self.replayed.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.replayed.swap(0, Ordering::Relaxed)
     }
 }
 
@@ -305,6 +320,23 @@ impl Mailbox {
             }
             return false;
         }
+        let queued_before = s.queue.len();
+        let result = Self::scan(&mut s, history, filter, lag, scan);
+        let queued = s.queue.len().saturating_sub(queued_before);
+        if queued > 0 {
+            lag.replayed.fetch_add(queued, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// The scan of [`catch_up`](Self::catch_up), under the mailbox lock.
+    fn scan(
+        s: &mut State,
+        history: &History,
+        filter: &Filter,
+        lag: &LagCount,
+        scan: usize,
+    ) -> bool {
         let mut pos = s.last_rev;
         for (scanned, batch) in history.after(s.last_rev).enumerate() {
             if scanned >= scan {

@@ -416,6 +416,11 @@ async fn metrics_are_recorded_through_the_facade() {
     assert_eq!(next_rev(&mut w).await, 11);
     within(cache.get(k("a"), None)).await.unwrap();
     drop(w);
+    // A replay from the history is counted too.
+    let mut replay = watch_prefix(&cache, WatchOptions::new().with_start_revision(11)).await;
+    created(&mut replay).await;
+    assert_eq!(next_rev(&mut replay).await, 11);
+    drop(replay);
     // One snapshot: taking one resets the recorder's counters.
     let snapshot = snapshotter.snapshot().into_vec();
     let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
@@ -437,16 +442,21 @@ async fn metrics_are_recorded_through_the_facade() {
     assert_eq!(value("etcd_cache_upstream_events_total", None), 2.0);
     assert_eq!(value("etcd_cache_upstream_revisions_total", None), 1.0);
     assert_eq!(value("etcd_cache_deliveries_total", None), 1.0);
+    assert_eq!(value("etcd_cache_replayed_total", None), 1.0);
+    assert_eq!(
+        value("etcd_cache_watch_responses_total", Some(("kind", "events"))),
+        2.0
+    );
     assert_eq!(value("etcd_cache_upstream_connects_total", None), 1.0);
     assert_eq!(value("etcd_cache_revision", None), 11.0);
     assert_eq!(value("etcd_cache_store_keys", None), 2.0);
-    assert_eq!(value("etcd_cache_watches_opened_total", None), 1.0);
+    assert_eq!(value("etcd_cache_watches_opened_total", None), 2.0);
     assert_eq!(
         value(
             "etcd_cache_watches_ended_total",
             Some(("reason", "dropped"))
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         value(

@@ -203,6 +203,7 @@ impl Subscription {
                 shared.subscribers.lag(),
                 || shared.revision(),
             );
+            shared.metrics.replayed(shared.subscribers.lag());
             let item = match polled {
                 Polled::Delivery(d) => Item::Events {
                     revision: d.revision,
