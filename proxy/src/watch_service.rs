@@ -44,9 +44,12 @@ const LEADER_CHECK: Duration = Duration::from_millis(500);
 /// How long the cache may be cut off from etcd before `hasleader` streams end.
 const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
 /// Replies of the cache taken in one round of [`Session::send_replies`] at most.
-const BATCH_REPLIES: usize = 256;
+const BATCH_REPLIES: usize = 4096;
 /// A merged events response takes no more events once it is this big (encoded).
 const BATCH_BYTES: usize = 64 * 1024;
+/// A round of [`Session::send_replies`] takes no more replies once it holds this many
+/// bytes of events (a stream whose client does not read holds no more than this).
+const BATCH_TOTAL_BYTES: usize = 4 * 1024 * 1024;
 
 /// etcd's Watch service, from the cache.
 pub(crate) struct WatchService {
@@ -436,6 +439,7 @@ impl Session {
         let mut open: HashMap<i64, (usize, usize)> = HashMap::new();
         let mut next = Some(first);
         let mut taken = 0;
+        let mut total = 0;
         while let Some(r) = next.take() {
             taken += 1;
             let id = r.watch_id();
@@ -446,6 +450,7 @@ impl Session {
             if plain {
                 let resp = self.to_pb(&r);
                 let size = resp.events.iter().map(Message::encoded_len).sum::<usize>();
+                total += size;
                 match open.get_mut(&id) {
                     Some((at, bytes)) if *bytes < BATCH_BYTES => {
                         let merged = &mut batch[*at];
@@ -463,9 +468,10 @@ impl Session {
                 open.clear();
                 self.send_reply(r).await?;
             }
-            // Gather only what the client's queue has room for, as the session takes a
-            // reply only when it has room.
-            if taken < BATCH_REPLIES && batch.len() < self.tx.capacity() {
+            // What is gathered waits for the client's queue: at most BATCH_REPLIES replies
+            // and BATCH_TOTAL_BYTES, so a client that does not read holds up only that
+            // much (and its own stream).
+            if taken < BATCH_REPLIES && total < BATCH_TOTAL_BYTES {
                 next = self.watches.next().now_or_never().flatten();
             }
         }

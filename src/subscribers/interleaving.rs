@@ -266,7 +266,9 @@ impl<'c> World<'c> {
             }
         }
         let subs = Subscribers::new(16, self.case.cap);
-        subs.lag.lagging.store(self.subs.lag.get(), Ordering::Relaxed);
+        subs.lag
+            .lagging
+            .store(self.subs.lag.get(), Ordering::Relaxed);
         let sub = self.sub.as_ref().map(|s| {
             let st = s.mailbox.state.lock();
             let mailbox = Arc::new(Mailbox {
