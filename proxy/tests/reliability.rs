@@ -676,19 +676,7 @@ async fn reader(
         } else {
             resp.header().map_or(0, |h| h.revision())
         };
-        let etcd_answer = match timeout(
-            Duration::from_secs(2),
-            etcd.get(key.clone(), Some(eopts.with_revision(at))),
-        )
-        .await
-        {
-            Ok(Ok(r)) => Some((
-                r.kvs().iter().map(Kv::from_etcd).collect(),
-                r.count(),
-                r.more(),
-            )),
-            _ => None,
-        };
+        let etcd_answer = run::etcd_answer(&mut etcd, key.clone(), eopts, at).await;
         gets.lock().push(GetRecord {
             range,
             requested,

@@ -357,60 +357,47 @@ pub struct SubSpec {
     pub may_compact: bool,
 }
 
-impl SubSpec {
-    pub fn options(&self) -> etcd_cache::WatchOptions {
-        let mut o = etcd_cache::WatchOptions::new().with_start_revision(self.start_revision);
-        match self.form {
+/// A spec's watch options, for `etcd_cache::WatchOptions` and
+/// `etcd_client::WatchOptions` alike (the same builder names; the filter type is
+/// etcd-client's in both).
+macro_rules! watch_options {
+    ($spec:expr, $options:ty, $start:expr) => {{
+        let spec = $spec;
+        let mut o = <$options>::new().with_start_revision($start);
+        match spec.form {
             "prefix" => o = o.with_prefix(),
-            "range" => o = o.with_range(self.range.end.clone()),
+            "range" => o = o.with_range(spec.range.end.clone()),
             "from-key" => o = o.with_from_key(),
             _ => {}
         }
-        if self.prev_kv {
+        if spec.prev_kv {
             o = o.with_prev_key();
         }
-        if self.progress_notify {
+        if spec.progress_notify {
             o = o.with_progress_notify();
         }
         let mut filters = Vec::new();
-        if self.no_put {
-            filters.push(etcd_cache::WatchFilterType::NoPut);
-        }
-        if self.no_delete {
-            filters.push(etcd_cache::WatchFilterType::NoDelete);
-        }
-        if !filters.is_empty() {
-            o = o.with_filters(filters);
-        }
-        o
-    }
-
-    /// The same request for etcd-client (a remote watch), starting at `start_revision`.
-    pub fn etcd_options(&self, start_revision: i64) -> etcd_client::WatchOptions {
-        let mut o = etcd_client::WatchOptions::new().with_start_revision(start_revision);
-        match self.form {
-            "prefix" => o = o.with_prefix(),
-            "range" => o = o.with_range(self.range.end.clone()),
-            "from-key" => o = o.with_from_key(),
-            _ => {}
-        }
-        if self.prev_kv {
-            o = o.with_prev_key();
-        }
-        if self.progress_notify {
-            o = o.with_progress_notify();
-        }
-        let mut filters = Vec::new();
-        if self.no_put {
+        if spec.no_put {
             filters.push(etcd_client::WatchFilterType::NoPut);
         }
-        if self.no_delete {
+        if spec.no_delete {
             filters.push(etcd_client::WatchFilterType::NoDelete);
         }
         if !filters.is_empty() {
             o = o.with_filters(filters);
         }
         o
+    }};
+}
+
+impl SubSpec {
+    pub fn options(&self) -> etcd_cache::WatchOptions {
+        watch_options!(self, etcd_cache::WatchOptions, self.start_revision)
+    }
+
+    /// The same request for etcd-client (a remote watch), starting at `start_revision`.
+    pub fn etcd_options(&self, start_revision: i64) -> etcd_client::WatchOptions {
+        watch_options!(self, etcd_client::WatchOptions, start_revision)
     }
 
     fn wants(&self, e: &Ev) -> bool {

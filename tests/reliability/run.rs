@@ -908,19 +908,7 @@ async fn reader(
         } else {
             resp.revision()
         };
-        let etcd_answer = match timeout(
-            Duration::from_secs(2),
-            etcd.get(key.clone(), Some(eopts.with_revision(at))),
-        )
-        .await
-        {
-            Ok(Ok(r)) => Some((
-                r.kvs().iter().map(Kv::from_etcd).collect(),
-                r.count(),
-                r.more(),
-            )),
-            _ => None,
-        };
+        let etcd_answer = etcd_answer(&mut etcd, key.clone(), eopts, at).await;
         gets.lock().push(GetRecord {
             range,
             requested,
@@ -933,6 +921,23 @@ async fn reader(
             min_rev,
         });
     }
+}
+
+/// etcd's own answer to a read at `at` (kvs, count, more), or `None` if etcd did not
+/// answer within 2 s: what a read's answer is compared with.
+pub async fn etcd_answer(
+    etcd: &mut etcd_client::Client,
+    key: impl Into<Vec<u8>>,
+    options: etcd_client::GetOptions,
+    at: i64,
+) -> Option<(Vec<Kv>, i64, bool)> {
+    let get = etcd.get(key, Some(options.with_revision(at)));
+    let r = timeout(Duration::from_secs(2), get).await.ok()?.ok()?;
+    Some((
+        r.kvs().iter().map(Kv::from_etcd).collect(),
+        r.count(),
+        r.more(),
+    ))
 }
 
 /// Samples the cache's stats: the history never holds more than its window.
