@@ -390,6 +390,20 @@ impl Shared {
         })
     }
 
+    /// The cluster's current revision: one linearizable round trip shared with
+    /// concurrent callers, bounded by the consistent-read timeout, recorded as seen.
+    /// The one way the crate asks for it (reads fail with its error; watches from now
+    /// and stream-wide progress requests go on without it).
+    pub(crate) async fn cluster_revision_now(&self) -> Result<i64> {
+        let limit = self.config.consistent_read_timeout;
+        let revision = self
+            .probe
+            .current(&self.upstream, &self.range, limit)
+            .await?;
+        self.counters.saw_cluster_revision(revision);
+        Ok(revision)
+    }
+
     /// Newest revision applied and dispatched.
     pub(crate) fn revision(&self) -> i64 {
         self.view.borrow().snapshot.revision

@@ -103,18 +103,6 @@ async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result
     }
 }
 
-/// The cluster's current revision (one linearizable round trip, shared with
-/// concurrent callers), within the consistent-read timeout.
-async fn cluster_revision(shared: &Shared) -> Result<i64> {
-    let limit = shared.config.consistent_read_timeout;
-    let revision = shared
-        .probe
-        .current(&shared.upstream, &shared.range, limit)
-        .await?;
-    shared.counters.saw_cluster_revision(revision);
-    Ok(revision)
-}
-
 /// Answers `request` once the cache has applied `need` — from memory when the cache
 /// gets there in time, else as `read_fallback` says. On a server whose progress
 /// answers cannot be trusted the cache cannot prove it will get there (a quiet prefix
@@ -209,7 +197,7 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     }
     // A consistent read, or a read at a revision the cache has not applied: learn how
     // far the cluster is.
-    let current = match cluster_revision(shared).await {
+    let current = match shared.cluster_revision_now().await {
         Ok(current) => current,
         Err(e) => return fallback(shared, &request, e).await,
     };

@@ -284,16 +284,8 @@ async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
     if !shared.config.linearizable_watch_start || !shared.is_ready() {
         return 0;
     }
-    let limit = shared.config.consistent_read_timeout;
-    match shared
-        .probe
-        .current(&shared.upstream, &shared.range, limit)
-        .await
-    {
-        Ok(rev) => {
-            shared.counters.saw_cluster_revision(rev);
-            rev
-        }
+    match shared.cluster_revision_now().await {
+        Ok(rev) => rev,
         Err(e) => {
             tracing::warn!(error = %e, revision = shared.revision(), "could not learn the cluster's revision for a watch from now; it starts after the cache's revision");
             0
