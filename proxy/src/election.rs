@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use crate::forward::call_upstream;
 use crate::pb::v3electionpb::*;
 use crate::state::State;
 use crate::upstream::fresh;
@@ -48,11 +49,7 @@ impl election_server::Election for ElectionService {
         let mut r = req.into_inner();
         r.name = self.st.ns.key(&r.name);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.election();
-                async move { c.campaign(q).await }
-            })
+        let mut resp = call_upstream!(up, &md, r, election.campaign)
             .await?
             .into_inner();
         self.leader_out(&mut resp.leader);
@@ -67,12 +64,9 @@ impl election_server::Election for ElectionService {
         let mut r = req.into_inner();
         self.leader_in(&mut r.leader);
         let up = &self.st.up;
-        up.call(&md, r, |q| {
-            let mut c = up.election();
-            async move { c.proclaim(q).await }
-        })
-        .await
-        .map(fresh)
+        call_upstream!(up, &md, r, election.proclaim)
+            .await
+            .map(fresh)
     }
 
     async fn leader(
@@ -83,11 +77,7 @@ impl election_server::Election for ElectionService {
         let mut r = req.into_inner();
         r.name = self.st.ns.key(&r.name);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.election();
-                async move { c.leader(q).await }
-            })
+        let mut resp = call_upstream!(up, &md, r, election.leader)
             .await?
             .into_inner();
         if let Some(kv) = resp.kv.as_mut() {
@@ -106,11 +96,7 @@ impl election_server::Election for ElectionService {
         let mut r = req.into_inner();
         r.name = self.st.ns.key(&r.name);
         let up = &self.st.up;
-        let stream = up
-            .call(&md, r, |q| {
-                let mut c = up.election();
-                async move { c.observe(q).await }
-            })
+        let stream = call_upstream!(up, &md, r, election.observe)
             .await?
             .into_inner();
         let ns = self.st.ns.clone();
@@ -133,11 +119,6 @@ impl election_server::Election for ElectionService {
         let mut r = req.into_inner();
         self.leader_in(&mut r.leader);
         let up = &self.st.up;
-        up.call(&md, r, |q| {
-            let mut c = up.election();
-            async move { c.resign(q).await }
-        })
-        .await
-        .map(fresh)
+        call_upstream!(up, &md, r, election.resign).await.map(fresh)
     }
 }

@@ -1,5 +1,6 @@
 //! `forward!`: one unary call passed to etcd as it is (the services that have nothing
-//! to rewrite are lists of these), and `unserved!`. Both expand to the form
+//! to rewrite are lists of these), `call_upstream!` (the call to etcd that every
+//! forwarding method makes), and `unserved!`. Both expand to the form
 //! `#[async_trait]` gives a method, since the attribute runs before these macros do.
 
 /// Implements a unary method of a generated service trait by forwarding the request to
@@ -22,16 +23,25 @@ macro_rules! forward {
         {
             Box::pin(async move {
                 let md = req.metadata().clone();
-                let up = &self.st.up;
-                up.call(&md, req.into_inner(), |q| {
-                    let mut c = up.$client();
-                    async move { c.$method(q).await }
-                })
-                .await
-                .map($crate::upstream::fresh)
+                $crate::forward::call_upstream!(&self.st.up, &md, req.into_inner(), $client.$method)
+                    .await
+                    .map($crate::upstream::fresh)
             })
         }
     };
+}
+
+/// `up.call(md, msg, ..)` with the method `$method` of the upstream client `$client`
+/// (`Upstream::$client()`): one call to etcd with the client's metadata, and the
+/// proxy's token renewed once if etcd rejected it (see `Upstream::call`). A future.
+macro_rules! call_upstream {
+    ($up:expr, $md:expr, $msg:expr, $client:ident . $method:ident) => {{
+        let up = $up;
+        up.call($md, $msg, |q| {
+            let mut c = up.$client();
+            async move { c.$method(q).await }
+        })
+    }};
 }
 
 /// Implements a unary method that this proxy does not serve.
@@ -56,4 +66,4 @@ macro_rules! unserved {
     };
 }
 
-pub(crate) use {forward, unserved};
+pub(crate) use {call_upstream, forward, unserved};

@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
+use crate::forward::call_upstream;
 use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, RangeRequest, WatchCancelRequest, WatchCreateRequest,
@@ -165,13 +166,7 @@ impl Forwarded {
                 ..Default::default()
             };
             let up = &self.up;
-            match up
-                .call(&self.md, req, |q| {
-                    let mut c = up.kv();
-                    async move { c.range(q).await }
-                })
-                .await
-            {
+            match call_upstream!(up, &self.md, req, kv.range).await {
                 Ok(r) => {
                     tracing::debug!(
                         watch_id = resp.watch_id,

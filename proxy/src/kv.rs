@@ -7,6 +7,7 @@ use etcd_cache::{GetOptions, SortOrder, SortTarget};
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use crate::forward::call_upstream;
 use crate::metrics::Served;
 use crate::pb::etcdserverpb::{
     kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
@@ -145,13 +146,7 @@ impl Kv for KvService {
             return Ok(Response::new(resp));
         }
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.kv();
-                async move { c.range(q).await }
-            })
-            .await?
-            .into_inner();
+        let mut resp = call_upstream!(up, &md, r, kv.range).await?.into_inner();
         up.observe(resp.header.as_ref());
         self.st.ns.range_out(&mut resp);
         Ok(Response::new(resp))
@@ -172,11 +167,7 @@ impl Kv for KvService {
             return Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))));
         }
         let up = &self.st.up;
-        let stream = up
-            .call(&md, r, |q| {
-                let mut c = up.kv();
-                async move { c.range_stream(q).await }
-            })
+        let stream = call_upstream!(up, &md, r, kv.range_stream)
             .await?
             .into_inner();
         let ns = self.st.ns.clone();
@@ -199,13 +190,7 @@ impl Kv for KvService {
         }
         self.st.ns.put_in(&mut r);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.kv();
-                async move { c.put(q).await }
-            })
-            .await?
-            .into_inner();
+        let mut resp = call_upstream!(up, &md, r, kv.put).await?.into_inner();
         up.observe(resp.header.as_ref());
         if let Some(kv) = resp.prev_kv.as_mut() {
             self.st.ns.kv_out(kv);
@@ -224,11 +209,7 @@ impl Kv for KvService {
         }
         self.st.ns.delete_in(&mut r);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.kv();
-                async move { c.delete_range(q).await }
-            })
+        let mut resp = call_upstream!(up, &md, r, kv.delete_range)
             .await?
             .into_inner();
         up.observe(resp.header.as_ref());
@@ -244,13 +225,7 @@ impl Kv for KvService {
         check_txn(&t)?;
         self.st.ns.txn_in(&mut t);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, t, |q| {
-                let mut c = up.kv();
-                async move { c.txn(q).await }
-            })
-            .await?
-            .into_inner();
+        let mut resp = call_upstream!(up, &md, t, kv.txn).await?.into_inner();
         up.observe(resp.header.as_ref());
         self.st.ns.txn_out(&mut resp);
         Ok(Response::new(resp))
@@ -262,12 +237,7 @@ impl Kv for KvService {
     ) -> Result<Response<CompactionResponse>, Status> {
         let md = req.metadata().clone();
         let up = &self.st.up;
-        let resp = up
-            .call(&md, req.into_inner(), |q| {
-                let mut c = up.kv();
-                async move { c.compact(q).await }
-            })
-            .await?;
+        let resp = call_upstream!(up, &md, req.into_inner(), kv.compact).await?;
         Ok(crate::upstream::fresh(resp))
     }
 }

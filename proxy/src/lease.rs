@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::forward::forward;
+use crate::forward::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 use crate::status;
@@ -174,11 +174,7 @@ impl lease_server::Lease for LeaseService {
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let md = req.metadata().clone();
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, req.into_inner(), |q| {
-                let mut c = up.lease();
-                async move { c.lease_time_to_live(q).await }
-            })
+        let mut resp = call_upstream!(up, &md, req.into_inner(), lease.lease_time_to_live)
             .await?
             .into_inner();
         // Keys outside the namespace are not the client's to see.

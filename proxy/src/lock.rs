@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::forward::call_upstream;
 use crate::pb::v3lockpb::*;
 use crate::state::State;
 use crate::upstream::fresh;
@@ -27,13 +28,7 @@ impl lock_server::Lock for LockService {
         let mut r = req.into_inner();
         r.name = self.st.ns.key(&r.name);
         let up = &self.st.up;
-        let mut resp = up
-            .call(&md, r, |q| {
-                let mut c = up.lock();
-                async move { c.lock(q).await }
-            })
-            .await?
-            .into_inner();
+        let mut resp = call_upstream!(up, &md, r, lock.lock).await?.into_inner();
         resp.key = self.st.ns.strip(std::mem::take(&mut resp.key));
         Ok(Response::new(resp))
     }
@@ -46,11 +41,6 @@ impl lock_server::Lock for LockService {
         let mut r = req.into_inner();
         r.key = self.st.ns.key(&r.key);
         let up = &self.st.up;
-        up.call(&md, r, |q| {
-            let mut c = up.lock();
-            async move { c.unlock(q).await }
-        })
-        .await
-        .map(fresh)
+        call_upstream!(up, &md, r, lock.unlock).await.map(fresh)
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::forward::{forward, unserved};
+use crate::forward::{call_upstream, forward, unserved};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 
@@ -58,11 +58,7 @@ impl maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<Response<SnapshotStream>, Status> {
         let md = req.metadata().clone();
         let up = &self.st.up;
-        let stream = up
-            .call(&md, req.into_inner(), |q| {
-                let mut c = up.maintenance();
-                async move { c.snapshot(q).await }
-            })
+        let stream = call_upstream!(up, &md, req.into_inner(), maintenance.snapshot)
             .await?
             .into_inner();
         Ok(Response::new(Box::pin(stream)))
