@@ -65,8 +65,10 @@ pub(crate) struct Config {
     #[arg(long)]
     pub(crate) upstream_server_name: Option<String>,
 
-    /// etcd user for the cache and for forwarded calls that carry no token of their own,
-    /// as `name` or `name:password`.
+    /// etcd user the cache follows etcd with (its list, watch, progress requests and
+    /// revision reads), as `name` or `name:password`. Never used for a client's call:
+    /// forwarded calls carry the client's token or none. Needs read on the cached prefix
+    /// only; a user with the root role is refused (see --allow-root-upstream).
     #[arg(long)]
     pub(crate) user: Option<String>,
     /// Password of --user (when not given as `name:password`).
@@ -109,6 +111,22 @@ pub(crate) struct Config {
     /// cache's `etcd_cache_*` and the proxy's `etcd_cache_proxy_*`). Off when not given.
     #[arg(long)]
     pub(crate) metrics_addr: Option<SocketAddr>,
+
+    /// How often etcd's auth state is learned (on or off, and on etcd >= 3.5 its auth
+    /// revision, which drops every cached decision when it moves). Bounds how long a
+    /// revoked permission may still be served from memory (etcd 3.4, which has no auth
+    /// revision: decisions are asked again every 2 s).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub(crate) auth_check_interval: Duration,
+    /// etcd's --auth-token-ttl: a decision for a token is kept at most half of it, so a
+    /// token that is only used through the cache expires as it does on etcd.
+    #[arg(long, value_parser = parse_duration, default_value = "300s")]
+    pub(crate) auth_token_ttl: Duration,
+    /// Start even when the proxy's own etcd identity (--user, or the CN of --cert) has
+    /// etcd's root role. Without it such a start is refused: the proxy's user needs
+    /// read on the cached prefix and nothing else.
+    #[arg(long)]
+    pub(crate) allow_root_upstream: bool,
 
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]

@@ -25,6 +25,14 @@ pub(crate) enum Error {
     Tls(#[source] tonic::transport::Error),
     #[error("starting the cache")]
     Cache(#[source] etcd_cache::Error),
+    #[error("cannot read the certificate's subject: {0}")]
+    Certificate(String),
+    #[error("authenticating --user {user:?} toward etcd failed: {}", status.message())]
+    Authenticate { user: String, status: tonic::Status },
+    #[error("{0} has etcd's root role: every client would get root through the proxy's own calls. Give the proxy a user with read on the cached prefix only, or pass --allow-root-upstream if you know what you are doing")]
+    RootUpstream(String),
+    #[error("checking the proxy's own etcd user {user:?} failed: {}", status.message())]
+    IdentityCheck { user: String, status: tonic::Status },
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,

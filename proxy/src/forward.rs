@@ -32,12 +32,12 @@ macro_rules! forward {
 }
 
 /// `up.call(md, msg, ..)` with the method `$method` of the upstream client `$client`
-/// (`Upstream::$client()`): one call to etcd with the client's metadata, and the
-/// proxy's token renewed once if etcd rejected it (see `Upstream::call`). A future.
+/// (`Upstream::$client()`): one call to etcd with the client's metadata and nothing of
+/// the proxy's (see `Upstream::call`). A future.
 macro_rules! call_upstream {
     ($up:expr, $md:expr, $msg:expr, $client:ident . $method:ident) => {{
         let up = $up;
-        up.call($md, $msg, |q| {
+        up.call(stringify!($method), $md, $msg, |q| {
             let mut c = up.$client();
             async move { c.$method(q).await }
         })

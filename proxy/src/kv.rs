@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use etcd_cache::{GetOptions, SortOrder, SortTarget};
 use futures::{Stream, StreamExt};
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::forward::call_upstream;
@@ -27,8 +28,12 @@ impl KvService {
         KvService { st }
     }
 
-    /// Answers an etcd-space range from the cache; `Err(None)`: forward it.
-    async fn cached_range(&self, r: &RangeRequest) -> Result<RangeResponse, Option<Status>> {
+    /// Answers an etcd-space range from `cache`; `Err(None)`: forward it.
+    async fn cached_range(
+        &self,
+        cache: &etcd_cache::Cache,
+        r: &RangeRequest,
+    ) -> Result<RangeResponse, Option<Status>> {
         let mut o = GetOptions::new()
             .with_revision(r.revision)
             .with_limit(r.limit)
@@ -49,16 +54,11 @@ impl KvService {
         if r.count_only {
             o = o.with_count_only();
         }
-        let resp = self
-            .st
-            .cache
-            .get(r.key.to_vec(), Some(o))
-            .await
-            .map_err(|e| {
-                tracing::debug!(error = %e, "range not served from the cache; forwarding");
-                status::from_cache_read(&e)
-            })?;
-        let revision = self.st.cache.revision().max(resp.revision());
+        let resp = cache.get(r.key.to_vec(), Some(o)).await.map_err(|e| {
+            tracing::debug!(error = %e, "range not served from the cache; forwarding");
+            status::from_cache_read(&e)
+        })?;
+        let revision = cache.revision().max(resp.revision());
         Ok(RangeResponse {
             header: Some(self.st.up.header_from_cache(resp.header(), revision)),
             kvs: resp
@@ -72,12 +72,22 @@ impl KvService {
     }
 
     /// A client range, checked as etcd checks it and moved into the namespace; `Ok(Some)`
-    /// when the cache answered it.
-    async fn range_inner(&self, r: &mut RangeRequest) -> Result<Option<RangeResponse>, Status> {
+    /// when the cache answered it. The cache answers only a caller etcd allows that
+    /// range (`authz.rs`); a refusal is etcd's own.
+    async fn range_inner(
+        &self,
+        md: &MetadataMap,
+        r: &mut RangeRequest,
+    ) -> Result<Option<RangeResponse>, Status> {
         check_range(r)?;
         self.st.ns.range_in(r);
-        if self.st.in_cache(&r.key, &r.range_end) {
-            match self.cached_range(r).await {
+        let cache = self
+            .st
+            .cache()
+            .filter(|_| self.st.in_cache(&r.key, &r.range_end));
+        if let Some(cache) = cache {
+            self.st.authz.check(md, &r.key, &r.range_end).await?;
+            match self.cached_range(&cache, r).await {
                 Ok(resp) => {
                     crate::metrics::get().range(Served::Cache);
                     return Ok(Some(resp));
@@ -142,7 +152,7 @@ impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
         let md = req.metadata().clone();
         let mut r = req.into_inner();
-        if let Some(resp) = self.range_inner(&mut r).await? {
+        if let Some(resp) = self.range_inner(&md, &mut r).await? {
             return Ok(Response::new(resp));
         }
         let up = &self.st.up;
@@ -160,7 +170,7 @@ impl Kv for KvService {
     ) -> Result<Response<RangeStream>, Status> {
         let md = req.metadata().clone();
         let mut r = req.into_inner();
-        if let Some(resp) = self.range_inner(&mut r).await? {
+        if let Some(resp) = self.range_inner(&md, &mut r).await? {
             let one = RangeStreamResponse {
                 range_response: Some(resp),
             };

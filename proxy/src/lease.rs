@@ -12,7 +12,6 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::forward::{call_upstream, forward};
@@ -134,7 +133,9 @@ async fn open(up: &Upstream, first: i64) -> Result<UpstreamStream, Status> {
     let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
     tx.try_send(LeaseKeepAliveRequest { id: first })
         .expect("an empty queue has room");
-    let req = up.request(&MetadataMap::new(), ReceiverStream::new(rx));
+    // The proxy's own stream: a renewal carries no caller's authority (etcd checks no
+    // permission on LeaseKeepAlive), so one stream serves every client.
+    let req = up.own_request(ReceiverStream::new(rx));
     let rx = up.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })
 }

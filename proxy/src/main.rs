@@ -13,6 +13,8 @@
 //! `pb` (the generated code), `server` (start-up and shutdown).
 
 mod auth;
+mod authz;
+mod cache_slot;
 mod cluster;
 mod config;
 mod conn;

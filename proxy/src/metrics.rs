@@ -205,6 +205,8 @@ pub(crate) struct Metrics {
     refused_etcd: Counter,
     ranges_cache: Counter,
     ranges_etcd: Counter,
+    auth_asks: Counter,
+    auth_revoked: Counter,
     /// `etcd_cache_proxy_sent_bytes_total` per entry of [`SERVICES`], then `unknown`.
     sent_bytes: Vec<Counter>,
 }
@@ -235,12 +237,24 @@ impl Metrics {
             refused_etcd: refused("etcd"),
             ranges_cache: served("etcd_cache_proxy_ranges_total", "cache"),
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
+            auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
+            auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             sent_bytes: SERVICES
                 .iter()
                 .map(|(s, _)| sent(s))
                 .chain([sent("unknown")])
                 .collect(),
         }
+    }
+
+    /// One ask to etcd for a caller's permission on a range (`authz.rs`).
+    pub(crate) fn auth_ask(&self) {
+        self.auth_asks.increment(1);
+    }
+
+    /// A cached watch canceled because etcd no longer allows its caller.
+    pub(crate) fn auth_revoked(&self) {
+        self.auth_revoked.increment(1);
     }
 
     /// A client connection opened; closed when the guard drops.
@@ -329,6 +343,14 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_ranges_total",
         "Range calls, by who answered them (cache or etcd)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_auth_asks_total",
+        "asks to etcd whether a caller may read a range (once per token and range while etcd's auth state holds)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_auth_revoked_watches_total",
+        "cached watches canceled because etcd no longer allows their caller"
     );
 }
 

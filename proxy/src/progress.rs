@@ -141,7 +141,6 @@ fn split(mut r: WatchResponse, bound: i64) -> (Option<WatchResponse>, Option<Wat
 
 impl Progress {
     /// The highest event revision sent on the stream.
-    #[cfg(test)]
     pub(crate) fn sent_max(&self) -> i64 {
         self.sent_max
     }

@@ -8,12 +8,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcd_cache::Cache;
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 use crate::auth::AuthService;
+use crate::authz::Authz;
+use crate::cache_slot::CacheSlot;
 use crate::cluster::ClusterService;
 use crate::config::Config;
 use crate::conn;
@@ -37,6 +38,9 @@ use crate::watch_service::WatchService;
 
 /// Pause between attempts to reach etcd at start-up.
 const CONNECT_RETRY: Duration = Duration::from_secs(1);
+/// How long start-up waits for the cache's first load to tell a refusal (a start-up
+/// error) from a slow start (served meanwhile by forwarding).
+const START_CHECK: Duration = Duration::from_secs(10);
 /// How often the health service follows the cache's readiness.
 const HEALTH_POLL: Duration = Duration::from_millis(500);
 
@@ -87,22 +91,45 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     }
 
     let up = Upstream::new(&config)?;
-    let options = connect_options(&config)?;
-    let client = connect_cache_client(&config, &options).await?;
-    let cache = Cache::builder(client)
-        // The cache's own dials (its per-member version probe) use the same TLS and
-        // credentials.
-        .connect_options(options)
-        .prefix(cache_prefix)
-        .history_window(config.history_window)
-        .subscriber_buffer(config.subscriber_buffer)
-        .max_watchers(config.max_watches)
-        .progress_notify_interval(config.progress_notify_interval)
-        .build()
-        .await
-        .map_err(Error::Cache)?;
-    if let Err(e) = up.authenticate().await {
-        tracing::warn!(error = %e, "authentication toward etcd failed; retried on use");
+    let authz = Authz::new(up.clone(), config.auth_token_ttl);
+    // etcd's auth state decides how the cache follows etcd and who may be served what.
+    let auth_on = loop {
+        match authz.learn().await {
+            Some(on) => break on,
+            None => {
+                tracing::warn!("cannot learn etcd's auth state yet (etcd unreachable?); retrying");
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+        }
+    };
+    tracing::info!(
+        auth = auth_on,
+        "etcd's auth is {}",
+        if auth_on { "on" } else { "off" }
+    );
+    if auth_on {
+        up.authenticate().await.map_err(|s| Error::Authenticate {
+            user: config.credentials().map(|c| c.0).unwrap_or_default(),
+            status: s,
+        })?;
+    }
+    crate::authz::check_upstream_identity(&up, &config).await?;
+    let _auth_poll = AbortOnDrop(authz.spawn_poll(config.auth_check_interval));
+    let (slot, supervisor) = CacheSlot::start(&config, authz.clone(), cache_prefix.clone()).await?;
+    let _supervisor = AbortOnDrop(supervisor);
+    if let Some(cache) = slot.get() {
+        // A cache that etcd refuses (the proxy's user may not read the prefix) is a
+        // start-up error, not an endless retry.
+        match tokio::time::timeout(START_CHECK, cache.wait_ready()).await {
+            Ok(Err(e)) if matches!(cache.status(), etcd_cache::CacheStatus::Failed { .. }) => {
+                return Err(Error::Cache(e));
+            }
+            Ok(_) => {}
+            Err(_) => tracing::warn!(
+                ?START_CHECK,
+                "the cache is not ready yet; serving meanwhile (calls are forwarded)"
+            ),
+        }
     }
     if let Err(e) = up.status().await {
         tracing::warn!(error = %e, "Status toward etcd failed");
@@ -116,8 +143,10 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         watch_send_queue: config.watch_send_queue,
     };
     let st = State::new(
-        cache.clone(),
+        slot.clone(),
+        &cache_prefix,
         up,
+        authz.clone(),
         ns,
         limits,
         config.advertised_url(),
@@ -125,7 +154,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    let _health = AbortOnDrop(tokio::spawn(follow_health(health, cache.clone())));
+    let _health = AbortOnDrop(tokio::spawn(follow_health(
+        health,
+        slot.clone(),
+        authz.clone(),
+        config.clone(),
+    )));
 
     let (send, recv) = (config.max_send_bytes, config.max_recv_bytes);
     macro_rules! limited {
@@ -197,47 +231,26 @@ pub(crate) async fn run(config: Config) -> Result<()> {
             tracing::warn!(in_flight = in_flight.get(), ?timeout, "shutdown timeout: exiting with calls in flight");
         }
     }
-    cache.close().await;
+    slot.close().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// How the cache connects to etcd: the proxy's TLS and credentials.
-fn connect_options(config: &Config) -> Result<etcd_client::ConnectOptions> {
-    let mut options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10));
-    if let Some((name, password)) = config.credentials() {
-        options = options.with_user(name, password);
-    }
-    if let Some(tls) = upstream::client_tls(config)? {
-        options = options.with_tls(tls);
-    }
-    Ok(options)
-}
-
-/// The etcd-client the cache runs on, retried until etcd answers.
-async fn connect_cache_client(
-    config: &Config,
-    options: &etcd_client::ConnectOptions,
-) -> Result<etcd_client::Client> {
-    let endpoints = config.endpoint_urls();
-    loop {
-        match etcd_client::Client::connect(&endpoints, Some(options.clone())).await {
-            Ok(c) => return Ok(c),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot reach etcd yet; retrying");
-                tokio::time::sleep(CONNECT_RETRY).await;
-            }
-        }
-    }
-}
-
-/// The gRPC health service says SERVING while the cache follows etcd.
-async fn follow_health(health: tonic_health::server::HealthReporter, cache: Cache) {
+/// The gRPC health service says SERVING while the cache follows etcd, or while the
+/// proxy forwards everything by design (etcd's auth is on and it has no identity).
+async fn follow_health(
+    health: tonic_health::server::HealthReporter,
+    slot: std::sync::Arc<CacheSlot>,
+    authz: std::sync::Arc<Authz>,
+    config: Config,
+) {
     let mut last = None;
     loop {
-        let status = if cache.is_ready() {
+        let serving = match slot.get() {
+            Some(cache) => cache.is_ready(),
+            None => slot.forwarding_by_design(&authz, &config),
+        };
+        let status = if serving {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing

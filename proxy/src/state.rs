@@ -1,11 +1,14 @@
-//! What every service shares: the cache, the forwarding upstream, the namespace, the
-//! cached key range (as etcd stores keys) and the limits.
+//! What every service shares: the cache, the forwarding upstream, the authorization of
+//! what the cache serves, the namespace, the cached key range (as etcd stores keys) and
+//! the limits.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use etcd_cache::Cache;
 
+use crate::authz::Authz;
+use crate::cache_slot::CacheSlot;
 use crate::namespace::{prefix_end, Namespace};
 use crate::upstream::Upstream;
 
@@ -22,8 +25,10 @@ pub(crate) struct Limits {
 
 /// Shared by every service of one proxy.
 pub(crate) struct State {
-    pub(crate) cache: Cache,
+    slot: Arc<CacheSlot>,
     pub(crate) up: Arc<Upstream>,
+    /// Who may be served what from memory.
+    pub(crate) authz: Arc<Authz>,
     pub(crate) ns: Namespace,
     /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
     cached_start: Bytes,
@@ -36,19 +41,23 @@ pub(crate) struct State {
 }
 
 impl State {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        cache: Cache,
+        slot: Arc<CacheSlot>,
+        cache_prefix: &[u8],
         up: Arc<Upstream>,
+        authz: Arc<Authz>,
         ns: Namespace,
         limits: Limits,
         advertised_url: String,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<State> {
-        let cached_start = Bytes::copy_from_slice(cache.prefix());
-        let cached_end = prefix_end(cache.prefix());
+        let cached_start = Bytes::copy_from_slice(cache_prefix);
+        let cached_end = prefix_end(cache_prefix);
         Arc::new(State {
-            cache,
+            slot,
             up,
+            authz,
             ns,
             cached_start,
             cached_end,
@@ -64,11 +73,22 @@ impl State {
     pub(crate) fn in_cache(&self, key: &[u8], end: &[u8]) -> bool {
         inside(&self.cached_start, &self.cached_end, key, end)
     }
+
+    /// The cache to serve from, if one can serve now (see `cache_slot.rs`); without
+    /// one, everything is forwarded.
+    pub(crate) fn cache(&self) -> Option<Cache> {
+        self.slot.get()
+    }
+
+    /// The newest revision the cache has applied (0 without a cache).
+    pub(crate) fn revision(&self) -> i64 {
+        self.slot.get().map_or(0, |c| c.revision())
+    }
 }
 
 /// True if the well-formed range `[key, range_end)` lies inside `[start, end)` (for both,
 /// an empty end is one key and `"\0"` is no bound).
-fn inside(start: &[u8], end: &[u8], key: &[u8], range_end: &[u8]) -> bool {
+pub(crate) fn inside(start: &[u8], end: &[u8], key: &[u8], range_end: &[u8]) -> bool {
     let unbounded = end == b"\0";
     if key < start {
         return false;

@@ -3,9 +3,21 @@
 
 use tonic::{Code, Status};
 
+/// The cancel reason etcd gives a watch create it does not permit: the refusal's
+/// gRPC error as Go prints it (`rpc error: code = PermissionDenied desc = etcdserver:
+/// permission denied`).
+pub(crate) fn watch_refusal(s: &Status) -> String {
+    format!("rpc error: code = {:?} desc = {}", s.code(), s.message())
+}
+
 /// `rpctypes.ErrGRPCEmptyKey`.
 pub(crate) fn empty_key() -> Status {
     Status::invalid_argument("etcdserver: key is not provided")
+}
+
+/// `rpctypes.ErrGRPCUserEmpty`: a call that needs a user came without one.
+pub(crate) fn user_empty() -> Status {
+    Status::invalid_argument("etcdserver: user name is empty")
 }
 
 /// `rpctypes.ErrGRPCNoLeader`.
@@ -36,6 +48,9 @@ pub(crate) fn shutting_down() -> Status {
 pub(crate) fn from_cache_read(e: &etcd_cache::Error) -> Option<Status> {
     use etcd_cache::Error;
     match e {
+        // The cache's own round trip (its revision probe) was refused for the proxy's
+        // identity: etcd answers the caller itself.
+        Error::Upstream(u) if crate::authz::is_auth_refusal(&from_upstream(u)) => None,
         Error::Upstream(u) => Some(from_upstream(u)),
         Error::Closed => Some(shutting_down()),
         _ => None,

@@ -6,6 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::{Mutex, RwLock};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -14,15 +16,15 @@ use tonic::{Request, Response, Status};
 use crate::config::Config;
 use crate::error::{read, Error, Result};
 use crate::pb::etcdserverpb::{
-    auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
-    maintenance_client::MaintenanceClient, watch_client::WatchClient, AuthenticateRequest,
-    ResponseHeader, StatusRequest, StatusResponse,
+    auth_client::AuthClient, cluster_client::ClusterClient, kv_client::KvClient,
+    lease_client::LeaseClient, maintenance_client::MaintenanceClient, watch_client::WatchClient,
+    AuthenticateRequest, ResponseHeader, StatusRequest, StatusResponse,
 };
 use crate::pb::v3electionpb::election_client::ElectionClient;
 use crate::pb::v3lockpb::lock_client::LockClient;
 
 /// Metadata key of etcd's auth token.
-const TOKEN: &str = "token";
+pub(crate) const TOKEN: &str = "token";
 /// Metadata keys passed through from a client to etcd as they are.
 const PASSED: &[&str] = &[TOKEN, "hasleader"];
 /// How often the identity used in served headers is refreshed.
@@ -40,7 +42,17 @@ pub(crate) struct Upstream {
     auth_lock: tokio::sync::Mutex<()>,
     /// cluster_id, member_id and raft_term from etcd's last Status answer.
     identity: Mutex<ResponseHeader>,
+    /// Whether etcd's auth is on, as the proxy last learned it (see `authz.rs`).
+    auth_enabled: AtomicBool,
+    /// The CN of the client certificate the proxy presents to etcd (`--cert`): etcd takes
+    /// it as the user of a call that carries no token, so such calls are refused here
+    /// while auth is on instead of being made with the proxy's identity.
+    cert_identity: Option<String>,
 }
+
+/// Calls etcd answers without a user while auth is on (no permission check), so a call
+/// without a token may make them over the proxy's certificate.
+const ANONYMOUS_OK: &[&str] = &["authenticate", "auth_status", "status", "lease_keep_alive"];
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
 pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
@@ -78,6 +90,18 @@ pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpo
     Ok(ep)
 }
 
+/// The metadata of a client's call that is passed on to etcd (its token and
+/// `hasleader`), nothing else.
+pub(crate) fn passed(from: &MetadataMap) -> MetadataMap {
+    let mut md = MetadataMap::new();
+    for key in PASSED {
+        if let Some(v) = from.get(*key) {
+            md.insert(*key, v.clone());
+        }
+    }
+    md
+}
+
 impl Upstream {
     /// A lazily connecting channel over every endpoint (calls fail over between them).
     pub(crate) fn new(config: &Config) -> Result<Arc<Upstream>> {
@@ -91,12 +115,18 @@ impl Upstream {
             return Err(Error::NoEndpoints);
         }
         let channel = Channel::balance_list(endpoints.into_iter());
+        let cert_identity = match &config.cert {
+            Some(path) => crate::authz::certificate_cn(&read(path)?)?,
+            None => None,
+        };
         Ok(Arc::new(Upstream {
             channel,
             credentials: config.credentials(),
             token: RwLock::new(None),
             auth_lock: tokio::sync::Mutex::new(()),
             identity: Mutex::new(ResponseHeader::default()),
+            auth_enabled: AtomicBool::new(false),
+            cert_identity,
         }))
     }
 
@@ -121,6 +151,9 @@ impl Upstream {
     pub(crate) fn auth(&self) -> AuthClient<Channel> {
         AuthClient::new(self.channel.clone())
     }
+    pub(crate) fn cluster(&self) -> ClusterClient<Channel> {
+        ClusterClient::new(self.channel.clone())
+    }
     pub(crate) fn election(&self) -> ElectionClient<Channel> {
         ElectionClient::new(self.channel.clone())
     }
@@ -128,8 +161,9 @@ impl Upstream {
         LockClient::new(self.channel.clone())
     }
 
-    /// `msg` as a request to etcd: the client's token and `hasleader` pass through; a
-    /// call without a token of its own carries the proxy's (with --user).
+    /// `msg` as a request to etcd on a client's behalf: the client's token and
+    /// `hasleader` pass through, nothing else. A call without a token reaches etcd
+    /// without one: the proxy never lends its own authority.
     pub(crate) fn request<T>(&self, from: &MetadataMap, msg: T) -> Request<T> {
         let mut req = Request::new(msg);
         let md = req.metadata_mut();
@@ -138,19 +172,51 @@ impl Upstream {
                 md.insert(*key, v.clone());
             }
         }
-        if md.get(TOKEN).is_none() {
-            if let Some(token) = self.token.read().clone() {
-                md.insert(TOKEN, token);
-            }
+        req
+    }
+
+    /// `msg` as a request of the proxy's own (Status for headers, the keep-alive
+    /// coalescer's stream): with the proxy's token (with --user).
+    pub(crate) fn own_request<T>(&self, msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        if let Some(token) = self.token.read().clone() {
+            req.metadata_mut().insert(TOKEN, token);
         }
         req
     }
 
-    /// Calls etcd with `msg`; when the proxy's own token was used and etcd says it is no
-    /// longer valid, authenticates again and retries once.
+    /// Calls etcd's `method` with `msg` on a client's behalf (see
+    /// [`request`](Self::request)).
+    ///
+    /// # Errors
+    /// etcd's answer; or, when auth is on, the client sent no token and the proxy
+    /// presents a certificate with a CN (which etcd would take as the caller),
+    /// `etcdserver: user name is empty`, as etcd answers a caller without a user.
     pub(crate) async fn call<T, R, F, Fut>(
         &self,
+        method: &'static str,
         from: &MetadataMap,
+        msg: T,
+        mut f: F,
+    ) -> Result<Response<R>, Status>
+    where
+        F: FnMut(Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        if self.cert_identity.is_some()
+            && from.get(TOKEN).is_none()
+            && self.auth_enabled()
+            && !ANONYMOUS_OK.contains(&method)
+        {
+            return Err(crate::status::user_empty());
+        }
+        f(self.request(from, msg)).await
+    }
+
+    /// Calls etcd for the proxy's own work with its token; when etcd says the token is
+    /// no longer valid, authenticates again and retries once.
+    pub(crate) async fn own_call<T, R, F, Fut>(
+        &self,
         msg: T,
         mut f: F,
     ) -> Result<Response<R>, Status>
@@ -159,14 +225,33 @@ impl Upstream {
         F: FnMut(Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        let own_token = from.get(TOKEN).is_none() && self.credentials.is_some();
-        match f(self.request(from, msg.clone())).await {
-            Err(s) if own_token && token_rejected(&s) => {
+        match f(self.own_request(msg.clone())).await {
+            Err(s) if self.credentials.is_some() && token_rejected(&s) => {
                 self.authenticate().await?;
-                f(self.request(from, msg)).await
+                f(self.own_request(msg)).await
             }
             other => other,
         }
+    }
+
+    /// Whether etcd's auth is on, as last learned.
+    pub(crate) fn auth_enabled(&self) -> bool {
+        self.auth_enabled.load(Ordering::Acquire)
+    }
+
+    /// Records what the proxy learned of etcd's auth state.
+    pub(crate) fn set_auth_enabled(&self, on: bool) {
+        self.auth_enabled.store(on, Ordering::Release);
+    }
+
+    /// The --user name, if any.
+    pub(crate) fn user(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|(n, _)| n.as_str())
+    }
+
+    /// The CN of the proxy's client certificate toward etcd, if any.
+    pub(crate) fn cert_identity(&self) -> Option<&str> {
+        self.cert_identity.as_deref()
     }
 
     /// Gets a fresh token for --user (no-op without credentials).
@@ -229,9 +314,8 @@ impl Upstream {
 
     /// Maintenance.Status through the channel (and the identity it carries).
     pub(crate) async fn status(&self) -> Result<StatusResponse, Status> {
-        let md = MetadataMap::new();
         let resp = self
-            .call(&md, StatusRequest {}, |r| {
+            .own_call(StatusRequest {}, |r| {
                 let mut c = self.maintenance();
                 async move { c.status(r).await }
             })
@@ -263,7 +347,7 @@ pub(crate) fn fresh<R>(resp: Response<R>) -> Response<R> {
 }
 
 /// etcd's answer to an expired or unknown token (`ErrGRPCInvalidAuthToken`).
-fn token_rejected(s: &Status) -> bool {
+pub(crate) fn token_rejected(s: &Status) -> bool {
     s.code() == tonic::Code::Unauthenticated && s.message().contains("invalid auth token")
 }
 

@@ -75,6 +75,11 @@ impl Watches {
         }
     }
 
+    /// The revisions the cache can replay (`Cache::history_span`).
+    pub(crate) fn history_span(&self) -> (i64, i64) {
+        self.cache.history_span()
+    }
+
     /// The cache's newest revision (headers of the proxy's own responses).
     pub(crate) fn revision(&self) -> i64 {
         self.cache.revision()

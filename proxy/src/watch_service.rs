@@ -85,17 +85,22 @@ impl Watch for WatchService {
         );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
         let (tx, rx) = mpsc::channel(self.st.limits.watch_send_queue.max(1));
+        let md = crate::upstream::passed(req.metadata());
         let session = Session {
-            watches: Watches::new(
-                &self.st.cache,
-                &scope,
-                self.st.limits.watches_per_connection,
-            ),
+            watches: self
+                .st
+                .cache()
+                .map(|cache| Watches::new(&cache, &scope, self.st.limits.watches_per_connection)),
             st: self.st.clone(),
             tx,
             fragment: HashSet::new(),
-            fragment_pending: VecDeque::new(),
-            forwarded: Forwarded::new(self.st.up.clone(), req.metadata().clone()),
+            pending_creates: VecDeque::new(),
+            cached: HashMap::new(),
+            revoked: HashMap::new(),
+            epoch: self.st.authz.epoch(),
+            recheck: None,
+            forwarded: Forwarded::new(self.st.up.clone(), md.clone()),
+            md,
             cache_ids: HashSet::new(),
             progress: Progress::default(),
             require_leader,
@@ -116,17 +121,38 @@ enum Step {
     LeaderCheck(tokio::time::Instant),
     /// A progress request held responses for too long (see `progress.rs`).
     ProgressExpired,
+    /// etcd's auth state moved: the cached watches are checked again.
+    AuthChanged,
+    /// The cached watches etcd no longer allows this caller, with etcd's refusal.
+    Revoked(Vec<(i64, String)>),
 }
+
+/// A check of the stream's cached watches against etcd's current decisions.
+type Recheck = futures::future::BoxFuture<'static, Vec<(i64, String)>>;
 
 struct Session {
     st: Arc<State>,
-    watches: Watches,
+    /// The cache's side of the stream; `None` when there was no cache to serve from
+    /// when the stream opened (every watch is forwarded).
+    watches: Option<Watches>,
     tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    /// The client's token (and `hasleader`): what etcd decides by.
+    md: tonic::metadata::MetadataMap,
     /// Watches created with `fragment`.
     fragment: HashSet<i64>,
-    /// The `fragment` flag of each accepted create, in order, until its `created`
-    /// response names its id (the cache answers creates in the order they were made).
-    fragment_pending: VecDeque<bool>,
+    /// Each accepted cache create's `fragment` flag and key range (etcd's keyspace), in
+    /// order, until its `created` response names its id (the cache answers creates in
+    /// the order they were made).
+    pending_creates: VecDeque<(bool, bytes::Bytes, bytes::Bytes)>,
+    /// The cache's open watches and their ranges, checked again when etcd's auth moves.
+    cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
+    /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
+    /// (their `canceled` response carries it as the reason).
+    revoked: HashMap<i64, String>,
+    /// Moves when etcd's auth state moved (`authz.rs`).
+    epoch: tokio::sync::watch::Receiver<u64>,
+    /// The check of the cached watches under way.
+    recheck: Option<Recheck>,
     /// Watches outside the cache's prefix or below its window, forwarded to etcd.
     forwarded: Forwarded,
     /// Ids of the cache's watches on this stream (from their `created` responses), so a
@@ -157,7 +183,7 @@ impl Session {
                 _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
                 _ = tx.closed() => return,
                 req = inbound.next(), if inbound_open => Step::Request(req),
-                reply = self.watches.next(), if has_room => Step::Reply(reply),
+                reply = next_reply(&mut self.watches), if has_room => Step::Reply(reply),
                 resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
                 permit = tx.reserve(), if !has_room => {
                     drop(permit);
@@ -165,6 +191,11 @@ impl Session {
                 }
                 now = leader_check.tick(), if self.require_leader => Step::LeaderCheck(now),
                 _ = sleep_until_some(progress_deadline), if progress_deadline.is_some() => Step::ProgressExpired,
+                changed = self.epoch.changed() => match changed {
+                    Ok(()) => Step::AuthChanged,
+                    Err(_) => continue,
+                },
+                denied = async { self.recheck.as_mut().expect("guarded").await }, if self.recheck.is_some() => Step::Revoked(denied),
             };
             match step {
                 Step::Shutdown => {
@@ -207,8 +238,30 @@ impl Session {
                         return;
                     }
                 }
+                Step::AuthChanged => self.start_recheck(),
+                Step::Revoked(ids) => {
+                    self.recheck = None;
+                    for (id, reason) in ids {
+                        if self.cached.remove(&id).is_some() {
+                            tracing::info!(
+                                watch_id = id,
+                                "watch canceled: etcd no longer allows it"
+                            );
+                            crate::metrics::get().auth_revoked();
+                            self.revoked.insert(id, reason);
+                            if let Some(w) = self.watches.as_mut() {
+                                w.cancel(id).await;
+                            }
+                        }
+                    }
+                }
                 Step::LeaderCheck(now) => {
-                    if self.st.cache.is_ready() {
+                    let ready = match self.st.cache() {
+                        Some(c) => c.is_ready(),
+                        // Nothing cached: every watch is etcd's, which says so itself.
+                        None => self.watches.is_none(),
+                    };
+                    if ready {
                         not_ready_since = None;
                     } else if now - *not_ready_since.get_or_insert(now) >= LEADER_LOST_AFTER {
                         let _ = tx.send(Err(status::no_leader())).await;
@@ -228,8 +281,8 @@ impl Session {
                         let _ = self.tx.send(Err(e)).await;
                         return Err(());
                     }
-                } else {
-                    self.watches.cancel(c.watch_id).await;
+                } else if let Some(w) = self.watches.as_mut() {
+                    w.cancel(c.watch_id).await;
                 }
                 Ok(())
             }
@@ -240,11 +293,14 @@ impl Session {
                 // etcd's is its own. The floor above which responses wait is what the
                 // cache has applied now (nothing sent is above it); no round trip here,
                 // which would hold up the whole stream while etcd is slow or away.
-                let out = self.progress.request(
-                    self.st.cache.revision(),
-                    !self.forwarded.is_empty(),
-                    tokio::time::Instant::now(),
-                );
+                // Without a cache side, etcd answers for the stream.
+                let (floor, etcd) = match &self.watches {
+                    Some(w) => (w.revision(), !self.forwarded.is_empty()),
+                    None => (self.progress.sent_max(), true),
+                };
+                let out = self
+                    .progress
+                    .request(floor, etcd, tokio::time::Instant::now());
                 self.apply(out).await
             }
             None => Ok(()),
@@ -268,11 +324,23 @@ impl Session {
         if !end.is_empty() && end != b"\0" && key.as_ref() >= end {
             return self.refuse(EMPTY_RANGE.into()).await;
         }
-        // Outside the cached prefix, or below the cache's window: etcd serves it.
-        let (floor, _) = self.st.cache.history_span();
+        // No cache, outside the cached prefix, or below the cache's window: etcd serves it.
+        let floor = match &self.watches {
+            Some(w) => w.history_span().0,
+            None => return self.forward(c, key, range_end).await,
+        };
         if !self.st.in_cache(&key, &range_end) || (c.start_revision > 0 && c.start_revision < floor)
         {
             return self.forward(c, key, range_end).await;
+        }
+        // The cache serves only a caller etcd allows this range (`authz.rs`).
+        match self.st.authz.check(&self.md, &key, &range_end).await {
+            Ok(()) => {}
+            Err(s) if crate::authz::is_auth_refusal(&s) => {
+                return self.refuse(status::watch_refusal(&s)).await;
+            }
+            // etcd could not be asked: etcd decides when it serves the watch itself.
+            Err(_) => return self.forward(c, key, range_end).await,
         }
         // One id space for both sides of the stream.
         if c.watch_id != 0 && self.forwarded.contains(c.watch_id) {
@@ -288,9 +356,10 @@ impl Session {
             no_delete: c.filters.contains(&(FilterType::Nodelete as i32)),
             watch_id: c.watch_id,
         };
-        match self.watches.create(create).await {
+        let watches = self.watches.as_mut().expect("checked above");
+        match watches.create(create).await {
             Ok(()) => {
-                self.fragment_pending.push_back(c.fragment);
+                self.pending_creates.push_back((c.fragment, key, range_end));
                 Ok(())
             }
             // Right after start, before the cache's first list: etcd serves it (a
@@ -314,6 +383,16 @@ impl Session {
         );
         if c.watch_id != 0 && self.cache_ids.contains(&c.watch_id) {
             return self.refuse(DUPLICATE_ID.into()).await;
+        }
+        // Over the proxy's certificate a caller without a token would be the
+        // certificate's CN: refused as etcd refuses a caller without a user.
+        if self.st.up.cert_identity().is_some()
+            && self.md.get(crate::upstream::TOKEN).is_none()
+            && self.st.authz.enabled()
+        {
+            return self
+                .refuse(status::watch_refusal(&status::user_empty()))
+                .await;
         }
         let fragment = c.fragment;
         let req = WatchCreateRequest {
@@ -340,10 +419,26 @@ impl Session {
 
     /// Does what the progress bookkeeping asks: asks the sides again, then sends its
     /// items in order.
-    async fn apply(&mut self, out: Out) -> Result<(), ()> {
+    async fn apply(&mut self, mut out: Out) -> Result<(), ()> {
+        loop {
+            let unasked = self.apply_once(out).await?;
+            if unasked == 0 {
+                return Ok(());
+            }
+            // A stream without a cache side: that side never limits the answer.
+            out = self.progress.answer(Side::Cache, i64::MAX);
+        }
+    }
+
+    /// [`apply`](Self::apply) once; returns how many asks had no cache side to go to.
+    async fn apply_once(&mut self, out: Out) -> Result<usize, ()> {
+        let mut unasked = 0;
         for _ in 0..out.ask[Side::Cache as usize] {
             tracing::trace!("progress: asking the cache");
-            self.watches.request_progress().await;
+            match self.watches.as_mut() {
+                Some(w) => w.request_progress().await,
+                None => unasked += 1,
+            }
         }
         for _ in 0..out.ask[Side::Etcd as usize] {
             tracing::trace!("progress: asking etcd");
@@ -365,7 +460,41 @@ impl Session {
                 }
             }
         }
-        Ok(())
+        Ok(unasked)
+    }
+
+    /// The revision of the proxy's own responses: the cache's, or what was sent.
+    fn revision(&self) -> i64 {
+        match &self.watches {
+            Some(w) => w.revision(),
+            None => self.progress.sent_max(),
+        }
+    }
+
+    /// Checks the stream's cached watches against etcd's decisions for this caller now
+    /// (one ask per distinct range, shared with every stream of the same token).
+    fn start_recheck(&mut self) {
+        if self.cached.is_empty() || !self.st.authz.enabled() {
+            return;
+        }
+        let mut by_range: HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> = HashMap::new();
+        for (id, range) in &self.cached {
+            by_range.entry(range.clone()).or_default().push(*id);
+        }
+        let authz = self.st.authz.clone();
+        let md = self.md.clone();
+        self.recheck = Some(Box::pin(async move {
+            let mut denied = Vec::new();
+            for ((key, end), ids) in by_range {
+                if let Err(s) = authz.check(&md, &key, &end).await {
+                    if crate::authz::is_auth_refusal(&s) {
+                        let reason = status::watch_refusal(&s);
+                        denied.extend(ids.into_iter().map(|id| (id, reason.clone())));
+                    }
+                }
+            }
+            denied
+        }));
     }
 
     /// Sends a response of a watch now or after the pending progress answer.
@@ -415,7 +544,7 @@ impl Session {
     async fn refuse(&mut self, reason: String) -> Result<(), ()> {
         crate::metrics::get().watch_refused(Refusal::of(&reason));
         let resp = WatchResponse {
-            header: Some(self.st.up.header(self.watches.revision())),
+            header: Some(self.st.up.header(self.revision())),
             watch_id: INVALID_WATCH_ID,
             created: true,
             canceled: true,
@@ -472,7 +601,10 @@ impl Session {
             // and BATCH_TOTAL_BYTES, so a client that does not read holds up only that
             // much (and its own stream).
             if taken < BATCH_REPLIES && total < BATCH_TOTAL_BYTES {
-                next = self.watches.next().now_or_never().flatten();
+                next = self
+                    .watches
+                    .as_mut()
+                    .and_then(|w| w.next().now_or_never().flatten());
             }
         }
         self.flush(&mut batch).await
@@ -523,19 +655,28 @@ impl Session {
                 self.open.add();
                 crate::metrics::get().watch_created(Served::Cache);
             }
-            if self.fragment_pending.pop_front().unwrap_or(false) {
-                self.fragment.insert(watch_id);
+            if let Some((fragment, key, end)) = self.pending_creates.pop_front() {
+                if fragment {
+                    self.fragment.insert(watch_id);
+                }
+                self.cached.insert(watch_id, (key, end));
             }
         } else if r.created() {
             // Created and canceled at once (below the window): no fragments ever.
-            self.fragment_pending.pop_front();
+            self.pending_creates.pop_front();
         } else if r.canceled() {
             if self.cache_ids.remove(&watch_id) {
                 self.open.sub();
             }
             self.fragment.remove(&watch_id);
+            self.cached.remove(&watch_id);
         }
-        let resp = self.to_pb(&r);
+        let mut resp = self.to_pb(&r);
+        if r.canceled() && !r.created() {
+            if let Some(reason) = self.revoked.remove(&watch_id) {
+                resp.cancel_reason = reason;
+            }
+        }
         self.out(resp).await
     }
 
@@ -549,6 +690,14 @@ impl Session {
             kv: e.kv().map(|kv| self.st.ns.kv_from_cache(kv)),
             prev_kv: e.prev_kv().map(|kv| self.st.ns.kv_from_cache(kv)),
         }
+    }
+}
+
+/// The cache side's next response (never, without a cache side).
+async fn next_reply(watches: &mut Option<Watches>) -> Option<etcd_cache::WatchResponse> {
+    match watches {
+        Some(w) => w.next().await,
+        None => futures::future::pending().await,
     }
 }
 

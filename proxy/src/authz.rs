@@ -1,0 +1,449 @@
+//! What the cache serves, it serves only to a caller etcd would allow: [`Authz`] asks
+//! etcd once per (token, key range) with the caller's own token, keeps the decision, and
+//! drops it when etcd's auth state moves.
+//!
+//! ## The ask
+//! A serializable, count-only Range with limit 1 on the caller's range, with the caller's
+//! token: member-local and cheap, and checked by etcd exactly as the caller's own Range
+//! (`isOpPermitted`). Identical asks that are in flight together are one ask. An allow
+//! for a range covers its sub-ranges; a deny covers only that range. A refusal is kept
+//! with etcd's own status (code and message), so a client library's retry and re-auth
+//! logic works unchanged. Other failures (etcd unreachable) are not kept.
+//!
+//! ## How long a decision lives
+//! - Until etcd's auth revision moves. etcd >= 3.5 reports it in `AuthStatus`, which the
+//!   proxy polls every `--auth-check-interval`; on 3.4, which has no `AuthStatus`, every
+//!   decision is re-asked after [`RECHECK_WITHOUT_REVISION`] (2 s). An auth call forwarded
+//!   through the proxy (user, role, permission, enable, disable) drops them at once.
+//! - Never longer than half of `--auth-token-ttl` (etcd's token TTL, 300 s by default):
+//!   a cached read never touches etcd, so without a bound a token would outlive its TTL.
+//!   An ask uses the token as a direct call would, so a token in use stays valid as it
+//!   does on etcd, and an unused one expires.
+//!
+//! When decisions are dropped, the [`epoch`](Authz::epoch) moves: every Watch stream
+//! re-checks its cached watches and cancels the ones now refused, with etcd's reason.
+//!
+//! ## Auth off
+//! With etcd's auth off, [`Authz::check`] is one atomic load. The poll is one
+//! member-local request per interval, to notice auth being turned on.
+//!
+//! ## Bounds
+//! At most [`MAX_TOKENS`] tokens with at most [`MAX_RANGES_PER_TOKEN`] decisions each are
+//! kept (the least recently used token goes first), so distinct tokens cannot exhaust
+//! memory, and a repeated token, good or garbage, costs etcd one ask per range and
+//! interval, not one per request.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::{Code, Status};
+
+use crate::pb::etcdserverpb::{AuthStatusRequest, RangeRequest};
+use crate::upstream::{Upstream, TOKEN};
+
+/// Tokens whose decisions are kept at most.
+pub(crate) const MAX_TOKENS: usize = 10_000;
+/// Decisions kept per token at most (the oldest goes first).
+pub(crate) const MAX_RANGES_PER_TOKEN: usize = 64;
+/// On etcd without `AuthStatus` (3.4), how long a decision lives.
+pub(crate) const RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(2);
+
+/// Whether etcd refused a call for its caller's authority (no user, a bad or old
+/// token, no permission), as opposed to failing to answer.
+pub(crate) fn is_auth_refusal(s: &Status) -> bool {
+    let m = s.message();
+    matches!(
+        s.code(),
+        Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+    ) && (m.contains("user name is empty")
+        || m.contains("permission denied")
+        || m.contains("invalid auth token")
+        || m.contains("revision of auth store is old")
+        || m.contains("user name not found"))
+}
+
+/// etcd's answer to a caller, as kept.
+#[derive(Clone, Debug)]
+enum Verdict {
+    Allow,
+    Deny(Code, String),
+}
+
+impl Verdict {
+    fn result(&self) -> Result<(), Status> {
+        match self {
+            Verdict::Allow => Ok(()),
+            Verdict::Deny(code, msg) => Err(Status::new(*code, msg.clone())),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Decision {
+    key: Bytes,
+    end: Bytes,
+    verdict: Verdict,
+    at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct TokenDecisions {
+    list: Vec<Decision>,
+    used: Option<Instant>,
+}
+
+type AskKey = (Bytes, Bytes, Bytes);
+type Ask = Shared<BoxFuture<'static, Result<Verdict, (Code, String)>>>;
+
+/// The decisions, the asks in flight and etcd's auth state.
+pub(crate) struct Authz {
+    up: Arc<Upstream>,
+    decisions: Mutex<HashMap<Bytes, TokenDecisions>>,
+    asking: Mutex<HashMap<AskKey, Ask>>,
+    /// etcd's auth revision (`AuthStatus`), 0 when unknown.
+    revision: AtomicU64,
+    max_age: Duration,
+    epoch: watch::Sender<u64>,
+}
+
+impl Authz {
+    /// Decisions living at most half of `token_ttl`.
+    pub(crate) fn new(up: Arc<Upstream>, token_ttl: Duration) -> Arc<Authz> {
+        Arc::new(Authz {
+            up,
+            decisions: Mutex::new(HashMap::new()),
+            asking: Mutex::new(HashMap::new()),
+            revision: AtomicU64::new(0),
+            max_age: (token_ttl / 2).max(Duration::from_millis(100)),
+            epoch: watch::channel(0).0,
+        })
+    }
+
+    /// Moves when decisions were dropped: cached watches are checked again.
+    pub(crate) fn epoch(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
+    }
+
+    /// Whether etcd's auth is on (as last learned).
+    pub(crate) fn enabled(&self) -> bool {
+        self.up.auth_enabled()
+    }
+
+    /// Forgets every decision (etcd's auth state moved) and tells the Watch streams.
+    pub(crate) fn invalidate(&self) {
+        self.decisions.lock().clear();
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Whether the caller of `md` may read `[key, end)` (etcd's keyspace; empty end: one
+    /// key, `"\0"`: from key on) as etcd would decide it now.
+    ///
+    /// # Errors
+    /// etcd's refusal, as etcd gave it; or why etcd could not be asked.
+    pub(crate) async fn check(
+        &self,
+        md: &MetadataMap,
+        key: &[u8],
+        end: &[u8],
+    ) -> Result<(), Status> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let token = md
+            .get(TOKEN)
+            .map(|t| Bytes::copy_from_slice(t.as_bytes()))
+            .unwrap_or_default();
+        let now = Instant::now();
+        if let Some(v) = self.cached(&token, key, end, now) {
+            return v.result();
+        }
+        let ask_key = (
+            token.clone(),
+            Bytes::copy_from_slice(key),
+            Bytes::copy_from_slice(end),
+        );
+        // A decision asked for before the auth state moved is not kept after it.
+        let epoch = *self.epoch.borrow();
+        let ask = {
+            let mut asking = self.asking.lock();
+            asking
+                .entry(ask_key.clone())
+                .or_insert_with(|| self.ask(ask_key.clone()))
+                .clone()
+        };
+        let verdict = ask.await;
+        self.asking.lock().remove(&ask_key);
+        match verdict {
+            Ok(v) => {
+                if *self.epoch.borrow() == epoch {
+                    self.remember(&ask_key, v.clone(), now);
+                }
+                v.result()
+            }
+            Err((code, msg)) => Err(Status::new(code, msg)),
+        }
+    }
+
+    /// A kept decision for `[key, end)` that is still fresh.
+    fn cached(&self, token: &Bytes, key: &[u8], end: &[u8], now: Instant) -> Option<Verdict> {
+        let mut decisions = self.decisions.lock();
+        let entry = decisions.get_mut(token)?;
+        entry.used = Some(now);
+        let fresh = |d: &Decision| now.duration_since(d.at) < self.max_age;
+        entry
+            .list
+            .iter()
+            .filter(|d| fresh(d))
+            .find_map(|d| match &d.verdict {
+                Verdict::Allow if crate::state::inside(&d.key, &d.end, key, end) => {
+                    Some(Verdict::Allow)
+                }
+                Verdict::Deny(..) if d.key == key && d.end == end => Some(d.verdict.clone()),
+                _ => None,
+            })
+    }
+
+    fn remember(&self, (token, key, end): &AskKey, verdict: Verdict, at: Instant) {
+        let mut decisions = self.decisions.lock();
+        if !decisions.contains_key(token) && decisions.len() >= MAX_TOKENS {
+            let oldest = decisions
+                .iter()
+                .min_by_key(|(_, d)| d.used)
+                .map(|(t, _)| t.clone());
+            if let Some(t) = oldest {
+                decisions.remove(&t);
+            }
+        }
+        let entry = decisions.entry(token.clone()).or_default();
+        entry.used = Some(at);
+        entry.list.retain(|d| !(d.key == *key && d.end == *end));
+        if entry.list.len() >= MAX_RANGES_PER_TOKEN {
+            entry.list.remove(0);
+        }
+        entry.list.push(Decision {
+            key: key.clone(),
+            end: end.clone(),
+            verdict,
+            at,
+        });
+    }
+
+    /// One ask to etcd with the caller's token (shared by identical concurrent asks).
+    fn ask(&self, (token, key, end): AskKey) -> Ask {
+        let up = self.up.clone();
+        crate::metrics::get().auth_ask();
+        async move {
+            let mut md = MetadataMap::new();
+            if !token.is_empty() {
+                let v = AsciiMetadataValue::try_from(token.as_ref()).map_err(|_| {
+                    (
+                        Code::Unauthenticated,
+                        "etcdserver: invalid auth token".to_string(),
+                    )
+                })?;
+                md.insert(TOKEN, v);
+            }
+            let req = RangeRequest {
+                key,
+                range_end: end,
+                limit: 1,
+                serializable: true,
+                count_only: true,
+                ..Default::default()
+            };
+            let up2 = up.clone();
+            let answer = up
+                .call("range", &md, req, move |q| {
+                    let mut c = up2.kv();
+                    async move { c.range(q).await }
+                })
+                .await;
+            match answer {
+                Ok(_) => Ok(Verdict::Allow),
+                Err(s) if is_auth_refusal(&s) => {
+                    Ok(Verdict::Deny(s.code(), s.message().to_string()))
+                }
+                Err(s) => Err((s.code(), s.message().to_string())),
+            }
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Learns etcd's auth state once: whether auth is on and, on etcd >= 3.5, its auth
+    /// revision. Returns whether auth is on, or `None` when etcd did not answer.
+    pub(crate) async fn learn(&self) -> Option<bool> {
+        let (on, revision) = self.probe().await?;
+        let was = self.up.auth_enabled();
+        self.up.set_auth_enabled(on);
+        let old = self.revision.swap(revision, Ordering::AcqRel);
+        if was != on {
+            tracing::info!(
+                auth = on,
+                "etcd's auth is {}",
+                if on { "on" } else { "off" }
+            );
+            self.invalidate();
+        } else if revision != old {
+            tracing::debug!(revision, "etcd's auth revision moved: decisions dropped");
+            self.invalidate();
+        }
+        Some(on)
+    }
+
+    /// `(auth on, auth revision)`: `AuthStatus` where etcd has it (>= 3.5), else a
+    /// Range without a token (etcd answers `user name is empty` while auth is on).
+    async fn probe(&self) -> Option<(bool, u64)> {
+        let up = &self.up;
+        let status = up
+            .own_call(AuthStatusRequest {}, |q| {
+                let mut c = up.auth();
+                async move { c.auth_status(q).await }
+            })
+            .await;
+        match status {
+            Ok(r) => {
+                let r = r.into_inner();
+                return Some((r.enabled, r.auth_revision));
+            }
+            Err(s) if s.code() == Code::Unimplemented => {}
+            Err(s) => {
+                tracing::debug!(error = %s, "AuthStatus failed");
+                return None;
+            }
+        }
+        let req = RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            limit: 1,
+            serializable: true,
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = up.kv().range(tonic::Request::new(req)).await;
+        match answer {
+            Ok(_) if up.cert_identity().is_some() => {
+                // Over the proxy's certificate the CN is the caller: an allowed Range
+                // says nothing. Admin calls are refused to a non-root user with auth on.
+                let list = up
+                    .own_call(crate::pb::etcdserverpb::AuthRoleListRequest {}, |q| {
+                        let mut c = up.auth();
+                        async move { c.role_list(q).await }
+                    })
+                    .await;
+                match list {
+                    Ok(_) => Some((false, 0)),
+                    Err(s) if is_auth_refusal(&s) => Some((true, 0)),
+                    Err(_) => None,
+                }
+            }
+            Ok(_) => Some((false, 0)),
+            Err(s) if is_auth_refusal(&s) => Some((true, 0)),
+            Err(s) => {
+                tracing::debug!(error = %s, "auth probe failed");
+                None
+            }
+        }
+    }
+
+    /// Whether etcd reports an auth revision (>= 3.5).
+    fn has_revision(&self) -> bool {
+        self.revision.load(Ordering::Acquire) != 0
+    }
+
+    /// Polls etcd's auth state every `interval` (and re-asks every decision after
+    /// [`RECHECK_WITHOUT_REVISION`] on etcd without an auth revision), until dropped.
+    pub(crate) fn spawn_poll(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last_recheck = Instant::now();
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(authz) = weak.upgrade() else { return };
+                authz.learn().await;
+                if authz.enabled()
+                    && !authz.has_revision()
+                    && last_recheck.elapsed() >= RECHECK_WITHOUT_REVISION
+                {
+                    last_recheck = Instant::now();
+                    authz.invalidate();
+                }
+            }
+        })
+    }
+}
+
+/// The CN of the first certificate in a PEM file, if it has one.
+pub(crate) fn certificate_cn(pem: &[u8]) -> crate::error::Result<Option<String>> {
+    use x509_parser::prelude::*;
+    let bad = |why: String| crate::error::Error::Certificate(why);
+    let (_, pem) = parse_x509_pem(pem).map_err(|e| bad(e.to_string()))?;
+    let cert = pem.parse_x509().map_err(|e| bad(e.to_string()))?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string)
+        .filter(|cn| !cn.is_empty());
+    Ok(cn)
+}
+
+/// Refuses to start when the proxy's own etcd identity (`--user`, or the CN of `--cert`)
+/// has etcd's root role, unless `--allow-root-upstream`: that identity feeds the cache,
+/// so it needs read on the cached prefix and nothing else.
+pub(crate) async fn check_upstream_identity(
+    up: &Upstream,
+    config: &crate::config::Config,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    let names: Vec<(String, &str)> = up
+        .user()
+        .map(|u| (u.to_string(), "--user"))
+        .into_iter()
+        .chain(
+            up.cert_identity()
+                .map(|cn| (cn.to_string(), "the CN of --cert")),
+        )
+        .collect();
+    for (name, what) in names {
+        let req = crate::pb::etcdserverpb::AuthUserGetRequest { name: name.clone() };
+        let answer = up
+            .own_call(req, |q| {
+                let mut c = up.auth();
+                async move { c.user_get(q).await }
+            })
+            .await;
+        match answer {
+            Ok(r) if r.get_ref().roles.iter().any(|r| r == "root") => {
+                let who = format!("{what} ({name:?})");
+                if !config.allow_root_upstream {
+                    return Err(Error::RootUpstream(who));
+                }
+                tracing::warn!("{who} has etcd's root role (--allow-root-upstream)");
+            }
+            Ok(_) => {}
+            // Not an etcd user (yet), or not one this identity may look up: not root.
+            Err(s) if s.message().contains("user name not found") || is_auth_refusal(&s) => {
+                tracing::debug!(user = %name, error = %s.message(), "identity check");
+            }
+            Err(s) => {
+                return Err(Error::IdentityCheck {
+                    user: name,
+                    status: s,
+                })
+            }
+        }
+    }
+    Ok(())
+}
