@@ -30,7 +30,7 @@ Commands:
           `cargo test --workspace --all-targets` (unit, integration against real etcd
           processes; benches and examples are built), `cargo test --workspace --doc`,
           `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
-          --features bench-internals -- -D warnings`;
+          --features unstable-bench-internals -- -D warnings`;
         then the version matrix:
           every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
           `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6.
@@ -53,9 +53,9 @@ Commands:
         Runs the main example, `cargo run --release --example demo -- <args>`. It uses
         ETCD_ENDPOINTS when set (comma-separated), otherwise it starts its own etcd.
   bench [name] [--quick] [-- args]
-        No name: `cargo bench --features bench-internals` (every bench target: the
+        No name: `cargo bench --features unstable-bench-internals` (every bench target: the
         criterion micro-benchmarks `micro` and the end-to-end `fanout` against real etcd).
-        With a name: `cargo bench --features bench-internals --bench <name>` if
+        With a name: `cargo bench --features unstable-bench-internals --bench <name>` if
         benches/<name>.rs exists, otherwise
         `cargo run --release --example bench_<name>` if examples/bench_<name>.rs exists.
         e.g. `cargo xtask bench fanout`. For `fanout` (and no name) it first runs
@@ -312,15 +312,15 @@ fn bench(args: Vec<String>) -> i32 {
     let mut cmd = cargo();
     match &name {
         // The micro-benchmarks need the hidden `internals` module (feature
-        // `bench-internals`); without it cargo would skip them silently.
+        // `unstable-bench-internals`); without it cargo would skip them silently.
         None => {
-            cmd.args(["bench", "--features", "bench-internals,metrics"]);
+            cmd.args(["bench", "--features", "unstable-bench-internals,metrics"]);
         }
         Some(n) if target_exists("benches", n) => {
             cmd.args([
                 "bench",
                 "--features",
-                "bench-internals,metrics",
+                "unstable-bench-internals,metrics",
                 "--bench",
                 n,
             ]);

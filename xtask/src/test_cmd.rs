@@ -306,7 +306,7 @@ fn summary(done: &[(String, f64)]) {
 /// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
 /// the toolchain has those components; a toolchain without them only gets a note.
 fn lints() -> i32 {
-    // clippy builds every feature at once (bench-internals, metrics, tls, test-hooks);
+    // clippy builds every feature at once (unstable-bench-internals, metrics, tls, unstable-test-hooks);
     // the unit tests of the metrics feature run on their own (the default build leaves it
     // off), and the crate must build with no feature.
     let steps: [(&str, &[&str]); 4] = [
