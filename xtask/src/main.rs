@@ -10,6 +10,7 @@
 mod etcd_versions;
 
 mod etcd_bins;
+mod msrv;
 mod prereqs;
 mod test_cmd;
 
@@ -30,7 +31,10 @@ Commands:
           `cargo test --workspace --all-targets` (unit, integration against real etcd
           processes; benches and examples are built), `cargo test --workspace --doc`,
           `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
-          --features unstable-bench-internals -- -D warnings`;
+          --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
+          no-feature `cargo check`; `cargo package -p etcd-cache --locked` (builds the
+          packaged crate; `--allow-dirty` added, with a note, only when git reports
+          uncommitted changes); `cargo xtask msrv`;
         then the version matrix:
           every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
           `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6.
@@ -67,6 +71,11 @@ Commands:
         `cargo test --release --test reliability -- --ignored --nocapture`, then the
         seeded model test's long form (`cargo test --release --lib model -- --ignored`,
         ETCD_CACHE_MODEL_SEEDS seeds, default 20,000).
+  msrv
+        Checks that no locked dependency (normal or build, transitively; from
+        `cargo metadata --format-version 1 --locked`) of a workspace crate declares a higher
+        rust-version than the crate's, and that README.md states the root crate's
+        (`Rust 1.x`). Prints the highest, also with dev-dependencies.
   prereqs [--check]
         Only checks (and, as root, installs) the system prerequisites; --check never installs
         and exits with 1 when a required one is missing.
@@ -107,6 +116,7 @@ fn main() {
         },
         "etcd-bins" => etcd_bins::command(&rest),
         "test" => test_cmd::test(rest),
+        "msrv" => msrv::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
         "soak" => soak(rest),
