@@ -323,11 +323,20 @@ fn root_cause_text(e: &etcd_client::Error) -> String {
 /// failed under a transport error.
 fn upstream_summary(e: &etcd_client::Error) -> String {
     match e {
-        etcd_client::Error::GRpcStatus(s) if s.message().is_empty() => {
-            format!("{:?}", s.code())
-        }
         etcd_client::Error::GRpcStatus(s) => {
-            format!("{} ({:?})", shorten(s.message()), s.code())
+            // A status made from a transport failure carries it as its source: its root
+            // (`Connection refused (os error 111)`) says more than tonic's message.
+            let root = std::error::Error::source(s)
+                .map(|_| root_cause_text(e))
+                .filter(|root| !s.message().contains(root.as_str()));
+            match (s.message(), root) {
+                ("", None) => format!("{:?}", s.code()),
+                ("", Some(root)) => format!("{} ({:?})", shorten(&root), s.code()),
+                (message, None) => format!("{} ({:?})", shorten(message), s.code()),
+                (message, Some(root)) => {
+                    format!("{}: {} ({:?})", shorten(message), shorten(&root), s.code())
+                }
+            }
         }
         etcd_client::Error::TransportError(_) => {
             format!("cannot connect: {}", shorten(&root_cause_text(e)))
@@ -538,7 +547,8 @@ mod tests {
         let e = Error::Upstream(h2_reset());
         assert_eq!(
             e.to_string(),
-            "etcd error: h2 protocol error: error reading a body from connection (Unknown)"
+            "etcd error: h2 protocol error: error reading a body from connection: \
+             Connection reset by peer (os error 104) (Unknown)"
         );
         // etcd-client's own text carries tonic's `source: …` debug output; ours does not.
         let inner = std::error::Error::source(&e).expect("a source").to_string();
