@@ -2,7 +2,7 @@
 //! Prometheus exporter's) and with none, in one run, as a ratio.
 //!
 //! ```text
-//! cargo bench --features bench-internals,metrics --bench metrics
+//! cargo bench --features unstable-bench-internals,metrics --bench metrics
 //! cargo xtask bench metrics [--quick]
 //! ```
 //!

@@ -1,8 +1,8 @@
 //! Criterion micro-benchmarks of the cache's pieces.
 //!
 //! ```text
-//! cargo bench --features bench-internals --bench micro            # or: cargo xtask bench micro
-//! ETCD_CACHE_BENCH_QUICK=1 cargo bench --features bench-internals --bench micro
+//! cargo bench --features unstable-bench-internals --bench micro            # or: cargo xtask bench micro
+//! ETCD_CACHE_BENCH_QUICK=1 cargo bench --features unstable-bench-internals --bench micro
 //! ```
 //!
 //! - `dispatch/<shape>/<N>`: one event dispatched to N subscribers, consumers' pops
@@ -19,7 +19,7 @@
 //!   (`stats_alloc`) and printed: bytes per idle subscriber (index entry + mailbox, and a
 //!   whole `WatchStream`), store and history bytes against the raw key and value bytes.
 //!
-//! Under `cargo test --all-targets --features bench-internals` (no `--bench` argument)
+//! Under `cargo test --all-targets --features unstable-bench-internals` (no `--bench` argument)
 //! criterion runs every benchmark once and the memory figures use small N.
 
 use std::alloc::System;

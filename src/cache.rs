@@ -57,7 +57,9 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
-    /// Starts configuring a cache over `client`.
+    /// Starts configuring a cache over `client`. A client connected with TLS or
+    /// credentials needs the same options on [`CacheBuilder::connect_options`] too; or
+    /// use [`CacheBuilder::connect`], which connects the client and passes them once.
     ///
     /// ```no_run
     /// # async fn f() -> etcd_cache::Result<()> {
@@ -393,10 +395,10 @@ impl Cache {
         &self.shared
     }
 
-    /// Test hook (feature `test-hooks`): writes `kv` into the cache's store behind
+    /// Test hook (feature `unstable-test-hooks`): writes `kv` into the cache's store behind
     /// etcd's back, as a bug would, so that a test can see the consistency check find
     /// and repair it. Not for production use.
-    #[cfg(feature = "test-hooks")]
+    #[cfg(feature = "unstable-test-hooks")]
     #[doc(hidden)]
     pub fn corrupt_store_for_test(&self, kv: crate::KeyValue) {
         self.shared.hooks.corrupt(kv);
@@ -424,6 +426,40 @@ impl Cache {
 }
 
 impl CacheBuilder {
+    /// Connects an `etcd_client::Client` to `endpoints` with `options` and starts
+    /// configuring a cache over it that uses the same options for its own connections
+    /// (the per-member version probe): TLS and credentials are given once. The same as
+    /// `Cache::builder(Client::connect(endpoints, options.clone()).await?)
+    /// .connect_options(options)`; a later [`connect_options`](Self::connect_options)
+    /// replaces the probe's options.
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] with etcd-client's error: an invalid endpoint, or (with
+    /// credentials) etcd refused them or could not be reached to authenticate.
+    ///
+    /// ```no_run
+    /// # async fn f() -> etcd_cache::Result<()> {
+    /// use etcd_cache::etcd_client::ConnectOptions;
+    ///
+    /// let options = ConnectOptions::new().with_user("app", "secret").with_auto_token_refresh(true);
+    /// let cache = etcd_cache::CacheBuilder::connect(["127.0.0.1:2379"], Some(options))
+    ///     .await?
+    ///     .prefix("/app/")
+    ///     .build()
+    ///     .await?;
+    /// cache.wait_ready().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        options: Option<etcd_client::ConnectOptions>,
+    ) -> Result<CacheBuilder> {
+        let client = etcd_client::Client::connect(endpoints, options.clone()).await?;
+        let mut builder = CacheBuilder::new(client);
+        builder.config.connect_options = options;
+        Ok(builder)
+    }
+
     /// Validates the configuration and spawns the follower task. It does not wait for
     /// the first snapshot: use [`Cache::wait_ready`].
     ///

@@ -388,6 +388,7 @@ impl CacheBuilder {
     /// auth read as of unknown version: the cache is then correct but slower (progress
     /// answers untrusted), and `CacheStats::unknown_versions` and a warning say so.
     /// The probe's connect and request timeouts are its own (2 s).
+    /// [`CacheBuilder::connect`] connects the client and sets these options in one call.
     ///
     /// ```no_run
     /// # async fn f() -> etcd_cache::Result<()> {

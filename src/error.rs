@@ -13,6 +13,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// (etcd did not answer in time, a stream broke) or [`Error::Protocol`] (etcd answered
 /// something the cache cannot use).
 ///
+/// `Display` is one short line for a person: what happened and, where the cache knows
+/// it, which member; for a wrapped upstream failure, etcd's own message or the root
+/// cause of a transport error (`connection refused`, `connection reset by peer`), never
+/// tonic's and hyper's nested debug output. The whole chain is behind
+/// [`source()`](std::error::Error::source): [`Error::Upstream`] and a broken stream's
+/// [`Error::Transport`] keep etcd-client's error there.
+///
 /// ```
 /// use etcd_cache::Error;
 ///
@@ -127,15 +134,22 @@ pub enum Error {
     #[error("invalid UTF-8: {0}")]
     Utf8(#[source] std::str::Utf8Error),
 
-    /// What etcd, or the client transport, reported.
-    #[error("etcd error: {0}")]
+    /// What etcd, or the client transport, reported. Displays a one-line summary
+    /// (etcd's message and status code, or the root cause of a transport error); the
+    /// error itself is the source.
+    #[error("etcd error: {}", upstream_summary(.0))]
     Upstream(#[source] etcd_client::Error),
 
-    /// etcd could not be reached or did not answer in time, or a stream to it broke.
+    /// etcd could not be reached or did not answer in time, or a stream to it broke
+    /// (an HTTP/2 protocol error, a connection reset or closed under the watch).
     #[error("etcd transport failure: {reason}")]
     Transport {
-        /// What failed, and the limit that was exceeded where there is one.
+        /// What failed (which member, where known), and the limit that was exceeded
+        /// where there is one.
         reason: String,
+        /// etcd-client's error, for a stream that broke; `None` for a timeout.
+        #[source]
+        source: Option<etcd_client::Error>,
     },
 
     /// etcd answered something the cache cannot use (an unexpected or malformed
@@ -197,6 +211,28 @@ impl Error {
     pub(crate) fn transport(reason: impl Into<String>) -> Self {
         Error::Transport {
             reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// The error for `e`, which ended the upstream watch stream from `member` (0:
+    /// unknown): [`Error::Transport`] when the stream broke (see [`is_stream_break`]),
+    /// else [`Error::Upstream`] (what etcd said).
+    pub(crate) fn watch_stream(e: etcd_client::Error, member: u64) -> Self {
+        if !is_stream_break(&e) {
+            return Error::Upstream(e);
+        }
+        let from = if member == 0 {
+            String::new()
+        } else {
+            format!(" from member {member:x}")
+        };
+        Error::Transport {
+            reason: format!(
+                "the watch stream{from} broke: {}",
+                shorten(&root_cause_text(&e))
+            ),
+            source: Some(e),
         }
     }
 
@@ -212,28 +248,148 @@ impl Error {
     /// etcd refused the client's or its absence). The cache stops on such an error
     /// instead of retrying it.
     pub fn is_permanent_upstream_failure(&self) -> bool {
-        use tonic::Code;
         match self {
-            Error::Upstream(etcd_client::Error::GRpcStatus(status)) => {
-                // A token older than the auth store (JWT, after an auth change): the next
-                // attempt authenticates again.
-                let old_token = status
-                    .message()
-                    .contains(crate::upstream::etcd::AUTH_OLD_REVISION);
-                (matches!(
-                    status.code(),
-                    Code::PermissionDenied
-                        | Code::Unauthenticated
-                        | Code::InvalidArgument
-                        | Code::Unimplemented
-                ) && !old_token)
-                    || certificate_refused(status)
-            }
-            Error::Upstream(etcd_client::Error::InvalidArgs(_))
-            | Error::Upstream(etcd_client::Error::InvalidUri(_)) => true,
+            Error::Upstream(e)
+            | Error::Transport {
+                source: Some(e), ..
+            } => permanent(e),
             Error::Failed { .. } => true,
             _ => false,
         }
+    }
+}
+
+/// See [`Error::is_permanent_upstream_failure`].
+fn permanent(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            // A token older than the auth store (JWT, after an auth change): the next
+            // attempt authenticates again.
+            let old_token = status
+                .message()
+                .contains(crate::upstream::etcd::AUTH_OLD_REVISION);
+            (matches!(
+                status.code(),
+                Code::PermissionDenied
+                    | Code::Unauthenticated
+                    | Code::InvalidArgument
+                    | Code::Unimplemented
+            ) && !old_token)
+                || certificate_refused(status)
+        }
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => true,
+        _ => false,
+    }
+}
+
+/// The longest summary of a cause that `Display` shows; the rest is behind `source()`.
+const SUMMARY_MAX: usize = 160;
+
+/// `text`'s first line, cut at [`SUMMARY_MAX`] characters.
+fn shorten(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(SUMMARY_MAX) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_string(),
+    }
+}
+
+/// The deepest error under `e` (the one that says what really happened: `Connection
+/// reset by peer (os error 104)`), else etcd's message or etcd-client's text.
+fn root_cause_text(e: &etcd_client::Error) -> String {
+    let deepest = |first: Option<&(dyn std::error::Error + 'static)>| {
+        let mut last = None;
+        let mut next = first;
+        while let Some(err) = next {
+            last = Some(err.to_string());
+            next = err.source();
+        }
+        last
+    };
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            deepest(std::error::Error::source(s)).unwrap_or_else(|| s.message().to_string())
+        }
+        etcd_client::Error::TransportError(t) => {
+            deepest(std::error::Error::source(t)).unwrap_or_else(|| t.to_string())
+        }
+        etcd_client::Error::IoError(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// One line for an etcd-client error: etcd's message and its status code, or what
+/// failed under a transport error.
+fn upstream_summary(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            // A status made from a transport failure carries it as its source: its root
+            // (`Connection refused (os error 111)`) says more than tonic's message.
+            let root = std::error::Error::source(s)
+                .map(|_| root_cause_text(e))
+                .filter(|root| !s.message().contains(root.as_str()));
+            match (s.message(), root) {
+                ("", None) => format!("{:?}", s.code()),
+                ("", Some(root)) => format!("{} ({:?})", shorten(&root), s.code()),
+                (message, None) => format!("{} ({:?})", shorten(message), s.code()),
+                (message, Some(root)) => {
+                    format!("{}: {} ({:?})", shorten(message), shorten(&root), s.code())
+                }
+            }
+        }
+        etcd_client::Error::TransportError(_) => {
+            format!("cannot connect: {}", shorten(&root_cause_text(e)))
+        }
+        etcd_client::Error::IoError(io) => format!("I/O failure: {}", shorten(&io.to_string())),
+        other => shorten(&other.to_string()),
+    }
+}
+
+/// Whether `e`, ending a watch stream, says that the stream broke under the cache (an
+/// HTTP/2 protocol error, the connection reset, closed or canceled) rather than that
+/// etcd answered: a transport or I/O error, or a status of code Unknown, Unavailable,
+/// Cancelled or Internal whose message or causes read as the transport's. etcd's own
+/// answers ("etcdserver: no leader", ...) stay what etcd said.
+fn is_stream_break(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    const BROKEN: &[&str] = &[
+        "h2 protocol error",
+        "connection reset",
+        "broken pipe",
+        "connection closed",
+        "connection aborted",
+        "error reading a body",
+        "transport error",
+        "operation was canceled",
+        "unexpected end of file",
+    ];
+    let broken = |text: &str| {
+        let text = text.to_ascii_lowercase();
+        BROKEN.iter().any(|b| text.contains(b))
+    };
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            if !matches!(
+                status.code(),
+                Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal
+            ) {
+                return false;
+            }
+            if broken(status.message()) {
+                return true;
+            }
+            let mut source = std::error::Error::source(status);
+            while let Some(err) = source {
+                if broken(&err.to_string()) {
+                    return true;
+                }
+                source = err.source();
+            }
+            false
+        }
+        _ => false,
     }
 }
 
@@ -262,6 +418,7 @@ fn certificate_refused(status: &tonic::Status) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn upstream_errors_display_their_cause() {
@@ -294,5 +451,159 @@ mod tests {
         let e = Error::transport("etcd did not answer within 30s (upstream_idle_timeout)");
         assert!(e.to_string().starts_with("etcd transport failure"), "{e}");
         assert!(!e.is_permanent_upstream_failure());
+    }
+
+    /// What tonic gives when the connection under a watch stream is reset (etcd killed):
+    /// code Unknown, hyper's text, and the I/O error two levels down.
+    fn h2_reset() -> etcd_client::Error {
+        #[derive(Debug)]
+        struct Hyper(std::io::Error);
+        impl std::fmt::Display for Hyper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error reading a body from connection")
+            }
+        }
+        impl std::error::Error for Hyper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "Connection reset by peer (os error 104)",
+        );
+        let mut status =
+            tonic::Status::unknown("h2 protocol error: error reading a body from connection");
+        status.set_source(std::sync::Arc::new(Hyper(io)));
+        etcd_client::Error::GRpcStatus(status)
+    }
+
+    #[test]
+    fn a_broken_watch_stream_is_a_transport_failure_with_its_cause_behind_source() {
+        let e = Error::watch_stream(h2_reset(), 0x2a);
+        let Error::Transport { reason, source } = &e else {
+            panic!("not a transport failure: {e:?}");
+        };
+        assert_eq!(
+            reason,
+            "the watch stream from member 2a broke: Connection reset by peer (os error 104)"
+        );
+        assert!(source.is_some());
+        assert_eq!(
+            e.to_string(),
+            "etcd transport failure: the watch stream from member 2a broke: \
+             Connection reset by peer (os error 104)"
+        );
+        // The whole chain is still there: etcd-client's error, with tonic's status in it.
+        let cause = std::error::Error::source(&e).expect("a source");
+        assert!(cause.to_string().contains("h2 protocol error"), "{cause}");
+        assert!(!e.is_permanent_upstream_failure());
+        // Member unknown (no response yet); an I/O error or a closed connection.
+        let e = Error::watch_stream(
+            etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            0,
+        );
+        assert!(
+            e.to_string()
+                .starts_with("etcd transport failure: the watch stream broke: "),
+            "{e}"
+        );
+        let closed = etcd_client::Error::GRpcStatus(tonic::Status::cancelled(
+            "operation was canceled: connection closed",
+        ));
+        assert!(matches!(
+            Error::watch_stream(closed, 1),
+            Error::Transport { .. }
+        ));
+    }
+
+    #[test]
+    fn etcd_answers_on_a_watch_stream_stay_upstream_errors() {
+        for status in [
+            tonic::Status::unavailable("etcdserver: no leader"),
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+            tonic::Status::unknown("etcdserver: request timed out"),
+        ] {
+            let e = Error::watch_stream(etcd_client::Error::GRpcStatus(status), 7);
+            assert!(matches!(e, Error::Upstream(_)), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_refused_on_a_stream_stays_permanent() {
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        let mut status = tonic::Status::unknown("transport error");
+        status.set_source(std::sync::Arc::new(alert));
+        let e = Error::watch_stream(etcd_client::Error::GRpcStatus(status), 1);
+        assert!(matches!(e, Error::Transport { .. }), "{e:?}");
+        assert!(e.is_permanent_upstream_failure(), "{e}");
+    }
+
+    #[test]
+    fn upstream_display_is_one_short_line_without_tonic_internals() {
+        let e = Error::Upstream(h2_reset());
+        assert_eq!(
+            e.to_string(),
+            "etcd error: h2 protocol error: error reading a body from connection: \
+             Connection reset by peer (os error 104) (Unknown)"
+        );
+        // etcd-client's own text carries tonic's `source: …` debug output; ours does not.
+        let inner = std::error::Error::source(&e).expect("a source").to_string();
+        assert!(inner.contains("source:"), "{inner}");
+        assert!(!e.to_string().contains("source:"), "{e}");
+
+        let long = "x".repeat(1000);
+        let e = Error::from(etcd_client::Error::GRpcStatus(tonic::Status::internal(
+            format!("{long}\nsecond line"),
+        )));
+        let text = e.to_string();
+        assert!(text.chars().count() < 200, "{text}");
+        assert!(
+            text.contains('…') && !text.contains("second line"),
+            "{text}"
+        );
+        let e = Error::from(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "",
+        )));
+        assert_eq!(e.to_string(), "etcd error: Unavailable");
+        let e = Error::from(etcd_client::Error::InvalidArgs("no endpoint".into()));
+        assert_eq!(e.to_string(), "etcd error: invalid arguments: no endpoint");
+    }
+
+    #[test]
+    fn status_display_says_what_the_cache_does() {
+        use crate::CacheStatus;
+        let error = Arc::new(Error::watch_stream(h2_reset(), 0x2a));
+        let status = CacheStatus::Reconnecting {
+            error: error.clone(),
+            attempts: 3,
+        };
+        let text = status.to_string();
+        assert_eq!(
+            text,
+            "reconnecting to etcd (attempt 3); watches stay open and resume without loss: \
+             etcd transport failure: the watch stream from member 2a broke: \
+             Connection reset by peer (os error 104)"
+        );
+        assert!(text.len() < 200, "{} characters: {text}", text.len());
+        let failed = CacheStatus::Failed {
+            error: Arc::new(Error::from(etcd_client::Error::GRpcStatus(
+                tonic::Status::permission_denied("etcdserver: permission denied"),
+            ))),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "stopped for good (retrying would not help): \
+             etcd error: etcdserver: permission denied (PermissionDenied)"
+        );
+        assert_eq!(CacheStatus::Ready.to_string(), "ready: following etcd");
+        assert!(CacheStatus::Relisting {
+            compact_revision: 9
+        }
+        .to_string()
+        .contains("revision 9"));
     }
 }

@@ -1,4 +1,4 @@
-//! Hidden entry points for the micro-benchmarks (feature `bench-internals`). Not API.
+//! Hidden entry points for the micro-benchmarks (feature `unstable-bench-internals`). Not API.
 //!
 //! Thin wrappers over crate-private types, so `benches/` can time the pieces one by one:
 //! the subscriber index and mailboxes ([`BenchIndex`], [`BenchMailbox`]), the history ring

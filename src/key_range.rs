@@ -30,7 +30,7 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 ///
 /// Public only for the hidden benchmark module (`internals`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(not(feature = "bench-internals"), allow(unreachable_pub))]
+#[cfg_attr(not(feature = "unstable-bench-internals"), allow(unreachable_pub))]
 pub enum RangeSpec {
     /// Just the key.
     #[default]
@@ -191,7 +191,7 @@ impl KeyRange {
     }
 
     /// `(start, end)` bounds for a `BTreeMap`/`OrdMap` range query.
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(any(test, feature = "unstable-bench-internals"))]
     pub(crate) fn bounds(&self) -> (std::ops::Bound<Bytes>, std::ops::Bound<Bytes>) {
         use std::ops::Bound::*;
         if self.is_single() {

@@ -33,8 +33,82 @@
 //!         println!("{:?} {:?} at {}", ev.event_type(), ev.kv().map(|kv| kv.key()), resp.revision());
 //!     }
 //! }
+//! // `None`: the stream ended (the cache was closed, or its last watch canceled).
 //! # Ok(()) }
 //! ```
+//!
+//! `None` from `stream.message()` means the stream has ended: the cache was closed (or
+//! its last handle dropped), or the last watch on the stream was canceled (by
+//! [`WatchStream::cancel`], or by the cache after a compaction response as above).
+//! An outage does not end it (see [below](#how-it-differs-from-a-direct-watch)).
+//!
+//! ## Dependencies
+//!
+//! The builder takes an `etcd_client::Client`, so the application depends on the same
+//! etcd-client as this crate (0.21; another version gives "two different versions of
+//! crate `etcd_client`"), or names it through the re-export [`etcd_client`]:
+//!
+//! ```toml
+//! [dependencies]
+//! etcd-cache = "0.1"
+//! etcd-client = "0.21"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! etcd-client's build runs `protoc` and needs the protobuf well-known types (Debian and
+//! Ubuntu: `apt-get install protobuf-compiler libprotobuf-dev`). The minimum Rust version
+//! is 1.88.
+//!
+//! ## Feature flags
+//!
+//! None is on by default.
+//!
+//! - `tls`: TLS toward etcd (rustls), through etcd-client's `tls` feature: the client's
+//!   and the cache's own connections take `etcd_client::TlsOptions` (see
+//!   [TLS and authentication](#tls-and-authentication)).
+//! - `metrics`: every counter and gauge of [`CacheStats`] (and more) through the
+//!   [`metrics`](https://docs.rs/metrics) facade; the application installs the
+//!   recorder. Zero cost when off. See `docs/METRICS.md`.
+//!
+//! Features whose name starts with `unstable-` (`unstable-bench-internals`,
+//! `unstable-test-hooks`) are the crate's own test and benchmark support: they are not
+//! part of the API, carry no semver promise and may change or go in any release.
+//!
+//! ## TLS and authentication
+//!
+//! [`CacheBuilder::connect`] connects the client and gives the cache the same
+//! `ConnectOptions` for its own connections (the per-member version probe, which dials
+//! each member's client URL): pass TLS and credentials once.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use etcd_cache::etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+//! use etcd_cache::CacheBuilder;
+//!
+//! let tls = TlsOptions::new()
+//!     .ca_certificate(Certificate::from_pem(std::fs::read("ca.pem")?))
+//!     // Only where etcd runs with --client-cert-auth (mutual TLS):
+//!     .identity(Identity::from_pem(std::fs::read("client.pem")?, std::fs::read("client-key.pem")?));
+//! let options = ConnectOptions::new()
+//!     .with_tls(tls)
+//!     .with_user("app", "secret")        // etcd's user/password auth
+//!     .with_auto_token_refresh(true);   // re-authenticate when the token expires
+//! let cache = CacheBuilder::connect(["https://etcd-0:2379", "https://etcd-1:2379"], Some(options))
+//!     .await?
+//!     .prefix("/app/")
+//!     .build()
+//!     .await?;
+//! cache.wait_ready().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! TLS needs the `tls` feature (of this crate, or of etcd-client); user/password alone
+//! does not. With [`Cache::builder`] and a client of your own, pass the same options to
+//! [`CacheBuilder::connect_options`] too: without them members behind TLS or auth read
+//! as of unknown version, and consistent reads are then still correct but slower (they
+//! go to etcd; `CacheStats::unknown_versions` and a warning say so). Bad credentials or
+//! a refused certificate stop the cache: [`Cache::wait_ready`] returns
+//! [`Error::Failed`] with the cause.
 //!
 //! ## A drop-in for etcd-client
 //!
@@ -77,7 +151,8 @@
 //! `subscriber_buffer`, `max_watchers`, `page_size`, `backoff`,
 //! `progress_notify_interval`, `progress_request_interval`, `consistent_read_timeout`,
 //! `read_fallback`, `progress_trust`, `upstream_idle_timeout`,
-//! `linearizable_watch_start`, `connect_options`. Per tenant or connection:
+//! `linearizable_watch_start`, `connect_options`, `consistency_check`. Per tenant or
+//! connection:
 //! [`Cache::scope`].
 //!
 //! ## Shutdown
@@ -110,6 +185,16 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+/// The etcd-client this crate is built against (0.21), for naming its types
+/// (`etcd_cache::etcd_client::ConnectOptions`, `Client`, `TlsOptions`, ...) without a
+/// dependency of your own that has to match it.
+pub use etcd_client;
+
+// The README's examples are compiled as doc tests (they are not run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use cache::Cache;
 pub use config::{
     CacheBuilder, ProgressTrust, ReadFallback, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
@@ -140,6 +225,6 @@ impl AssertSendSync for WatchRequestSender {}
 impl AssertSendSync for WatchResponse {}
 impl AssertSendSync for Error {}
 
-#[cfg(feature = "bench-internals")]
+#[cfg(feature = "unstable-bench-internals")]
 #[doc(hidden)]
 pub mod internals;

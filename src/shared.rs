@@ -41,6 +41,21 @@ use crate::upstream::{etcd::response_header, Header, Upstream};
 /// }
 /// assert_eq!(describe(&CacheStatus::Ready), "serving");
 /// ```
+///
+/// `Display` is one line for a person: the state, what the cache does about it, and the
+/// error's own one-line `Display` where there is one (its causes are behind
+/// [`error()`](CacheStatus::error) and `source()`):
+///
+/// ```
+/// use std::sync::Arc;
+/// use etcd_cache::{CacheStatus, Error};
+///
+/// let status = CacheStatus::Reconnecting {
+///     error: Arc::new(Error::Timeout),
+///     attempts: 2,
+/// };
+/// assert!(status.to_string().starts_with("reconnecting to etcd (attempt 2)"));
+/// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum CacheStatus {
@@ -117,6 +132,32 @@ impl CacheStatus {
                 },
             ) => a == b,
             (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CacheStatus::Loading => f.write_str("loading: listing the prefix from etcd"),
+            CacheStatus::Ready => f.write_str("ready: following etcd"),
+            CacheStatus::Reconnecting { error, attempts } => write!(
+                f,
+                "reconnecting to etcd (attempt {attempts}); watches stay open and resume \
+                 without loss: {error}"
+            ),
+            CacheStatus::Relisting {
+                compact_revision: 0,
+            } => f.write_str("re-listing the prefix to repair the store"),
+            CacheStatus::Relisting { compact_revision } => write!(
+                f,
+                "re-listing the prefix: etcd compacted its history up to revision \
+                 {compact_revision}, past where the cache had to resume"
+            ),
+            CacheStatus::Closed => f.write_str("closed"),
+            CacheStatus::Failed { error } => {
+                write!(f, "stopped for good (retrying would not help): {error}")
+            }
         }
     }
 }
@@ -350,7 +391,7 @@ pub(crate) struct Shared {
     pub(crate) upstream: Arc<dyn Upstream>,
     pub(crate) counters: Counters,
     pub(crate) metrics: Metrics,
-    /// Test hooks (feature `test-hooks`); inert otherwise.
+    /// Test hooks (feature `unstable-test-hooks`); inert otherwise.
     pub(crate) hooks: Hooks,
 }
 
@@ -362,7 +403,7 @@ pub(crate) struct Hooks {
 }
 
 impl Hooks {
-    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    #[cfg_attr(not(feature = "unstable-test-hooks"), allow(dead_code))]
     pub(crate) fn corrupt(&self, kv: crate::kv::KeyValue) {
         self.corruptions.lock().push(kv);
         self.wake.notify_one();

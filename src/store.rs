@@ -154,13 +154,13 @@ impl Store {
     }
 
     /// Number of keys held.
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(any(test, feature = "unstable-bench-internals"))]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Key and value bytes held.
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(any(test, feature = "unstable-bench-internals"))]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }

@@ -28,7 +28,7 @@ async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, V
         .await
         .unwrap();
     let mut out: Vec<(i64, Vec<String>)> = Vec::new();
-    while out.last().map_or(true, |(r, _)| *r < to) {
+    while out.last().is_none_or(|(r, _)| *r < to) {
         let resp = tokio::time::timeout(Duration::from_secs(20), w.message())
             .await
             .unwrap()
@@ -52,7 +52,7 @@ async fn truth(client: &Client, prefix: &str, from: i64, to: i64) -> Vec<(i64, V
 /// Reads a stream until it has delivered revision `to`.
 async fn collect(s: &mut WatchStream, to: i64) -> Vec<(i64, Vec<String>)> {
     let mut out = Vec::new();
-    while out.last().map_or(true, |(r, _)| *r < to) {
+    while out.last().is_none_or(|(r, _)| *r < to) {
         let r = tokio::time::timeout(Duration::from_secs(60), s.message())
             .await
             .expect("subscriber stalled")

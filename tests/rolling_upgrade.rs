@@ -119,7 +119,7 @@ async fn quiet_reader(
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        if i % 40 == 0 {
+        if i.is_multiple_of(40) {
             retry("a write inside the quiet prefix", || {
                 let mut c = client.clone();
                 let key = format!("/quiet/k{}", i % 4);

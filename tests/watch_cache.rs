@@ -766,7 +766,7 @@ async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
             let mut got = Vec::new();
             while got
                 .last()
-                .map_or(true, |(r, _): &(i64, String)| *r < sentinel)
+                .is_none_or(|(r, _): &(i64, String)| *r < sentinel)
             {
                 let r = next_events(s).await;
                 for ev in r.events() {
@@ -776,7 +776,7 @@ async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
             let mut want = Vec::new();
             while want
                 .last()
-                .map_or(true, |(r, _): &(i64, String)| *r < sentinel)
+                .is_none_or(|(r, _): &(i64, String)| *r < sentinel)
             {
                 let r = tokio::time::timeout(Duration::from_secs(20), w.message())
                     .await

@@ -325,7 +325,7 @@ async fn stream_task(
             }
             _ => {
                 failures += 1;
-                if failures % 10 == 0 {
+                if failures.is_multiple_of(10) {
                     if let Some(c) = proxy_client(&ctx.endpoint).await {
                         ctx.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                         client = c;
@@ -438,7 +438,7 @@ async fn stream_task(
                 // cannot answer, as etcd does).
                 let quiet =
                     !ctx.progress_untrusted || last_create.elapsed() >= Duration::from_millis(500);
-                let due = drain_asked.map_or(true, |at| at.elapsed() >= Duration::from_secs(3));
+                let due = drain_asked.is_none_or(|at| at.elapsed() >= Duration::from_secs(3));
                 if due && quiet && in_flight.is_none() && pending.is_empty() {
                     if w.request_progress().await.is_err() {
                         continue 'session;

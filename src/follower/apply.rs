@@ -129,7 +129,7 @@ impl Writer {
             batch_events.push(self.store.apply(t, kv));
             let boundary = iter
                 .peek()
-                .map_or(true, |(_, next)| next.mod_revision() != rev);
+                .is_none_or(|(_, next)| next.mod_revision() != rev);
             if boundary {
                 let batch = Batch::new(rev, std::mem::take(&mut batch_events));
                 shared.history.write().push(batch.clone());

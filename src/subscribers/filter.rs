@@ -19,7 +19,7 @@ pub(crate) struct Filter {
 
 impl Filter {
     /// Every event of `range`, without previous key-values.
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(any(test, feature = "unstable-bench-internals"))]
     pub(crate) fn range(range: KeyRange) -> Self {
         Filter {
             range,

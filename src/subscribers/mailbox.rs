@@ -366,20 +366,20 @@ impl Mailbox {
     }
 
     /// Whether the subscriber is lagging now (benchmarks).
-    #[cfg(feature = "bench-internals")]
+    #[cfg(feature = "unstable-bench-internals")]
     pub(crate) fn is_lagging(&self) -> bool {
         self.state.lock().lagging
     }
 
     /// Takes every queued delivery out (benchmarks and tests).
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(any(test, feature = "unstable-bench-internals"))]
     pub(crate) fn take_queued(&self) -> Vec<Delivery> {
         self.state.lock().queue.drain(..).collect()
     }
 
     /// Drops every queued delivery in place; returns how many (benchmarks: a drain
     /// that costs what a consumer's pops cost, without an allocation).
-    #[cfg(feature = "bench-internals")]
+    #[cfg(feature = "unstable-bench-internals")]
     pub(crate) fn clear_queued(&self) -> usize {
         let mut s = self.state.lock();
         let n = s.queue.len();

@@ -428,7 +428,7 @@ async fn metrics_are_recorded_through_the_facade() {
             .iter()
             .find(|(key, _, _, _)| {
                 key.key().name() == name
-                    && label.map_or(true, |(k, v)| {
+                    && label.is_none_or(|(k, v)| {
                         key.key().labels().any(|l| l.key() == k && l.value() == v)
                     })
             })

@@ -223,7 +223,11 @@ where
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
         Box::pin(async move {
-            let Some(resp) = self.stream.message().await? else {
+            // A stream that broke under the cache (HTTP/2 error, connection reset) is a
+            // transport failure, not an answer of etcd's.
+            let member = self.last_header.member_id;
+            let next = self.stream.message().await;
+            let Some(resp) = next.map_err(|e| Error::watch_stream(e, member))? else {
                 return Ok(None);
             };
             let mut pb = resp.0;

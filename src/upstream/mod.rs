@@ -9,8 +9,11 @@
 //! - [`fake`]: an in-memory upstream whose every answer a test scripts.
 
 pub(crate) mod etcd;
-#[cfg(any(test, feature = "bench-internals"))]
+#[cfg(any(test, feature = "unstable-bench-internals"))]
 pub(crate) mod fake;
+// `map_or(true, ..)` in probe.rs predates the MSRV of 1.88 (`Option::is_none_or` is
+// 1.82); it becomes `is_none_or` with the next change to that file.
+#[allow(clippy::unnecessary_map_or)]
 pub(crate) mod probe;
 
 use futures_util::future::BoxFuture;

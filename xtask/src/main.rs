@@ -10,6 +10,7 @@
 mod etcd_versions;
 
 mod etcd_bins;
+mod msrv;
 mod prereqs;
 mod test_cmd;
 
@@ -30,7 +31,10 @@ Commands:
           `cargo test --workspace --all-targets` (unit, integration against real etcd
           processes; benches and examples are built), `cargo test --workspace --doc`,
           `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
-          --features bench-internals -- -D warnings`;
+          --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
+          no-feature `cargo check`; `cargo package -p etcd-cache --locked` (builds the
+          packaged crate; `--allow-dirty` added, with a note, only when git reports
+          uncommitted changes); `cargo xtask msrv`;
         then the version matrix:
           every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
           `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6.
@@ -53,9 +57,9 @@ Commands:
         Runs the main example, `cargo run --release --example demo -- <args>`. It uses
         ETCD_ENDPOINTS when set (comma-separated), otherwise it starts its own etcd.
   bench [name] [--quick] [-- args]
-        No name: `cargo bench --features bench-internals` (every bench target: the
+        No name: `cargo bench --features unstable-bench-internals` (every bench target: the
         criterion micro-benchmarks `micro` and the end-to-end `fanout` against real etcd).
-        With a name: `cargo bench --features bench-internals --bench <name>` if
+        With a name: `cargo bench --features unstable-bench-internals --bench <name>` if
         benches/<name>.rs exists, otherwise
         `cargo run --release --example bench_<name>` if examples/bench_<name>.rs exists.
         e.g. `cargo xtask bench fanout`. For `fanout` (and no name) it first runs
@@ -67,6 +71,11 @@ Commands:
         `cargo test --release --test reliability -- --ignored --nocapture`, then the
         seeded model test's long form (`cargo test --release --lib model -- --ignored`,
         ETCD_CACHE_MODEL_SEEDS seeds, default 20,000).
+  msrv
+        Checks that no locked dependency (normal or build, transitively; from
+        `cargo metadata --format-version 1 --locked`) of a workspace crate declares a higher
+        rust-version than the crate's, and that README.md states the root crate's
+        (`Rust 1.x`). Prints the highest, also with dev-dependencies.
   prereqs [--check]
         Only checks (and, as root, installs) the system prerequisites; --check never installs
         and exits with 1 when a required one is missing.
@@ -107,6 +116,7 @@ fn main() {
         },
         "etcd-bins" => etcd_bins::command(&rest),
         "test" => test_cmd::test(rest),
+        "msrv" => msrv::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
         "soak" => soak(rest),
@@ -312,15 +322,15 @@ fn bench(args: Vec<String>) -> i32 {
     let mut cmd = cargo();
     match &name {
         // The micro-benchmarks need the hidden `internals` module (feature
-        // `bench-internals`); without it cargo would skip them silently.
+        // `unstable-bench-internals`); without it cargo would skip them silently.
         None => {
-            cmd.args(["bench", "--features", "bench-internals,metrics"]);
+            cmd.args(["bench", "--features", "unstable-bench-internals,metrics"]);
         }
         Some(n) if target_exists("benches", n) => {
             cmd.args([
                 "bench",
                 "--features",
-                "bench-internals,metrics",
+                "unstable-bench-internals,metrics",
                 "--bench",
                 n,
             ]);

@@ -4,7 +4,7 @@ use std::env;
 use std::time::Instant;
 
 use crate::etcd_versions::{EtcdVersion, ETCD_VERSION_ENV};
-use crate::{cargo, etcd_bins, prereqs, root, run, split_dashes};
+use crate::{cargo, etcd_bins, msrv, prereqs, root, run, split_dashes};
 
 /// How much of the version matrix runs after the steps on the primary version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,15 @@ pub enum StepKind {
     CargoTest(Vec<String>),
     /// `cargo fmt --check` and `cargo clippy`.
     Lints,
+    /// `cargo package -p etcd-cache`: the published crate holds what it should and
+    /// builds on its own.
+    Package,
+    /// `cargo xtask msrv`: no locked dependency needs a newer Rust than claimed.
+    Msrv,
 }
+
+/// The crates of the workspace that are published (the others have `publish = false`).
+pub const PUBLISHED: &[&str] = &["etcd-cache"];
 
 /// cargo test options that select targets (then xtask runs only them, without `--doc`).
 const TARGET_FLAGS: &[&str] = &[
@@ -124,6 +132,16 @@ pub fn plan(
         Step {
             name: "lints".to_string(),
             kind: StepKind::Lints,
+            etcd: None,
+        },
+        Step {
+            name: "package".to_string(),
+            kind: StepKind::Package,
+            etcd: None,
+        },
+        Step {
+            name: "msrv".to_string(),
+            kind: StepKind::Msrv,
             etcd: None,
         },
     ];
@@ -274,6 +292,14 @@ pub fn test(args: Vec<String>) -> i32 {
                 run(cmd)
             }
             StepKind::Lints => lints(),
+            StepKind::Package => {
+                eprintln!("xtask test: == {}", step.name);
+                package()
+            }
+            StepKind::Msrv => {
+                eprintln!("xtask test: == {}", step.name);
+                msrv::check()
+            }
         };
         let secs = step_started.elapsed().as_secs_f64();
         if code != 0 {
@@ -303,10 +329,42 @@ fn summary(done: &[(String, f64)]) {
     }
 }
 
+/// `cargo package -p <crate> --locked` for every published crate: lists the files (what
+/// `include` lets in), then builds the packaged crate from them alone, as crates.io would.
+/// A work tree with uncommitted changes (a developer's) is packaged with `--allow-dirty`
+/// and a note; a clean clone (CI's) without it.
+fn package() -> i32 {
+    let dirty = std::process::Command::new("git")
+        .current_dir(root())
+        .args(["status", "--porcelain"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| !o.stdout.is_empty());
+    if dirty {
+        println!(
+            "xtask test: the work tree has uncommitted changes: packaging them with \
+             --allow-dirty (a clean clone packages without it)"
+        );
+    }
+    for krate in PUBLISHED {
+        let mut cmd = cargo();
+        cmd.args(["package", "-p", krate, "--locked"]);
+        if dirty {
+            cmd.arg("--allow-dirty");
+        }
+        let code = run(cmd);
+        if code != 0 {
+            return code;
+        }
+    }
+    0
+}
+
 /// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
 /// the toolchain has those components; a toolchain without them only gets a note.
 fn lints() -> i32 {
-    // clippy builds every feature at once (bench-internals, metrics, tls, test-hooks);
+    // clippy builds every feature at once (unstable-bench-internals, metrics, tls, unstable-test-hooks);
     // the unit tests of the metrics feature run on their own (the default build leaves it
     // off), and the crate must build with no feature.
     let steps: [(&str, &[&str]); 4] = [
@@ -383,13 +441,17 @@ mod tests {
                 "all targets (etcd 3.4)",
                 "doc tests (etcd 3.4)",
                 "lints",
+                "package",
+                "msrv",
                 "integration tests (etcd 3.7)",
                 "consistent reads (etcd 3.5)",
                 "consistent reads (etcd 3.6)",
             ]
         );
+        assert_eq!(steps[3].kind, StepKind::Package);
+        assert_eq!(steps[4].kind, StepKind::Msrv);
         assert_eq!(
-            steps[3].kind,
+            steps[5].kind,
             StepKind::CargoTest(strings(&[
                 "test",
                 "--test",
@@ -400,19 +462,20 @@ mod tests {
                 "watch_cache"
             ]))
         );
-        assert_eq!(steps[3].etcd, Some(EtcdVersion::V3_7));
+        assert_eq!(steps[5].etcd, Some(EtcdVersion::V3_7));
         assert_eq!(
-            steps[4].kind,
+            steps[6].kind,
             StepKind::CargoTest(strings(&["test", "--test", "consistent_reads"]))
         );
         assert_eq!(steps[2].etcd, None);
+        assert_eq!(steps[3].etcd, None);
     }
 
     #[test]
     fn full_and_off() {
         let full = plan(EtcdVersion::V3_4, Matrix::Full, &[], &strings(TARGETS));
         assert_eq!(
-            names(&full)[3..],
+            names(&full)[5..],
             [
                 "integration tests (etcd 3.5)",
                 "integration tests (etcd 3.6)",
@@ -420,14 +483,14 @@ mod tests {
             ]
         );
         let off = plan(EtcdVersion::V3_4, Matrix::Off, &[], &strings(TARGETS));
-        assert_eq!(off.len(), 3);
+        assert_eq!(off.len(), 5);
     }
 
     #[test]
     fn another_primary_moves_3_4_into_the_matrix() {
         let steps = plan(EtcdVersion::V3_7, Matrix::Default, &[], &strings(TARGETS));
         assert_eq!(
-            names(&steps)[3..],
+            names(&steps)[5..],
             [
                 "consistent reads (etcd 3.4)",
                 "consistent reads (etcd 3.5)",
@@ -436,7 +499,7 @@ mod tests {
         );
         let steps = plan(EtcdVersion::V3_6, Matrix::Default, &[], &strings(TARGETS));
         assert_eq!(
-            names(&steps)[3..],
+            names(&steps)[5..],
             [
                 "integration tests (etcd 3.7)",
                 "consistent reads (etcd 3.4)",
@@ -486,9 +549,9 @@ mod tests {
             &[],
             &strings(&["harness"]),
         );
-        assert_eq!(names(&steps)[3..], ["integration tests (etcd 3.7)"]);
+        assert_eq!(names(&steps)[5..], ["integration tests (etcd 3.7)"]);
         let steps = plan(EtcdVersion::V3_4, Matrix::Default, &[], &[]);
-        assert_eq!(steps.len(), 3);
+        assert_eq!(steps.len(), 5);
     }
 
     #[test]
