@@ -160,10 +160,12 @@ impl Authz {
         if !self.enabled() {
             return Ok(());
         }
-        let token = md
-            .get(TOKEN)
-            .map(|t| Bytes::copy_from_slice(t.as_bytes()))
-            .unwrap_or_default();
+        // No token and an empty one are different callers to etcd ("user name is
+        // empty" and "invalid auth token"): the kept key says which.
+        let token = match md.get(TOKEN) {
+            Some(t) => Bytes::from([b"+", t.as_bytes()].concat()),
+            None => Bytes::from_static(b"-"),
+        };
         let now = Instant::now();
         if let Some(v) = self.cached(&token, key, end, now) {
             return v.result();
@@ -206,15 +208,14 @@ impl Authz {
             .iter()
             .filter(|d| fresh(d))
             .find_map(|d| match &d.verdict {
-                Verdict::Allow if crate::state::inside(&d.key, &d.end, key, end) => {
-                    Some(Verdict::Allow)
-                }
+                Verdict::Allow if covers(&d.key, &d.end, key, end) => Some(Verdict::Allow),
                 Verdict::Deny(..) if d.key == key && d.end == end => Some(d.verdict.clone()),
                 _ => None,
             })
     }
 
     fn remember(&self, (token, key, end): &AskKey, verdict: Verdict, at: Instant) {
+        tracing::debug!(key = ?key, end = ?end, ?verdict, "decision kept");
         let mut decisions = self.decisions.lock();
         if !decisions.contains_key(token) && decisions.len() >= MAX_TOKENS {
             let oldest = decisions
@@ -243,10 +244,11 @@ impl Authz {
     fn ask(&self, (token, key, end): AskKey) -> Ask {
         let up = self.up.clone();
         crate::metrics::get().auth_ask();
+        tracing::debug!(key = ?key, end = ?end, "asking etcd for a caller's permission");
         async move {
             let mut md = MetadataMap::new();
-            if !token.is_empty() {
-                let v = AsciiMetadataValue::try_from(token.as_ref()).map_err(|_| {
+            if let Some(token) = token.strip_prefix(b"+") {
+                let v = AsciiMetadataValue::try_from(token).map_err(|_| {
                     (
                         Code::Unauthenticated,
                         "etcdserver: invalid auth token".to_string(),
@@ -383,6 +385,30 @@ impl Authz {
     }
 }
 
+/// Whether the range `[key, end)` (etcd's forms: empty end one key, `"\0"` from key on)
+/// lies inside the range `[start, stop)` of the same forms.
+fn covers(start: &[u8], stop: &[u8], key: &[u8], end: &[u8]) -> bool {
+    if key < start {
+        return false;
+    }
+    // The allowed range's exclusive end; `None`: no bound.
+    let one_key;
+    let bound: Option<&[u8]> = match stop {
+        b"\0" => None,
+        b"" => {
+            one_key = [start, b"\0"].concat();
+            Some(&one_key)
+        }
+        s => Some(s),
+    };
+    match (end, bound) {
+        (_, None) => true,
+        (b"", Some(b)) => key < b,
+        (b"\0", Some(_)) => false,
+        (e, Some(b)) => e <= b,
+    }
+}
+
 /// The CN of the first certificate in a PEM file, if it has one.
 pub(crate) fn certificate_cn(pem: &[u8]) -> crate::error::Result<Option<String>> {
     use x509_parser::prelude::*;
@@ -446,4 +472,29 @@ pub(crate) async fn check_upstream_identity(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+
+    #[test]
+    fn an_allowed_range_covers_its_sub_ranges() {
+        // One key covers itself only.
+        assert!(covers(b"/a/x", b"", b"/a/x", b""));
+        assert!(!covers(b"/a/x", b"", b"/a/y", b""));
+        assert!(!covers(b"/a/x", b"", b"/a/x", b"/a/y"));
+        assert!(covers(b"/a/x", b"", b"/a/x", b"/a/x\0"));
+        // A prefix covers its keys and sub-prefixes, not beyond.
+        assert!(covers(b"/a/", b"/a0", b"/a/x", b""));
+        assert!(covers(b"/a/", b"/a0", b"/a/b/", b"/a/b0"));
+        assert!(covers(b"/a/", b"/a0", b"/a/", b"/a0"));
+        assert!(!covers(b"/a/", b"/a0", b"/a/", b"/b"));
+        assert!(!covers(b"/a/", b"/a0", b"/a/", b"\0"));
+        assert!(!covers(b"/a/", b"/a0", b"/", b"/a0"));
+        // From a key on covers everything after it.
+        assert!(covers(b"/a/", b"\0", b"/z", b"\0"));
+        assert!(covers(b"/a/", b"\0", b"/z", b""));
+        assert!(!covers(b"/a/", b"\0", b"/", b""));
+    }
 }

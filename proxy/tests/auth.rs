@@ -556,7 +556,8 @@ async fn hostile_tokens_get_etcds_answer_and_cost_etcd_little() {
         let bound = 1 + took.as_secs() / 2 + 1;
         assert!(
             made <= bound,
-            "{made} asks for 2000 reads with one token in {took:?}"
+            "{made} asks for 2000 reads with one token in {took:?}:\n{}",
+            proxy.log_tail()
         );
     }
     // Distinct garbage tokens: each answered as etcd answers it; memory stays bounded.
