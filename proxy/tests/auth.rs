@@ -626,3 +626,135 @@ async fn a_watch_create_storm_with_a_refused_token_is_refused_as_etcd_refuses_it
     }
     assert_eq!(answers[1], answers[0]);
 }
+
+/// etcd with `--client-cert-auth`: the proxy presents a certificate whose CN is its etcd
+/// user. That CN never acts for a caller: a client with no token is answered as etcd
+/// answers a caller without a user, one with a token gets that token's rights, and a CN
+/// with the root role is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
+    let pki = testkit::TestPki::new();
+    let etcd = start_etcd(EtcdOptions::default().tls(pki.server_tls(true))).await;
+    let endpoint = etcd.endpoint();
+    let tls_as = |cn: &str| {
+        ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_tls(pki.client_tls(Some(&pki.client_identity(cn))))
+    };
+    let mut admin = Client::connect([endpoint.as_str()], Some(tls_as("root")))
+        .await
+        .unwrap();
+    admin.put("/app/a/x", "ax", None).await.unwrap();
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("cacher", "pw", None).await.unwrap();
+    admin.role_add("cache").await.unwrap();
+    admin
+        .role_grant_permission("cache", Permission::read("/app/").with_prefix())
+        .await
+        .unwrap();
+    admin.user_grant_role("cacher", "cache").await.unwrap();
+    admin.user_add("reader", "pw", None).await.unwrap();
+    admin.role_add("ro").await.unwrap();
+    admin
+        .role_grant_permission("ro", Permission::read("/app/a/").with_prefix())
+        .await
+        .unwrap();
+    admin.user_grant_role("reader", "ro").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let files = |cn: &str| {
+        let id = pki.client_identity(cn);
+        let cert = dir.path().join(format!("{cn}.pem"));
+        let key = dir.path().join(format!("{cn}-key.pem"));
+        std::fs::write(&cert, &id.cert_pem).unwrap();
+        std::fs::write(&key, &id.key_pem).unwrap();
+        (cert.display().to_string(), key.display().to_string())
+    };
+    let ca = pki.dir().join("ca.pem").display().to_string();
+    // A CN with the root role: refused at start.
+    let (cert, key) = files("root");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
+        .args([
+            "--endpoints",
+            &endpoint,
+            "--listen-addr",
+            "127.0.0.1:0",
+            "--prefix",
+            "/app/",
+        ])
+        .args(["--cacert", &ca, "--cert", &cert, "--key", &key])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the CN of --cert") && err.contains("root role"),
+        "{err}"
+    );
+
+    let (cert, key) = files("cacher");
+    let proxy = start_proxy(
+        endpoint.clone(),
+        [
+            "--prefix", "/app/", "--cacert", &ca, "--cert", &cert, "--key", &key,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    )
+    .await;
+    let mut anon = connect(&proxy.endpoint(), None).await;
+    for serializable in [false, true] {
+        let opts = serializable.then(|| GetOptions::new().with_serializable());
+        let err = anon.get("/app/a/x", opts).await.unwrap_err().to_string();
+        assert!(err.contains("user name is empty"), "{err}");
+    }
+    let err = anon
+        .put("/app/a/y", "y", None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("user name is empty"), "{err}");
+    let refused = watch_outcome(
+        &mut anon,
+        "/app/a/",
+        Some(WatchOptions::new().with_prefix()),
+    )
+    .await;
+    assert!(
+        refused.contains("canceled=true") && refused.contains("user name is empty"),
+        "{refused}"
+    );
+    let refused = watch_outcome(&mut anon, "/other", None).await;
+    assert!(refused.contains("canceled=true"), "{refused}");
+    // A token gets exactly its own rights.
+    let mut reader = connect(&proxy.endpoint(), Some(("reader", "pw"))).await;
+    assert_eq!(reader.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
+    let err = reader.get("/app/b/x", None).await.unwrap_err().to_string();
+    assert!(err.contains("permission denied"), "{err}");
+}
+
+/// A token used only through the proxy expires as it does on etcd: a cached decision
+/// lives at most half of `--auth-token-ttl`, and the next ask gets etcd's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_is_refused_through_the_proxy_as_by_etcd() {
+    let etcd = auth_etcd(&["--auth-token-ttl=2"]).await;
+    let proxy = proxy_for(&etcd, &["--auth-token-ttl", "2s"]).await;
+    let mut direct = KvClient::new(raw::channel(&etcd.endpoint()).await);
+    let mut proxied = KvClient::new(raw::channel(&proxy.endpoint()).await);
+    // One token per path, each used only on its own path, in the same pattern.
+    let for_direct = token_of(&etcd.endpoint(), "reader", "pw").await;
+    let for_proxy = token_of(&etcd.endpoint(), "reader", "pw").await;
+    let read = |t: &str| raw::with_tokens(range("/app/a/x", true), &[t]);
+    let d = raw::outcome(&direct.range(read(&for_direct)).await);
+    let p = raw::outcome(&proxied.range(read(&for_proxy)).await);
+    assert_eq!((d.as_str(), p.as_str()), ("ok", "ok"));
+    // Unused for longer than etcd's TTL (checked on etcd's side every second or so).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let d = raw::outcome(&direct.range(read(&for_direct)).await);
+    let p = raw::outcome(&proxied.range(read(&for_proxy)).await);
+    assert_eq!(p, d);
+    assert!(d.contains("invalid auth token"), "{d}");
+}
