@@ -13,7 +13,8 @@
 //! ## How long a decision lives
 //! - Until etcd's auth revision moves. etcd >= 3.5 reports it in `AuthStatus`, which the
 //!   proxy polls every `--auth-check-interval`; on 3.4, which has no `AuthStatus`, every
-//!   decision is re-asked after [`RECHECK_WITHOUT_REVISION`] (2 s). An auth call forwarded
+//!   decision is re-asked after [`RECHECK_WITHOUT_REVISION`] (2 s) and open watches are
+//!   checked every [`WATCH_RECHECK_WITHOUT_REVISION`] (10 s). An auth call forwarded
 //!   through the proxy (user, role, permission, enable, disable) drops them at once.
 //! - Never longer than half of `--auth-token-ttl` (etcd's token TTL, 300 s by default):
 //!   a cached read never touches etcd, so without a bound a token would outlive its TTL.
@@ -55,6 +56,9 @@ pub(crate) const MAX_TOKENS: usize = 10_000;
 pub(crate) const MAX_RANGES_PER_TOKEN: usize = 64;
 /// On etcd without `AuthStatus` (3.4), how long a decision lives.
 pub(crate) const RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(2);
+/// On etcd without `AuthStatus` (3.4), how often open cached watches are checked again
+/// (each check is one ask per distinct token and range with open watches).
+pub(crate) const WATCH_RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(10);
 
 /// Whether etcd refused a call for its caller's authority (no user, a bad or old
 /// token, no permission), as opposed to failing to answer.
@@ -115,6 +119,8 @@ pub(crate) struct Authz {
     revision: AtomicU64,
     max_age: Duration,
     epoch: watch::Sender<u64>,
+    /// Moves whenever decisions are dropped: a decision asked for before is not kept.
+    generation: AtomicU64,
 }
 
 impl Authz {
@@ -127,6 +133,7 @@ impl Authz {
             revision: AtomicU64::new(0),
             max_age: (token_ttl / 2).max(Duration::from_millis(100)),
             epoch: watch::channel(0).0,
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -142,8 +149,14 @@ impl Authz {
 
     /// Forgets every decision (etcd's auth state moved) and tells the Watch streams.
     pub(crate) fn invalidate(&self) {
-        self.decisions.lock().clear();
+        self.forget();
         self.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Forgets every decision; the next use of each asks etcd again.
+    fn forget(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.decisions.lock().clear();
     }
 
     /// Whether the caller of `md` may read `[key, end)` (etcd's keyspace; empty end: one
@@ -176,7 +189,7 @@ impl Authz {
             Bytes::copy_from_slice(end),
         );
         // A decision asked for before the auth state moved is not kept after it.
-        let epoch = *self.epoch.borrow();
+        let generation = self.generation.load(Ordering::Acquire);
         let ask = {
             let mut asking = self.asking.lock();
             asking
@@ -188,7 +201,7 @@ impl Authz {
         self.asking.lock().remove(&ask_key);
         match verdict {
             Ok(v) => {
-                if *self.epoch.borrow() == epoch {
+                if self.generation.load(Ordering::Acquire) == generation {
                     self.remember(&ask_key, v.clone(), now);
                 }
                 v.result()
@@ -363,22 +376,27 @@ impl Authz {
         self.revision.load(Ordering::Acquire) != 0
     }
 
-    /// Polls etcd's auth state every `interval` (and re-asks every decision after
-    /// [`RECHECK_WITHOUT_REVISION`] on etcd without an auth revision), until dropped.
+    /// Polls etcd's auth state every `interval`, until dropped. On etcd without an auth
+    /// revision, decisions are dropped every [`RECHECK_WITHOUT_REVISION`] (asked again
+    /// on their next use) and open watches are checked every
+    /// [`WATCH_RECHECK_WITHOUT_REVISION`].
     pub(crate) fn spawn_poll(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut last_recheck = Instant::now();
+            let (mut forgot, mut rechecked) = (Instant::now(), Instant::now());
             loop {
-                tokio::time::sleep(interval).await;
+                tokio::time::sleep(interval.min(RECHECK_WITHOUT_REVISION)).await;
                 let Some(authz) = weak.upgrade() else { return };
                 authz.learn().await;
-                if authz.enabled()
-                    && !authz.has_revision()
-                    && last_recheck.elapsed() >= RECHECK_WITHOUT_REVISION
-                {
-                    last_recheck = Instant::now();
+                if !authz.enabled() || authz.has_revision() {
+                    continue;
+                }
+                if rechecked.elapsed() >= WATCH_RECHECK_WITHOUT_REVISION {
+                    (forgot, rechecked) = (Instant::now(), Instant::now());
                     authz.invalidate();
+                } else if forgot.elapsed() >= RECHECK_WITHOUT_REVISION {
+                    forgot = Instant::now();
+                    authz.forget();
                 }
             }
         })

@@ -4,9 +4,11 @@
 // framework runs (etcd, etcdctl, etcdutl) at one release. Nothing here is built into a test:
 // the imports below are what `go test -c` of tests/v3/e2e and tests/v3/common needs, listed
 // so that `go mod tidy` keeps their go.sum lines. Regenerate the list with
-//   go list -e -tags "cluster_proxy e2e" -f '{{join .TestImports "\n"}}' \
-//     go.etcd.io/etcd/tests/v3/e2e go.etcd.io/etcd/tests/v3/common
+//
+//	go list -e -tags "cluster_proxy e2e" -f '{{join .TestImports "\n"}}' \
+//	  go.etcd.io/etcd/tests/v3/e2e go.etcd.io/etcd/tests/v3/common
 package e2e
+
 import (
 	_ "github.com/coreos/go-semver/semver"
 	_ "github.com/golang/protobuf/proto"
@@ -25,11 +27,14 @@ import (
 	_ "go.etcd.io/etcd/client/pkg/v3/transport"
 	_ "go.etcd.io/etcd/client/pkg/v3/types"
 	_ "go.etcd.io/etcd/client/v3"
+	_ "go.etcd.io/etcd/etcdctl/v3/ctlv3"
+	_ "go.etcd.io/etcd/etcdutl/v3/etcdutl"
 	_ "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	_ "go.etcd.io/etcd/pkg/v3/expect"
 	_ "go.etcd.io/etcd/pkg/v3/flags"
 	_ "go.etcd.io/etcd/pkg/v3/stringutil"
 	_ "go.etcd.io/etcd/server/v3/embed"
+	_ "go.etcd.io/etcd/server/v3/etcdmain"
 	_ "go.etcd.io/etcd/server/v3/etcdserver"
 	_ "go.etcd.io/etcd/server/v3/etcdserver/api/membership"
 	_ "go.etcd.io/etcd/server/v3/etcdserver/api/snap"
@@ -49,7 +54,4 @@ import (
 	_ "go.uber.org/zap/zaptest"
 	_ "golang.org/x/sync/errgroup"
 	_ "google.golang.org/protobuf/encoding/protojson"
-	_ "go.etcd.io/etcd/etcdctl/v3/ctlv3"
-	_ "go.etcd.io/etcd/etcdutl/v3/etcdutl"
-	_ "go.etcd.io/etcd/server/v3/etcdmain"
 )

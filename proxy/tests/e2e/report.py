@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Reads the `go test -v` logs of run.sh's jobs (<out>/<i>-<proxy>-<suite>/test.log) and prints
+one line per test leaf, the failures' first relevant lines, the tests that fail through
+etcd-cache-proxy but pass through grpc-proxy, and last `N passed, M failed, K skipped`.
+Also writes <out>/results.tsv (proxy, suite, test, result, seconds). Exit 1 when anything
+failed or never finished."""
+
+import os
+import re
+import sys
+
+RESULT = re.compile(r"^(\s*)--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)")
+RUN = re.compile(r"^=== (RUN|CONT|PAUSE|NAME)\s+(\S+)")
+# A failure's own lines: assertion output and t.Fatal/t.Error from test files, not the
+# framework's process logs (logger.go / zaptest) that fill -v output.
+RELEVANT = re.compile(
+    r"(_test\.go:\d+:|Error Trace:|\bError:|Messages:|Test:|panic:|test timed out|"
+    r"expected|unexpected|FAIL:|util\.go:\d+:|auth_util\.go:\d+:|testing\.go:\d+:|"
+    r"cluster\.go:\d+:.*(err|fail))",
+    re.I,
+)
+NOISE = re.compile(r"logger\.go:\d+:|\t(DEBUG|INFO|WARN)\t|\"level\":\"(info|debug|warn)\"")
+
+NAMES = {"cache": "etcd-cache-proxy", "grpc-proxy": "grpc-proxy"}
+
+
+def parse(path):
+    """-> (results {name: (status, secs)}, started [names], blocks {name: [lines]})"""
+    results, started, blocks = {}, [], {}
+    current = None
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return {}, [], {}
+    for line in lines:
+        m = RUN.match(line)
+        if m:
+            current = m.group(2)
+            if m.group(1) == "RUN":
+                started.append(current)
+            blocks.setdefault(current, [])
+            continue
+        m = RESULT.match(line)
+        if m:
+            results[m.group(3)] = (m.group(2), float(m.group(4)))
+            continue
+        if current is not None:
+            blocks[current].append(line)
+    return results, started, blocks
+
+
+def leaves(names):
+    s = set(names)
+    return [n for n in names if not any(o.startswith(n + "/") for o in s)]
+
+
+def excerpt(name, blocks, proxy_logs, limit=10):
+    """The first relevant lines of a failed test's output (its own block and its parents')."""
+    lines = []
+    for key in [name] + [name.rsplit("/", k)[0] for k in range(1, name.count("/") + 1)]:
+        for line in blocks.get(key, []):
+            if NOISE.search(line):
+                continue
+            if RELEVANT.search(line) or (lines and lines[-1].lstrip().startswith("Error:")):
+                lines.append(line.strip())
+            if len(lines) >= limit:
+                break
+        if lines:
+            break
+    return lines
+
+
+def main():
+    out, seconds = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "?"
+    jobs = sorted(
+        (d for d in os.listdir(out) if re.match(r"^\d+-", d) and os.path.isdir(os.path.join(out, d))),
+        key=lambda d: int(d.split("-", 1)[0]),
+    )
+    table = {}  # (suite, name) -> {proxy: status}
+    totals = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    failures = []  # (proxy, suite, name, lines)
+    tsv = []
+    summaries = []
+    for d in jobs:
+        _, rest = d.split("-", 1)
+        proxy, suite = rest.rsplit("-", 1)
+        jdir = os.path.join(out, d)
+        results, started, blocks = parse(os.path.join(jdir, "test.log"))
+        names = list(dict.fromkeys(started + list(results)))
+        counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+        rc = open(os.path.join(jdir, "rc")).read().strip() if os.path.exists(os.path.join(jdir, "rc")) else "?"
+        secs = open(os.path.join(jdir, "seconds")).read().strip() if os.path.exists(os.path.join(jdir, "seconds")) else "?"
+        for n in leaves(names):
+            status, t = results.get(n, ("FAIL", 0.0))
+            unfinished = n not in results
+            counts[status] += 1
+            totals[status] += 1
+            table.setdefault((suite, n), {})[proxy] = status
+            tsv.append(f"{NAMES.get(proxy, proxy)}\t{suite}\t{n}\t{status}\t{t}")
+            print(f"{status} {NAMES.get(proxy, proxy)} {suite} {n} ({t}s){' (no result: timed out or crashed)' if unfinished else ''}")
+            if status == "FAIL":
+                ex = excerpt(n, blocks, None)
+                if unfinished:
+                    ex = ex + ["(no --- PASS/FAIL line: the binary timed out or crashed, see test.log)"]
+                failures.append((proxy, suite, n, ex, jdir))
+        if not names and rc not in ("0", "?"):
+            counts["FAIL"] += 1
+            totals["FAIL"] += 1
+            print(f"FAIL {NAMES.get(proxy, proxy)} {suite} (binary exited {rc} before any test: see {jdir}/test.log)")
+        summaries.append(
+            f"[{NAMES.get(proxy, proxy)} {suite}] {counts['PASS']} pass, {counts['FAIL']} fail, "
+            f"{counts['SKIP']} skip in {secs} s (exit {rc}; {jdir}/test.log)"
+        )
+    with open(os.path.join(out, "results.tsv"), "w") as f:
+        f.write("proxy\tsuite\ttest\tresult\tseconds\n" + "\n".join(tsv) + "\n")
+
+    if failures:
+        print("\nfailures (first relevant lines; proxy logs in <job>/proxy-logs/):")
+        for proxy, suite, n, ex, jdir in failures:
+            print(f"  {NAMES.get(proxy, proxy)} {suite} {n}")
+            for line in ex or ["(no assertion line found: see test.log)"]:
+                print(f"      {line[:300]}")
+
+    proxies = {p for v in table.values() for p in v}
+    if {"cache", "grpc-proxy"} <= proxies:
+        diff = [(s, n) for (s, n), v in table.items() if v.get("cache") == "FAIL" and v.get("grpc-proxy") == "PASS"]
+        both = [(s, n) for (s, n), v in table.items() if v.get("cache") == "FAIL" and v.get("grpc-proxy") == "FAIL"]
+        print(f"\nfail through etcd-cache-proxy, pass through grpc-proxy: {len(diff)}")
+        for s, n in sorted(diff):
+            print(f"  {s} {n}")
+        if both:
+            print(f"fail through both: {len(both)}")
+            for s, n in sorted(both):
+                print(f"  {s} {n}")
+    print()
+    for s in summaries:
+        print(s)
+    print(f"results: {out}/results.tsv; wall time {seconds} s")
+    line = f"{totals['PASS']} passed, {totals['FAIL']} failed"
+    if totals["SKIP"]:
+        line += f", {totals['SKIP']} skipped"
+    print(line)
+    sys.exit(1 if totals["FAIL"] else 0)
+
+
+if __name__ == "__main__":
+    main()
