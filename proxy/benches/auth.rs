@@ -132,8 +132,8 @@ async fn main() {
     let mut anon = connect(&off.proxy.endpoint(), None).await;
     let mut user = connect(&on.proxy.endpoint(), Some(("u0", "pw"))).await;
     println!(
-        "auth bench: etcd {}, {n} reads a round, 3 rounds alternated",
-        format!("{:?}", testkit::EtcdVersion::from_env())
+        "auth bench: etcd {:?}, {n} reads a round, 3 rounds alternated",
+        testkit::EtcdVersion::from_env()
     );
     let mut ratios = Vec::new();
     for round in 0..3 {
