@@ -105,7 +105,7 @@ fn wanted(authz: &Authz, config: &Config) -> Option<Identity> {
         Some(Identity::Anonymous)
     } else if config.credentials().is_some() {
         Some(Identity::User)
-    } else if config.cert.is_some() {
+    } else if config.cert.is_some() && config.upstream_tls() {
         Some(Identity::Certificate)
     } else {
         None

@@ -155,16 +155,23 @@ impl Config {
         })
     }
 
-    /// True when etcd is reached over TLS.
-    pub(crate) fn upstream_tls(&self) -> bool {
-        self.cacert.is_some()
-            || self.cert.is_some()
-            || self.endpoints.iter().any(|e| e.starts_with("https://"))
+    /// True when a TLS flag toward etcd is given (`--cacert`, `--cert`).
+    fn tls_flags(&self) -> bool {
+        self.cacert.is_some() || self.cert.is_some()
     }
 
-    /// The endpoints as URLs (a bare `host:port` gets the scheme --cacert implies).
+    /// True when etcd is reached over TLS: an `https://` endpoint, or a bare
+    /// `host:port` with a TLS flag. As etcd's Go client (and so grpc-proxy), an
+    /// `http://` endpoint is plain whatever the TLS flags say.
+    pub(crate) fn upstream_tls(&self) -> bool {
+        self.endpoint_urls()
+            .iter()
+            .any(|e| e.starts_with("https://"))
+    }
+
+    /// The endpoints as URLs (a bare `host:port` gets `https` with a TLS flag).
     pub(crate) fn endpoint_urls(&self) -> Vec<String> {
-        let scheme = if self.upstream_tls() { "https" } else { "http" };
+        let scheme = if self.tls_flags() { "https" } else { "http" };
         self.endpoints
             .iter()
             .map(|e| e.trim())
@@ -177,6 +184,36 @@ impl Config {
                 }
             })
             .collect()
+    }
+
+    /// What cannot work, found before anything is dialed.
+    ///
+    /// # Errors
+    /// Endpoints that mix `http://` and `https://` (one client cannot carry both), or
+    /// an endpoint of another scheme.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let urls = self.endpoint_urls();
+        if let Some(bad) = urls
+            .iter()
+            .find(|u| !u.starts_with("http://") && !u.starts_with("https://"))
+        {
+            return Err(format!(
+                "--endpoints: {bad:?} is neither http:// nor https://"
+            ));
+        }
+        let tls = urls.iter().filter(|u| u.starts_with("https://")).count();
+        if tls != 0 && tls != urls.len() {
+            return Err(format!(
+                "--endpoints mixes http:// and https:// ({urls:?}): give every endpoint the same scheme"
+            ));
+        }
+        Ok(())
+    }
+
+    /// TLS flags given for plain `http://` endpoints (ignored, as etcd's clients ignore
+    /// them).
+    pub(crate) fn ignored_tls_flags(&self) -> bool {
+        self.tls_flags() && !self.upstream_tls()
     }
 }
 
@@ -212,6 +249,20 @@ mod tests {
     }
 
     #[test]
+    fn tls_follows_the_endpoint_scheme_as_etcds_clients() {
+        let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
+        let c = parse(&["--endpoints", "http://127.0.0.1:2379", "--cacert", "ca.pem"]);
+        assert!(!c.upstream_tls() && c.ignored_tls_flags() && c.check().is_ok());
+        let c = parse(&["--endpoints", "127.0.0.1:2379", "--cacert", "ca.pem"]);
+        assert_eq!(c.endpoint_urls(), ["https://127.0.0.1:2379"]);
+        assert!(c.upstream_tls() && !c.ignored_tls_flags());
+        let c = parse(&["--endpoints", "https://a:1,http://b:2"]);
+        assert!(c.check().unwrap_err().contains("mixes"), "{:?}", c.check());
+        let c = parse(&["--endpoints", "unix://x"]);
+        assert!(c.check().is_err());
+    }
+
+    #[test]
     fn flags_parse() {
         let c = Config::parse_from([
             "etcd-cache-proxy",
@@ -225,6 +276,7 @@ mod tests {
             ["http://127.0.0.1:2379", "http://127.0.0.1:2381"]
         );
         assert_eq!(c.credentials(), Some(("root".into(), "pw".into())));
+        assert!(!c.upstream_tls());
         assert_eq!(c.advertised_url(), "http://127.0.0.1:23790");
     }
 }

@@ -21,6 +21,8 @@ pub(crate) enum Error {
     },
     #[error("no --endpoints given")]
     NoEndpoints,
+    #[error("{0}")]
+    Config(String),
     #[error("TLS configuration")]
     Tls(#[source] tonic::transport::Error),
     #[error("starting the cache")]

@@ -46,6 +46,7 @@ const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Runs the proxy until SIGTERM or SIGINT.
 pub(crate) async fn run(config: Config) -> Result<()> {
+    config.check().map_err(Error::Config)?;
     // First: the recorder must be in place before the cache and the services register
     // their metrics.
     let metrics = match config.metrics_addr {
@@ -82,6 +83,9 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     );
     if let Some(addr) = metrics {
         tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
+    }
+    if config.ignored_tls_flags() {
+        tracing::warn!("--cacert/--cert are ignored: the endpoints are http:// (etcd's clients use TLS for https:// endpoints only)");
     }
     for (url, version) in upstream::versions(&config).await {
         match version {

@@ -116,8 +116,8 @@ impl Upstream {
         }
         let channel = Channel::balance_list(endpoints.into_iter());
         let cert_identity = match &config.cert {
-            Some(path) => crate::authz::certificate_cn(&read(path)?)?,
-            None => None,
+            Some(path) if config.upstream_tls() => crate::authz::certificate_cn(&read(path)?)?,
+            _ => None,
         };
         Ok(Arc::new(Upstream {
             channel,

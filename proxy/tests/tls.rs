@@ -179,3 +179,43 @@ async fn tls_on_both_sides() {
         b.log_tail()
     );
 }
+
+/// As etcd's Go client (and so grpc-proxy): TLS flags with an `http://` endpoint are
+/// ignored with a warning, not turned into a TLS dial that fails forever; endpoints that
+/// mix `http://` and `https://` are a start-up error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_flags_with_http_endpoints_follow_the_scheme() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let ca = dir.path().join("ca.pem").display().to_string();
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec![
+            "--cacert".into(),
+            ca.clone(),
+            "--prefix".into(),
+            "/t/".into(),
+        ],
+    )
+    .await;
+    let mut c = client(&proxy.endpoint()).await;
+    c.put("/t/k", "v", None).await.unwrap();
+    assert_eq!(c.get("/t/k", None).await.unwrap().kvs().len(), 1);
+    assert!(
+        proxy.log_text().contains("are ignored"),
+        "{}",
+        proxy.log_tail()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
+        .args([
+            "--endpoints",
+            &format!("{},https://127.0.0.1:1", etcd.endpoint()),
+        ])
+        .args(["--listen-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mixes http:// and https://"), "{err}");
+}
