@@ -16,6 +16,8 @@
 //	E2E_PROXY_LOG_DIR    when set, each proxy's output (and the translated command line) is
 //	                     also written to a file there, named <listen-port>-<pid>.log
 //	E2E_PROXY_ARGS       extra arguments for etcd-cache-proxy, space separated
+//	E2E_PROXY_READY_TIMEOUT  how long a proxy may take to serve before the wrapper kills it
+//	                     and exits 3 (default 30s; etcd's framework would wait forever)
 //
 // Variables named E2E_*, ETCD_E2E_* and ETCD_CACHE_PROXY_BIN are removed from the environment
 // of the real etcd (etcd reads every ETCD_<FLAG> variable as a flag).
@@ -297,7 +299,7 @@ func runCacheProxy(in []string) {
 	}
 	fmt.Fprintf(out, "e2e etcd wrapper: exec %s %s\n", c.bin, strings.Join(c.args, " "))
 	env := cleanEnv()
-	run(c.bin, c.args, env, out, func(line string) bool { return strings.Contains(line, cacheServing) })
+	run(c.bin, c.args, env, out, func(line string) bool { return strings.Contains(line, cacheServing) }, true)
 }
 
 func runGrpcProxy(args []string) {
@@ -315,13 +317,23 @@ func runGrpcProxy(args []string) {
 	}
 	bin := realEtcd()
 	fmt.Fprintf(out, "e2e etcd wrapper: exec %s %s\n", bin, strings.Join(args, " "))
-	run(bin, args, cleanEnv(), out, nil)
+	run(bin, args, cleanEnv(), out, func(line string) bool { return strings.Contains(line, readyLine) }, false)
 }
 
 // run starts bin, copies its stdout and stderr to out line by line (printing readyLine once
-// after the first line for which ready is true), forwards SIGTERM/SIGINT to it, and exits as it
-// exits. The child dies with the wrapper (Pdeathsig), so a killed test leaves no proxy behind.
-func run(bin string, args, env []string, out io.Writer, ready func(string) bool) {
+// after the first line for which ready is true, when announce), forwards SIGTERM/SIGINT to it,
+// and exits as it exits. A child not ready within E2E_PROXY_READY_TIMEOUT is killed. The child
+// dies with the wrapper (Pdeathsig), so a killed test leaves no proxy behind.
+func run(bin string, args, env []string, out io.Writer, ready func(string) bool, announce bool) {
+	readyTimeout := 30 * time.Second
+	if v := getenv("E2E_PROXY_READY_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fatalf("E2E_PROXY_READY_TIMEOUT=%q: %v", v, err)
+		}
+		readyTimeout = d
+	}
+	isReady := make(chan struct{})
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -347,9 +359,12 @@ func run(bin string, args, env []string, out io.Writer, ready func(string) bool)
 			line := sc.Text()
 			mu.Lock()
 			fmt.Fprintln(out, line)
-			if ready != nil && !announced && ready(line) {
+			if !announced && ready(line) {
 				announced = true
-				fmt.Fprintln(out, readyLine)
+				close(isReady)
+				if announce {
+					fmt.Fprintln(out, readyLine)
+				}
 			}
 			mu.Unlock()
 		}
@@ -359,8 +374,28 @@ func run(bin string, args, env []string, out io.Writer, ready func(string) bool)
 			_ = cmd.Process.Signal(s)
 		}
 	}()
+	timedOut := false
+	exited := make(chan struct{})
+	go func() {
+		select {
+		case <-isReady:
+		case <-exited:
+		case <-time.After(readyTimeout):
+			mu.Lock()
+			timedOut = true
+			fmt.Fprintf(out, "e2e etcd wrapper: %s did not serve within %s (E2E_PROXY_READY_TIMEOUT); killing it\n", filepath.Base(bin), readyTimeout)
+			mu.Unlock()
+			_ = cmd.Process.Kill()
+		}
+	}()
 	err = cmd.Wait()
+	close(exited)
 	<-done
+	mu.Lock()
+	if timedOut {
+		os.Exit(3)
+	}
+	mu.Unlock()
 	code := 0
 	if err != nil {
 		code = 1
