@@ -36,7 +36,7 @@ macro_rules! forward_changing {
                 .await
                 .map($crate::upstream::fresh)?;
                 if $learn {
-                    self.st.authz.learn().await;
+                    let _ = self.st.authz.learn().await;
                 }
                 self.st.authz.invalidate();
                 Ok(resp)

@@ -297,8 +297,11 @@ impl Authz {
     }
 
     /// Learns etcd's auth state once: whether auth is on and, on etcd >= 3.5, its auth
-    /// revision. Returns whether auth is on, or `None` when etcd did not answer.
-    pub(crate) async fn learn(&self) -> Option<bool> {
+    /// revision. Returns whether auth is on.
+    ///
+    /// # Errors
+    /// Why etcd did not answer.
+    pub(crate) async fn learn(&self) -> Result<bool, Status> {
         let (on, revision) = self.probe().await?;
         let was = self.up.auth_enabled();
         self.up.set_auth_enabled(on);
@@ -314,12 +317,12 @@ impl Authz {
             tracing::debug!(revision, "etcd's auth revision moved: decisions dropped");
             self.invalidate();
         }
-        Some(on)
+        Ok(on)
     }
 
     /// `(auth on, auth revision)`: `AuthStatus` where etcd has it (>= 3.5), else a
     /// Range without a token (etcd answers `user name is empty` while auth is on).
-    async fn probe(&self) -> Option<(bool, u64)> {
+    async fn probe(&self) -> Result<(bool, u64), Status> {
         let up = &self.up;
         let status = up
             .own_call(AuthStatusRequest {}, |q| {
@@ -330,13 +333,10 @@ impl Authz {
         match status {
             Ok(r) => {
                 let r = r.into_inner();
-                return Some((r.enabled, r.auth_revision));
+                return Ok((r.enabled, r.auth_revision));
             }
             Err(s) if s.code() == Code::Unimplemented => {}
-            Err(s) => {
-                tracing::debug!(error = %s, "AuthStatus failed");
-                return None;
-            }
+            Err(s) => return Err(s),
         }
         let req = RangeRequest {
             key: Bytes::from_static(b"\0"),
@@ -357,17 +357,14 @@ impl Authz {
                     })
                     .await;
                 match list {
-                    Ok(_) => Some((false, 0)),
-                    Err(s) if is_auth_refusal(&s) => Some((true, 0)),
-                    Err(_) => None,
+                    Ok(_) => Ok((false, 0)),
+                    Err(s) if is_auth_refusal(&s) => Ok((true, 0)),
+                    Err(s) => Err(s),
                 }
             }
-            Ok(_) => Some((false, 0)),
-            Err(s) if is_auth_refusal(&s) => Some((true, 0)),
-            Err(s) => {
-                tracing::debug!(error = %s, "auth probe failed");
-                None
-            }
+            Ok(_) => Ok((false, 0)),
+            Err(s) if is_auth_refusal(&s) => Ok((true, 0)),
+            Err(s) => Err(s),
         }
     }
 
@@ -387,7 +384,9 @@ impl Authz {
             loop {
                 tokio::time::sleep(interval.min(RECHECK_WITHOUT_REVISION)).await;
                 let Some(authz) = weak.upgrade() else { return };
-                authz.learn().await;
+                if let Err(e) = authz.learn().await {
+                    tracing::debug!(error = %e, "learning etcd's auth state failed");
+                }
                 if !authz.enabled() || authz.has_revision() {
                     continue;
                 }

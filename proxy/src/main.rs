@@ -49,6 +49,8 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Every key etcd makes or users deploy, P-521 included (see Cargo.toml).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let config = config::Config::parse();
     match server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -99,9 +99,9 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     // etcd's auth state decides how the cache follows etcd and who may be served what.
     let auth_on = loop {
         match authz.learn().await {
-            Some(on) => break on,
-            None => {
-                tracing::warn!("cannot learn etcd's auth state yet (etcd unreachable?); retrying");
+            Ok(on) => break on,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");
                 tokio::time::sleep(CONNECT_RETRY).await;
             }
         }

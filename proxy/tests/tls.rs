@@ -219,3 +219,102 @@ async fn tls_flags_with_http_endpoints_follow_the_scheme() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("mixes http:// and https://"), "{err}");
 }
+
+/// etcd's `--auto-tls` makes ECDSA P-521 certificates; the proxy dials etcd with every
+/// key type etcd makes or users deploy. Here etcd serves a P-521 certificate from a P-521
+/// CA, and the proxy reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_with_a_p521_certificate_is_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-521",
+        "-nodes",
+    ];
+    openssl(
+        d,
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca-key.pem",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=p521 test CA",
+                "-sha512",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        d,
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server-key.pem",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-sha512",
+        ],
+    );
+    let tls = testkit::ServerTls::from_files(d.join("server.pem"), d.join("server-key.pem"));
+    let etcd = start_etcd(EtcdOptions::default().tls(tls)).await;
+    let ca = d.join("ca.pem").display().to_string();
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec!["--cacert".into(), ca, "--prefix".into(), "/p/".into()],
+    )
+    .await;
+    let mut c = client(&proxy.endpoint()).await;
+    c.put("/p/k", "v", None).await.unwrap();
+    assert_eq!(c.get("/p/k", None).await.unwrap().kvs().len(), 1);
+    assert_eq!(
+        c.get(
+            "/p/k",
+            Some(etcd_client::GetOptions::new().with_serializable())
+        )
+        .await
+        .unwrap()
+        .kvs()
+        .len(),
+        1
+    );
+}

@@ -39,6 +39,23 @@ pub struct ServerTls {
     _dir: Arc<tempfile::TempDir>,
 }
 
+impl ServerTls {
+    /// TLS with certificate and key files made elsewhere (another key type, say), no
+    /// client-certificate auth. The caller keeps the files.
+    ///
+    /// # Panics
+    /// When a temporary directory cannot be made.
+    pub fn from_files(cert_file: PathBuf, key_file: PathBuf) -> ServerTls {
+        ServerTls {
+            cert_file,
+            key_file,
+            trusted_ca_file: None,
+            client_cert_auth: false,
+            _dir: Arc::new(tempfile::tempdir().expect("a temporary directory")),
+        }
+    }
+}
+
 /// A client certificate and its key, in PEM.
 #[derive(Debug, Clone)]
 pub struct ClientIdentity {
