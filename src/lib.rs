@@ -65,7 +65,12 @@
 //!
 //! - `tls`: TLS toward etcd (rustls), through etcd-client's `tls` feature: the client's
 //!   and the cache's own connections take `etcd_client::TlsOptions` (see
-//!   [TLS and authentication](#tls-and-authentication)).
+//!   [TLS and authentication](#tls-and-authentication)). Its crypto provider is ring,
+//!   which has no ECDSA P-521 (the keys of etcd's `--auto-tls`).
+//! - `tls-aws-lc`: the same with the aws-lc-rs provider, which has every key etcd makes
+//!   or users deploy (RSA, P-256, P-384, P-521, Ed25519). With both on, install a process
+//!   default provider (`rustls::crypto::CryptoProvider::install_default`), as
+//!   etcd-cache-proxy installs aws-lc-rs.
 //! - `metrics`: every counter and gauge of [`CacheStats`] (and more) through the
 //!   [`metrics`](https://docs.rs/metrics) facade; the application installs the
 //!   recorder. Zero cost when off. See `docs/METRICS.md`.
