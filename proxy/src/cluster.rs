@@ -1,13 +1,14 @@
-//! The Cluster service: MemberList answers with the proxy itself (its advertised client
-//! URL), so a client that syncs its endpoints from the member list stays on the proxy, as
-//! with etcd's grpc-proxy `--advertise-client-url`. Membership changes are not served.
+//! The Cluster service, as etcd's grpc-proxy serves it: with `--advertise-client-url`,
+//! MemberList answers with the proxy itself (that URL), so a client that syncs its
+//! endpoints from the member list stays on the proxy; without it, MemberList is etcd's.
+//! Membership changes are forwarded to etcd with the caller's token (etcd asks for root).
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::forward::{call_upstream, unserved};
+use crate::forward::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 
@@ -31,35 +32,37 @@ fn member_id(url: &str) -> u64 {
 
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterService {
-    unserved!(
-        member_add,
-        MemberAddRequest,
-        MemberAddResponse,
-        "Cluster.MemberAdd"
-    );
-    unserved!(
+    forward!(member_add, cluster, MemberAddRequest, MemberAddResponse);
+    forward!(
         member_remove,
+        cluster,
         MemberRemoveRequest,
-        MemberRemoveResponse,
-        "Cluster.MemberRemove"
+        MemberRemoveResponse
     );
-    unserved!(
+    forward!(
         member_update,
+        cluster,
         MemberUpdateRequest,
-        MemberUpdateResponse,
-        "Cluster.MemberUpdate"
+        MemberUpdateResponse
     );
-    unserved!(
+    forward!(
         member_promote,
+        cluster,
         MemberPromoteRequest,
-        MemberPromoteResponse,
-        "Cluster.MemberPromote"
+        MemberPromoteResponse
     );
 
     async fn member_list(
         &self,
         req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
+        let Some(url) = self.st.advertised_url.clone() else {
+            let md = req.metadata().clone();
+            let up = &self.st.up;
+            return call_upstream!(up, &md, req.into_inner(), cluster.member_list)
+                .await
+                .map(crate::upstream::fresh);
+        };
         if self.st.authz.enabled() {
             // etcd refuses a MemberList it would refuse the caller (3.6 asks for a
             // user): etcd decides, the proxy answers with itself.
@@ -67,7 +70,6 @@ impl cluster_server::Cluster for ClusterService {
             let up = &self.st.up;
             call_upstream!(up, &md, req.into_inner(), cluster.member_list).await?;
         }
-        let url = self.st.advertised_url.clone();
         let name = std::env::var("HOSTNAME")
             .ok()
             .filter(|h| !h.is_empty())

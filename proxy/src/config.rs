@@ -27,8 +27,10 @@ pub(crate) struct Config {
     #[arg(long, default_value = "127.0.0.1:23790")]
     pub(crate) listen_addr: SocketAddr,
 
-    /// Client URL announced by Cluster.MemberList, so a client that syncs its endpoints
-    /// stays on the proxy (default: http(s)://<listen-addr>).
+    /// Client URL Cluster.MemberList announces, so a client that syncs its endpoints
+    /// stays on the proxy. Without it MemberList (and every membership change) is
+    /// etcd's, as with etcd's grpc-proxy: a client that syncs its endpoints moves to
+    /// etcd's members.
     #[arg(long)]
     pub(crate) advertise_client_url: Option<String>,
 
@@ -141,18 +143,6 @@ impl Config {
             Some((name, password)) => Some((name.to_string(), password.to_string())),
             None => Some((user.clone(), self.password.clone().unwrap_or_default())),
         }
-    }
-
-    /// The URL Cluster.MemberList announces.
-    pub(crate) fn advertised_url(&self) -> String {
-        self.advertise_client_url.clone().unwrap_or_else(|| {
-            let scheme = if self.cert_file.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            format!("{scheme}://{}", self.listen_addr)
-        })
     }
 
     /// True when a TLS flag toward etcd is given (`--cacert`, `--cert`).
@@ -277,6 +267,5 @@ mod tests {
         );
         assert_eq!(c.credentials(), Some(("root".into(), "pw".into())));
         assert!(!c.upstream_tls());
-        assert_eq!(c.advertised_url(), "http://127.0.0.1:23790");
     }
 }

@@ -1,6 +1,6 @@
 //! `forward!`: one unary call passed to etcd as it is (the services that have nothing
 //! to rewrite are lists of these), `call_upstream!` (the call to etcd that every
-//! forwarding method makes), and `unserved!`. Both expand to the form
+//! forwarding method makes). Both expand to the form
 //! `#[async_trait]` gives a method, since the attribute runs before these macros do.
 
 /// Implements a unary method of a generated service trait by forwarding the request to
@@ -44,26 +44,4 @@ macro_rules! call_upstream {
     }};
 }
 
-/// Implements a unary method that this proxy does not serve.
-macro_rules! unserved {
-    ($method:ident, $req:ty, $resp:ty, $what:literal) => {
-        fn $method<'life0, 'async_trait>(
-            &'life0 self,
-            _req: tonic::Request<$req>,
-        ) -> ::std::pin::Pin<
-            Box<
-                dyn ::std::future::Future<Output = Result<tonic::Response<$resp>, tonic::Status>>
-                    + Send
-                    + 'async_trait,
-            >,
-        >
-        where
-            'life0: 'async_trait,
-            Self: 'async_trait,
-        {
-            Box::pin(async move { Err($crate::status::unimplemented($what)) })
-        }
-    };
-}
-
-pub(crate) use {call_upstream, forward, unserved};
+pub(crate) use {call_upstream, forward};

@@ -1,6 +1,6 @@
-//! The Maintenance service: Status, Alarm, Hash, HashKV and Snapshot forwarded; the
-//! operations on one member (Defragment, MoveLeader, Downgrade) are not served, since a
-//! proxy over several endpoints cannot say which member they would reach.
+//! The Maintenance service, forwarded with the caller's token, as etcd's grpc-proxy
+//! forwards it. Defragment, MoveLeader and Downgrade reach the member the balanced
+//! channel picks (with one `--endpoints`, that member).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::forward::{call_upstream, forward, unserved};
+use crate::forward::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 
@@ -31,24 +31,19 @@ impl maintenance_server::Maintenance for MaintenanceService {
     forward!(status, maintenance, StatusRequest, StatusResponse);
     forward!(hash, maintenance, HashRequest, HashResponse);
     forward!(hash_kv, maintenance, HashKvRequest, HashKvResponse);
-    unserved!(
+    forward!(
         defragment,
+        maintenance,
         DefragmentRequest,
-        DefragmentResponse,
-        "Maintenance.Defragment"
+        DefragmentResponse
     );
-    unserved!(
+    forward!(
         move_leader,
+        maintenance,
         MoveLeaderRequest,
-        MoveLeaderResponse,
-        "Maintenance.MoveLeader"
+        MoveLeaderResponse
     );
-    unserved!(
-        downgrade,
-        DowngradeRequest,
-        DowngradeResponse,
-        "Maintenance.Downgrade"
-    );
+    forward!(downgrade, maintenance, DowngradeRequest, DowngradeResponse);
 
     type SnapshotStream = SnapshotStream;
 

@@ -62,7 +62,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     tracing::info!(
         endpoints = ?config.endpoint_urls(),
         listen = %config.listen_addr,
-        advertise = %config.advertised_url(),
+        advertise = ?config.advertise_client_url,
         namespace = %config.namespace,
         prefix = %String::from_utf8_lossy(&cache_prefix),
         listen_tls = config.cert_file.is_some(),
@@ -153,7 +153,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         authz.clone(),
         ns,
         limits,
-        config.advertised_url(),
+        config.advertise_client_url.clone(),
         shutdown_rx.clone(),
     );
 

@@ -34,8 +34,9 @@ pub(crate) struct State {
     cached_start: Bytes,
     cached_end: Bytes,
     pub(crate) limits: Limits,
-    /// The URL announced by Cluster.MemberList.
-    pub(crate) advertised_url: String,
+    /// The URL Cluster.MemberList announces (`--advertise-client-url`); without it,
+    /// MemberList is etcd's.
+    pub(crate) advertised_url: Option<String>,
     /// Fires once at shutdown: streams end, unary calls finish.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
@@ -49,7 +50,7 @@ impl State {
         authz: Arc<Authz>,
         ns: Namespace,
         limits: Limits,
-        advertised_url: String,
+        advertised_url: Option<String>,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<State> {
         let cached_start = Bytes::copy_from_slice(cache_prefix);

@@ -30,13 +30,6 @@ pub(crate) fn invalid_sort_option() -> Status {
     Status::invalid_argument("etcdserver: invalid sort option")
 }
 
-/// The call is part of etcd's API but this proxy does not serve it.
-pub(crate) fn unimplemented(what: &str) -> Status {
-    Status::unimplemented(format!(
-        "etcd-cache-proxy does not serve {what}; send it to an etcd member directly"
-    ))
-}
-
 /// The proxy is shutting down.
 pub(crate) fn shutting_down() -> Status {
     Status::unavailable("etcd-cache-proxy is shutting down")

@@ -577,10 +577,31 @@ async fn leases_cluster_and_status() {
         .any(|l| l.id() == lease));
     via.lease_revoke(lease).await.unwrap();
     assert_eq!(direct.get("/leased", None).await.unwrap().count(), 0);
-    // MemberList answers with the proxy.
-    let members = via.member_list().await.unwrap();
+    // Without --advertise-client-url, MemberList is etcd's (as grpc-proxy's); with it,
+    // the proxy's own.
+    let (d, v) = (
+        direct.member_list().await.unwrap(),
+        via.member_list().await.unwrap(),
+    );
+    let urls = |r: &etcd_client::MemberListResponse| {
+        r.members()
+            .iter()
+            .map(|m| m.client_urls().to_vec())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(urls(&v), urls(&d));
+    let advertised = start_proxy(
+        etcd.endpoint(),
+        vec!["--advertise-client-url".into(), "{self}".into()],
+    )
+    .await;
+    let members = client(&advertised.endpoint())
+        .await
+        .member_list()
+        .await
+        .unwrap();
     assert_eq!(members.members().len(), 1);
-    assert_eq!(members.members()[0].client_urls(), [proxy.endpoint()]);
+    assert_eq!(members.members()[0].client_urls(), [advertised.endpoint()]);
     // Status is etcd's.
     let (d, v) = (direct.status().await.unwrap(), via.status().await.unwrap());
     assert_eq!(v.version(), d.version());
@@ -588,16 +609,17 @@ async fn leases_cluster_and_status() {
         v.header().unwrap().member_id(),
         d.header().unwrap().member_id()
     );
-    // Not served: a clear Unimplemented.
-    let err = via
-        .member_add(["http://127.0.0.1:1"], None)
+    // Membership changes are etcd's: the same refusal of a peer URL already in use.
+    let peer = [etcd.peer_url()];
+    let d = direct
+        .member_add(peer.clone(), None)
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("not implemented") && err.contains("Cluster.MemberAdd"),
-        "{err}"
-    );
+    let v = via.member_add(peer, None).await.unwrap_err().to_string();
+    assert_eq!(v, d);
+    // Defragment is forwarded (one endpoint: that member).
+    via.defragment().await.unwrap();
     // Locks and elections work through the proxy.
     let lease = via.lease_grant(30, None).await.unwrap().id();
     let lock = via

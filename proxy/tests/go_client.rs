@@ -82,7 +82,7 @@ fn clientv3_auto_sync_stays_on_the_proxy() {
         return;
     }
     let etcd = EtcdServer::start_with(EtcdOptions::default());
-    let proxy = Proxy::start(&etcd.endpoint(), &[]);
+    let proxy = Proxy::start(&etcd.endpoint(), &["--advertise-client-url", "{self}"]);
     run("autosync", &proxy, &etcd);
 }
 

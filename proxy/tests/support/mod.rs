@@ -23,8 +23,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts the proxy in front of `etcd` (an endpoint URL) with extra flags, and waits
-    /// until it serves a Range.
+    /// Starts the proxy in front of `etcd` (an endpoint URL) with extra flags (`{self}`
+    /// in one stands for the proxy's URL), and waits until it serves a Range.
     pub fn start(etcd: &str, extra: &[&str]) -> Proxy {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -34,7 +34,9 @@ impl Proxy {
             "--listen-addr".to_string(),
             addr.to_string(),
         ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        // `{self}` stands for the proxy's own URL (for --advertise-client-url).
+        let own = format!("http://{addr}");
+        args.extend(extra.iter().map(|s| s.replace("{self}", &own)));
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("proxy.log");
         let mut p = Proxy {
