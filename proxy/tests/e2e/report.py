@@ -14,12 +14,18 @@ RUN = re.compile(r"^=== (RUN|CONT|PAUSE|NAME)\s+(\S+)")
 # A failure's own lines: assertion output and t.Fatal/t.Error from test files, not the
 # framework's process logs (logger.go / zaptest) that fill -v output.
 RELEVANT = re.compile(
-    r"(_test\.go:\d+:|Error Trace:|\bError:|Messages:|Test:|panic:|test timed out|"
-    r"expected|unexpected|FAIL:|util\.go:\d+:|auth_util\.go:\d+:|testing\.go:\d+:|"
-    r"cluster\.go:\d+:.*(err|fail))",
+    r"(^\s+[\w.-]+\.go:\d+:|Error Trace:|\bError:|Messages:|panic:|test timed out|"
+    r"expected|unexpected|FAIL:)",
     re.I,
 )
-NOISE = re.compile(r"logger\.go:\d+:|\t(DEBUG|INFO|WARN)\t|\"level\":\"(info|debug|warn)\"")
+NOISE = re.compile(
+    r"logger\.go:\d+:|\t(DEBUG|INFO|WARN)\t|\"level\":\"(info|debug|warn)\"|"
+    r"Changing working directory|closing test cluster|closed test cluster|Creating cluster|"
+    r"Error Trace:|\bTest:\s"
+)
+# etcd-cache-proxy's and the wrapper's lines worth showing with a failure.
+PROXY_RELEVANT = re.compile(r"\b(WARN|ERROR)\b|e2e etcd wrapper: .*(did not serve|exited)|panicked")
+TS = re.compile(r"^\S+Z\s+")
 
 NAMES = {"cache": "etcd-cache-proxy", "grpc-proxy": "grpc-proxy"}
 
@@ -54,7 +60,49 @@ def leaves(names):
     return [n for n in names if not any(o.startswith(n + "/") for o in s)]
 
 
-def excerpt(name, blocks, proxy_logs, limit=10):
+def tempdir_name(name):
+    """The directory part Go's t.TempDir() makes of a test name (testing.go's mapper, 64 max)."""
+    allowed = "!#$%&()+,-.=@^_{}~ "
+    out = "".join(c for c in name if (c.isascii() and (c.isalnum() or c in allowed)) or (not c.isascii() and c.isalnum()))
+    return out[:64]
+
+
+def proxy_lines(name, logdir, limit=4):
+    """WARN/ERROR lines of the proxies the test (or its parent) started: a proxy's log starts
+    with its grpc-proxy command line, whose --data-dir is under the test's t.TempDir()."""
+    try:
+        files = sorted(os.listdir(logdir))
+    except OSError:
+        return []
+    heads = {}
+    for f in files:
+        try:
+            with open(os.path.join(logdir, f), errors="replace") as fh:
+                heads[f] = fh.readline()
+        except OSError:
+            pass
+    for key in [name] + [name.rsplit("/", k)[0] for k in range(1, name.count("/") + 1)]:
+        pat = re.compile(r"--data-dir[ =]\S*/" + re.escape(tempdir_name(key)) + r"\d+/")
+        mine = [f for f in files if pat.search(heads.get(f, ""))]
+        if not mine:
+            continue
+        seen, out = set(), []
+        for f in mine:
+            for line in open(os.path.join(logdir, f), errors="replace"):
+                if not PROXY_RELEVANT.search(line):
+                    continue
+                text = TS.sub("", line.strip())
+                if text in seen:
+                    continue
+                seen.add(text)
+                out.append(f"[proxy {f}] {text}")
+                if len(out) >= limit:
+                    return out
+        return out
+    return []
+
+
+def excerpt(name, blocks, proxy_logs, limit=8):
     """The first relevant lines of a failed test's output (its own block and its parents')."""
     lines = []
     for key in [name] + [name.rsplit("/", k)[0] for k in range(1, name.count("/") + 1)]:
@@ -62,7 +110,8 @@ def excerpt(name, blocks, proxy_logs, limit=10):
             if NOISE.search(line):
                 continue
             if RELEVANT.search(line) or (lines and lines[-1].lstrip().startswith("Error:")):
-                lines.append(line.strip())
+                if line.strip() and line.strip() not in lines:
+                    lines.append(line.strip())
             if len(lines) >= limit:
                 break
         if lines:
@@ -99,7 +148,7 @@ def main():
             tsv.append(f"{NAMES.get(proxy, proxy)}\t{suite}\t{n}\t{status}\t{t}")
             print(f"{status} {NAMES.get(proxy, proxy)} {suite} {n} ({t}s){' (no result: timed out or crashed)' if unfinished else ''}")
             if status == "FAIL":
-                ex = excerpt(n, blocks, None)
+                ex = excerpt(n, blocks, None) + proxy_lines(n, os.path.join(jdir, "proxy-logs"))
                 if unfinished:
                     ex = ex + ["(no --- PASS/FAIL line: the binary timed out or crashed, see test.log)"]
                 failures.append((proxy, suite, n, ex, jdir))
