@@ -182,6 +182,23 @@ pub enum Error {
         source: std::sync::Arc<Error>,
     },
 
+    /// etcd accepted every connection of the cache and closed it right after it was made,
+    /// before answering anything, `attempts` times in a row since the cache was built.
+    /// Over TLS that is etcd refusing a missing or untrusted client certificate
+    /// (`--client-cert-auth`) whose alert the client did not read: the server closes
+    /// while the client already writes, and the client sees a closed connection or a
+    /// broken pipe instead of the alert. The cache stops on it (permanent). A proxy or
+    /// load balancer in front of etcd that accepts and closes while no etcd is behind it
+    /// looks the same; etcd itself down is refused instead and retried.
+    #[error("etcd closed every connection right after it was made, {attempts} times in a row, before answering anything: a TLS client certificate missing or not trusted by etcd (--client-cert-auth; etcd's alert was not read), or a proxy with no etcd behind it; the last error: {source}")]
+    ClosedAtConnect {
+        /// Connection attempts that ended so.
+        attempts: u32,
+        /// The last of them.
+        #[source]
+        source: std::sync::Arc<Error>,
+    },
+
     /// A bug in the cache (its follower task panicked). Please report it.
     #[error("internal error in etcd-cache: {reason}")]
     Internal {
@@ -253,9 +270,48 @@ impl Error {
             | Error::Transport {
                 source: Some(e), ..
             } => permanent(e),
-            Error::Failed { .. } => true,
+            Error::Failed { .. } | Error::ClosedAtConnect { .. } => true,
             _ => false,
         }
+    }
+
+    /// True for a connection that was made (TCP, and TLS where configured) and then
+    /// closed by the server before anything was answered: hyper's request canceled on
+    /// a "connection closed", or a broken pipe, reset or abort after the connect. Not a
+    /// refused or failed connect (tonic's "tcp connect error"), a TLS handshake that
+    /// failed, or a timeout. One such close is any broken connection; the follower counts
+    /// them in a row before anything was answered (see [`Error::ClosedAtConnect`]).
+    pub(crate) fn is_closed_after_connect(&self) -> bool {
+        use std::io::ErrorKind;
+        let Error::Upstream(etcd_client::Error::GRpcStatus(status)) = self else {
+            return false;
+        };
+        // The connect step's failures (refused, reset during the connect, TLS handshake)
+        // come as tonic's connect error, answered `Unavailable`.
+        if status.code() == tonic::Code::Unavailable {
+            return false;
+        }
+        let mut source = std::error::Error::source(status);
+        while let Some(e) = source {
+            let text = e.to_string();
+            if text.contains(CONNECT_ERROR) {
+                return false;
+            }
+            if text.contains(CONNECTION_CLOSED) {
+                return true;
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                return matches!(
+                    io.kind(),
+                    ErrorKind::BrokenPipe
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionAborted
+                        | ErrorKind::UnexpectedEof
+                );
+            }
+            source = e.source();
+        }
+        false
     }
 }
 
@@ -393,6 +449,23 @@ fn is_stream_break(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// What etcd-client reports for a request whose connection the server closed right after
+/// it was made (hyper's "operation was canceled" on "connection closed"), as the fake
+/// upstream scripts it.
+#[cfg(any(test, feature = "unstable-bench-internals"))]
+pub(crate) fn closed_after_connect() -> Error {
+    let mut status = tonic::Status::cancelled("operation was canceled");
+    status.set_source(std::sync::Arc::new(std::io::Error::other(
+        CONNECTION_CLOSED,
+    )));
+    Error::Upstream(etcd_client::Error::GRpcStatus(status))
+}
+
+/// tonic's text for a failed connect (refused, unreachable, reset while connecting).
+const CONNECT_ERROR: &str = "connect error";
+/// hyper's reason for a request canceled because its connection closed under it.
+const CONNECTION_CLOSED: &str = "connection closed";
+
 /// Whether a transport failure is a TLS handshake refused over certificates: rustls's
 /// "invalid peer certificate: …" (the server's certificate does not verify against the
 /// configured CA), or a fatal alert from the server (etcd refused the client's
@@ -448,6 +521,32 @@ mod tests {
             tonic::Status::invalid_argument("etcdserver: revision of auth store is old"),
         ));
         assert!(!e.is_permanent_upstream_failure(), "{e}");
+        // Closed right after the connect (what a TLS refusal looks like when its alert
+        // was not read): not permanent alone, counted by the follower.
+        let e = closed_after_connect();
+        assert!(e.is_closed_after_connect() && !e.is_permanent_upstream_failure());
+        let mut status = tonic::Status::unknown("transport error");
+        status.set_source(std::sync::Arc::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed because of a broken pipe",
+        )));
+        assert!(Error::from(etcd_client::Error::GRpcStatus(status)).is_closed_after_connect());
+        // A connect that failed (refused, or reset while connecting) is not one.
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+        ] {
+            let mut status = tonic::Status::unavailable("tcp connect error");
+            status.set_source(std::sync::Arc::new(std::io::Error::new(kind, "os error")));
+            let e = Error::from(etcd_client::Error::GRpcStatus(status));
+            assert!(!e.is_closed_after_connect(), "{e}");
+        }
+        let e = Error::ClosedAtConnect {
+            attempts: 5,
+            source: std::sync::Arc::new(closed_after_connect()),
+        };
+        assert!(e.is_permanent_upstream_failure());
+        assert!(e.to_string().contains("client certificate"), "{e}");
         let e = Error::transport("etcd did not answer within 30s (upstream_idle_timeout)");
         assert!(e.to_string().starts_with("etcd transport failure"), "{e}");
         assert!(!e.is_permanent_upstream_failure());

@@ -60,6 +60,52 @@ async fn a_completed_write_is_always_visible_to_the_next_consistent_get() {
     .await;
 }
 
+/// A consistent read at an older revision (inside the window) has etcd's header: at
+/// least every revision committed before the call, also on a prefix whose revision
+/// moves only by writes outside it; its data is the revision's. (Its header was the
+/// cache's own revision, answered from the history at once: 8 < 64 on 3.4.23.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_get_at_an_older_revision_has_a_header_at_least_every_earlier_write() {
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(120), async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/r/")).await;
+        let at = client
+            .put("/r/a", "0", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        cache.wait_for_revision(at).await.unwrap();
+        for i in 0..200 {
+            // Outside the prefix, mostly: the cache's own revision stays behind.
+            let key = if i % 10 == 9 { "/r/b" } else { "/elsewhere" };
+            let written = client
+                .put(key, format!("{i}"), None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            let got = cache
+                .get("/r/a", Some(GetOptions::new().with_revision(at)))
+                .await
+                .unwrap();
+            let header = got.header().unwrap().revision();
+            assert!(
+                header >= written,
+                "iteration {i}: header {header} below the write at {written} before the call"
+            );
+            assert_eq!(got.revision(), at);
+            assert_eq!(got.kvs().len(), 1);
+            assert_eq!(got.kvs()[0].value(), b"0");
+            assert_eq!(got.kvs()[0].mod_revision(), at);
+        }
+        cache.close().await;
+    })
+    .await;
+}
+
 /// etcd#15220: on 3.4.23 the first `RequestProgress` after a watch resumed from an old
 /// revision can report a revision ahead of queued events. Whatever the server says,
 /// every revision the cache reports must match etcd's data at that revision.

@@ -402,21 +402,25 @@ async fn tls_wrong_ca_or_client_certificate_is_a_clear_error() {
             move || EtcdServer::start_with(EtcdOptions::default().tls(tls))
         })
         .await;
+        // etcd's alert for a refused client certificate reaches the client only when it
+        // reads before it writes (seldom on a busy machine: it sees the connection
+        // closed or a broken pipe instead); the cache then says so after a few
+        // connections closed in a row (`Error::ClosedAtConnect`). Either is clear.
+        const REFUSED: &[&str] = &[
+            "received fatal alert",
+            "client certificate missing or not trusted",
+        ];
         let cases = [
             (
                 "a CA that did not sign the server's certificate",
                 tls_options(&other, Some(&pki.client_identity("app"))),
-                "invalid peer certificate",
+                &["invalid peer certificate"][..],
             ),
-            (
-                "no client certificate",
-                tls_options(&pki, None),
-                "received fatal alert",
-            ),
+            ("no client certificate", tls_options(&pki, None), REFUSED),
             (
                 "a client certificate of another CA",
                 tls_options(&pki, Some(&other.client_identity("app"))),
-                "received fatal alert",
+                REFUSED,
             ),
         ];
         for (what, options, says) in cases {
@@ -426,7 +430,7 @@ async fn tls_wrong_ca_or_client_certificate_is_a_clear_error() {
                 .expect("a lazy connect");
             let (err, took) = must_fail(client, "/app/").await;
             let text = format!("{err}: {:?}", err);
-            assert!(text.contains(says), "{what}: {text}");
+            assert!(says.iter().any(|s| text.contains(s)), "{what}: {text}");
             println!("TLS/AUTH | failure: {what} | Error::Failed after {took:?}: {err}");
         }
     })

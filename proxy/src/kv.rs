@@ -58,7 +58,14 @@ impl KvService {
             tracing::debug!(error = %e, "range not served from the cache; forwarding");
             status::from_cache_read(&e)
         })?;
-        let revision = cache.revision().max(resp.revision());
+        // The cache's header (for a consistent read at least the cluster's revision at
+        // the call, also at an older revision; etcd's own when etcd answered), never
+        // below what the cache has applied since.
+        let header_revision = resp.header().map_or(0, |h| h.revision());
+        let revision = cache
+            .revision()
+            .max(resp.revision())
+            .max(header_revision);
         Ok(RangeResponse {
             header: Some(self.st.up.header_from_cache(resp.header(), revision)),
             kvs: resp

@@ -55,6 +55,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// next delay grow.
 const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 
+/// Connections closed by the server right after they were made, in a row and before etcd
+/// ever answered the cache, after which the cache stops with
+/// [`Error::ClosedAtConnect`]: etcd refusing a missing or untrusted client certificate
+/// over TLS, whose alert the client only sometimes reads (fewer times the busier the
+/// machine). etcd down is a refused connect, which does not count; one close at a time
+/// is any broken connection, and a cache that was answered once never counts them.
+const CLOSED_AT_CONNECT_LIMIT: u32 = 5;
+
 /// An upstream call that must answer within `upstream_idle_timeout`: a connection that
 /// died without a reset must not stall the cache forever.
 pub(super) async fn bounded<T>(
@@ -121,6 +129,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
         shutdown,
         last_request: None,
         outstanding: false,
+        answered: false,
     }
     .run()
     .instrument(span)
@@ -148,6 +157,8 @@ struct Follower {
     last_request: Option<Instant>,
     /// A `RequestProgress` is unanswered.
     outstanding: bool,
+    /// etcd answered the cache once (a list page or a watch creation).
+    answered: bool,
 }
 
 impl Follower {
@@ -157,6 +168,9 @@ impl Follower {
         let healthy_after = HEALTHY_AFTER.max(cfg.backoff_max);
         let mut last_relist: Option<Instant> = None;
         let mut attempts = 0u32;
+        // Sessions in a row that ended in a close right after the connect, before etcd
+        // ever answered (see `CLOSED_AT_CONNECT_LIMIT`).
+        let mut closed_at_connect = 0u32;
         loop {
             let started = Instant::now();
             let (end, confirmed) = self.session().await;
@@ -164,6 +178,23 @@ impl Follower {
                 backoff.reset();
                 attempts = 0;
             }
+            let end = match end {
+                SessionEnd::Broken(e) if !self.answered && e.is_closed_after_connect() => {
+                    closed_at_connect += 1;
+                    if closed_at_connect >= CLOSED_AT_CONNECT_LIMIT {
+                        SessionEnd::Broken(Error::ClosedAtConnect {
+                            attempts: closed_at_connect,
+                            source: Arc::new(e),
+                        })
+                    } else {
+                        SessionEnd::Broken(e)
+                    }
+                }
+                other => {
+                    closed_at_connect = 0;
+                    other
+                }
+            };
             match end {
                 SessionEnd::Shutdown => break,
                 SessionEnd::Repair => self.repair().await,
@@ -281,6 +312,7 @@ impl Follower {
         if self.need_list {
             match list::list(&self.shared, 0).await {
                 Ok((map, revision)) => {
+                    self.answered = true;
                     self.shared.counters.heard();
                     self.shared.counters.saw_cluster_revision(revision);
                     self.writer.install(map, revision);
@@ -302,7 +334,10 @@ impl Follower {
         };
         // Wait for the watch to be confirmed: etcd sends that first.
         match bounded(config, "the watch creation", watch.message()).await {
-            Ok(Some(WatchMsg::Created)) => self.shared.counters.set_identity(watch.header()),
+            Ok(Some(WatchMsg::Created)) => {
+                self.answered = true;
+                self.shared.counters.set_identity(watch.header());
+            }
             Ok(Some(WatchMsg::Canceled {
                 compact_revision,
                 reason,

@@ -184,12 +184,11 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
             return fallback(shared, &request, Error::NotReady).await;
         }
     }
-    // Data at a revision the cache has applied never changes: a read at such a
-    // revision needs no round trip, serializable or not.
-    if request.revision > 0 && request.revision <= shared.revision() {
-        return read_local(shared, &request, 0);
-    }
-    if opts.serializable() && request.revision == 0 {
+    // Data at a revision the cache has applied never changes: a serializable read at
+    // such a revision needs no round trip. A consistent one does, for its header: as
+    // etcd's (after a ReadIndex) it must be at least every revision committed before
+    // the call, so it passes the same barrier as a read of the latest revision.
+    if opts.serializable() && request.revision <= shared.revision() {
         return read_local(shared, &request, 0);
     }
     if !opts.serializable() && !shared.is_ready() {
@@ -207,10 +206,12 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
             current,
         });
     }
-    let need = if request.revision > 0 {
+    // A consistent read waits for the cluster's revision whatever its own; a
+    // serializable one for its revision only.
+    let need = if opts.serializable() {
         request.revision
     } else {
-        current
+        request.revision.max(current)
     };
     answer_at(shared, &request, need).await
 }

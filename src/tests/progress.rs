@@ -232,6 +232,49 @@ async fn consistent_get_fast_path_on_trusted_server() {
     assert_eq!(h.cache.stats().fallback_reads, 0);
 }
 
+/// A consistent read at an older revision passes the same barrier as one of the latest:
+/// its data is that revision's, its header at least the cluster's revision when it was
+/// called (here moved on by writes outside the prefix), as etcd's after a ReadIndex.
+/// A serializable read at the same revision answers at once, with the cache's header.
+#[tokio::test(start_paused = true)]
+async fn consistent_get_at_an_older_revision_waits_for_the_cluster_revision() {
+    let h = ready(config(), &["3.5.13"], &[("/app/a", "a0")], 10).await;
+    h.watch.events(vec![put("/app/a", "a1", 2, 11, 2)]);
+    within(h.cache.wait_for_revision(11)).await.unwrap();
+    h.up.set_current_revision(15); // writes elsewhere moved the cluster on
+    let calls = || h.up.current_calls.load(std::sync::atomic::Ordering::SeqCst);
+    let before = calls();
+
+    let at_11 = GetOptions::new().with_revision(11);
+    let serializable = within(
+        h.cache
+            .get(key_a(), Some(at_11.clone().with_serializable())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(serializable.kvs()[0].value(), b"a1");
+    assert_eq!(serializable.header().unwrap().revision(), 11);
+    assert_eq!(calls(), before, "a serializable read asks etcd nothing");
+
+    let mut get = task::spawn(h.cache.get(key_a(), Some(at_11)));
+    assert_pending!(get.poll());
+    settle().await;
+    assert_pending!(get.poll(), "waits for the cluster's revision, 15");
+    assert_eq!(calls(), before + 1, "one revision probe");
+    h.watch.progress(15, true);
+    settle().await;
+    let r = assert_ready!(get.poll()).unwrap();
+    assert_eq!(r.revision(), 11);
+    assert_eq!(r.kvs()[0].value(), b"a1", "the data at revision 11");
+    assert_eq!(r.kvs()[0].mod_revision(), 11);
+    assert_eq!(
+        r.header().unwrap().revision(),
+        15,
+        "not below the cluster's"
+    );
+    assert_eq!(h.up.fallbacks(), 0, "served from memory");
+}
+
 /// 8b. Untrusted server, cache behind: etcd answers.
 #[tokio::test(start_paused = true)]
 async fn consistent_get_falls_back_on_untrusted_server() {

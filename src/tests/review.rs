@@ -309,6 +309,69 @@ async fn a_permanent_failure_stops_the_cache_with_its_cause() {
     assert!(matches!(e, Error::Failed { .. }), "{e:?}");
 }
 
+/// Connections closed right after they were made, before etcd ever answered (a TLS
+/// refusal of a missing client certificate whose alert was lost): the cache stops after
+/// `CLOSED_AT_CONNECT_LIMIT` of them in a row, whatever the timing.
+#[tokio::test(start_paused = true)]
+async fn closes_at_connect_before_any_answer_stop_the_cache() {
+    let (up, _watches) = FakeUpstream::new(&["3.5.13"], &[], 10);
+    up.close_lists(true);
+    let cache = Cache::start(config(), up.clone()).unwrap();
+    let e = within(cache.wait_ready()).await.unwrap_err();
+    let Error::Failed { source } = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        matches!(**source, Error::ClosedAtConnect { attempts: 5, .. }),
+        "{source:?}"
+    );
+    assert!(e.to_string().contains("client certificate"), "{e}");
+    assert_eq!(up.lists().len(), 5);
+}
+
+/// Closes at connect count only in a row and only before etcd first answered: a refused
+/// connect between them (etcd down) starts the count again, and a cache that was
+/// answered once retries them forever.
+#[tokio::test(start_paused = true)]
+async fn closes_at_connect_are_retried_when_not_in_a_row_or_after_an_answer() {
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[], 10);
+    let cache = Cache::start(config(), up.clone()).unwrap();
+    for _ in 0..4 {
+        up.close_lists(true);
+        let before = up.lists().len();
+        within(async {
+            while up.lists().len() < before + 4 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        up.close_lists(false);
+        up.refuse_lists(Some(tonic::Code::Unavailable));
+        let before = up.lists().len();
+        within(async {
+            while up.lists().len() < before + 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        up.refuse_lists(None);
+        up.close_lists(true);
+        assert!(!matches!(cache.status(), CacheStatus::Failed { .. }));
+    }
+    up.close_lists(false);
+    let mut w = next_watch(&mut watches).await;
+    w.created();
+    within(cache.wait_ready()).await.unwrap();
+    // Answered once: closes at connect are retried, however many.
+    for _ in 0..(2 * 5) {
+        w.send_raw(Err(crate::error::closed_after_connect()));
+        w = next_watch(&mut watches).await;
+        assert!(!matches!(cache.status(), CacheStatus::Failed { .. }));
+    }
+    w.created();
+    within(cache.wait_ready()).await.unwrap();
+}
+
 /// A transient failure is retried, and visible while it lasts: the status carries the
 /// last error and `wait_ready_timeout` names it.
 #[tokio::test(start_paused = true)]

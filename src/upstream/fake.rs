@@ -81,6 +81,9 @@ pub(crate) struct FakeUpstream {
     versions_delay: Mutex<std::time::Duration>,
     /// Every list fails with this gRPC code (a permanent failure), while set.
     list_refusal: Mutex<Option<tonic::Code>>,
+    /// Every list fails as a connection the server closed right after it was made (a TLS
+    /// refusal whose alert was not read), while set.
+    list_closes: std::sync::atomic::AtomicBool,
 }
 
 /// The reason of the scripted error that makes the fake watch panic.
@@ -222,6 +225,7 @@ impl FakeUpstream {
             hung_probes: AtomicUsize::new(0),
             versions_delay: Mutex::new(std::time::Duration::ZERO),
             list_refusal: Mutex::new(None),
+            list_closes: Default::default(),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -271,6 +275,11 @@ impl FakeUpstream {
     /// While `Some`, every list fails with this gRPC code.
     pub(crate) fn refuse_lists(&self, code: Option<tonic::Code>) {
         *self.list_refusal.lock() = code;
+    }
+
+    /// While `closes`, every list fails as a connection closed right after the connect.
+    pub(crate) fn close_lists(&self, closes: bool) {
+        self.list_closes.store(closes, Ordering::SeqCst);
     }
 
     /// While set, unary calls (the current-revision probe) never answer.
@@ -351,6 +360,9 @@ impl Upstream for FakeUpstream {
                 return Err(Error::Upstream(etcd_client::Error::GRpcStatus(
                     tonic::Status::new(code, "etcdserver: scripted refusal"),
                 )));
+            }
+            if self.list_closes.load(Ordering::SeqCst) {
+                return Err(crate::error::closed_after_connect());
             }
             if self.failing_lists.lock().contains(&call) {
                 return Err(Error::transport(format!(

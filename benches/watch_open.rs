@@ -1,0 +1,141 @@
+//! The cost of a watch from now (`linearizable_watch_start(true)`, the default) against
+//! a direct etcd watch: latency per open and etcd CPU per open, opened one after
+//! another and all at once, and the requests to etcd (revision probes, RequestProgress
+//! messages) the cache sent. Real etcd (`ETCD_VERSION` / `ETCD_BIN`).
+//!
+//! `cargo bench --bench watch_open` (`ETCD_CACHE_BENCH_QUICK=1`: 500 opens instead of
+//! 2,000; `WATCH_OPEN_CONCURRENT=N` sets the all-at-once count, default 10,000).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use etcd_cache::WatchOptions;
+use testkit::EtcdOptions;
+
+fn etcd_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_secs_f64((ticks(14) + ticks(15)) as f64 / common::clk_tck())
+}
+
+fn row(what: &str, n: usize, took: Duration, cpu: Duration, requests: &str) {
+    println!(
+        "WATCH_OPEN | {what:<38} | {n:>6} opens | {:>9.1} µs/open | etcd CPU {:>7.3} s ({:>6.1} µs/open) | {requests}",
+        took.as_secs_f64() * 1e6 / n as f64,
+        cpu.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / n as f64,
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    testkit::init_tracing();
+    let n = if common::quick() { 500 } else { 2000 };
+    let concurrent: usize = std::env::var("WATCH_OPEN_CONCURRENT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let (etcd, client) = testkit::etcd_with_client(EtcdOptions::default()).await;
+    let pid = etcd.pid().expect("etcd runs");
+    let mut writer = client.clone();
+    writer.put("/w/k", "0", None).await.unwrap();
+
+    // Direct: watches created one after another on one etcd watch stream.
+    let mut direct = client.watch_client();
+    let mut stream = direct.watch("/w/k", None).await.expect("a watch stream");
+    stream.message().await.unwrap().expect("created");
+    let (cpu0, t0) = (etcd_cpu(pid), Instant::now());
+    for _ in 0..n {
+        stream.watch("/w/k", None).await.unwrap();
+        let r = stream.message().await.unwrap().expect("created");
+        assert!(r.created());
+    }
+    row(
+        "direct etcd watch, one stream",
+        n,
+        t0.elapsed(),
+        etcd_cpu(pid) - cpu0,
+        "-",
+    );
+    drop(stream);
+
+    for linearizable in [true, false] {
+        let cache = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/w/")
+                .linearizable_watch_start(linearizable)
+                .max_watchers(concurrent + n + 10)
+        })
+        .await;
+        if linearizable {
+            testkit::wait_for_version_verdict(&cache).await;
+        }
+        let label = if linearizable {
+            "strict"
+        } else {
+            "linearizable_watch_start(false)"
+        };
+        let requests = |before: u64| {
+            format!(
+                "RequestProgress sent: {}",
+                cache.stats().progress_requests - before
+            )
+        };
+        let mut keep = Vec::with_capacity(n);
+        let (cpu0, t0, p0) = (
+            etcd_cpu(pid),
+            Instant::now(),
+            cache.stats().progress_requests,
+        );
+        for _ in 0..n {
+            keep.push(cache.watch("/w/k", None).await.unwrap());
+        }
+        row(
+            &format!("cache {label}, one after another"),
+            n,
+            t0.elapsed(),
+            etcd_cpu(pid) - cpu0,
+            &requests(p0),
+        );
+        drop(keep);
+        let (cpu0, t0, p0) = (
+            etcd_cpu(pid),
+            Instant::now(),
+            cache.stats().progress_requests,
+        );
+        let opens: Vec<_> = (0..concurrent)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    cache
+                        .watch("/w/k", Some(WatchOptions::new()))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut keep = Vec::with_capacity(concurrent);
+        for o in opens {
+            keep.push(o.await.unwrap());
+        }
+        row(
+            &format!("cache {label}, all at once"),
+            concurrent,
+            t0.elapsed(),
+            etcd_cpu(pid) - cpu0,
+            &requests(p0),
+        );
+        println!(
+            "WATCH_OPEN | cache {label}: trusted progress {}",
+            cache.stats().progress_trusted
+        );
+        drop(keep);
+        cache.close().await;
+    }
+}
