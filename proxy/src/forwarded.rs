@@ -5,8 +5,9 @@
 //! proxy restart gets etcd's own replay (or etcd's own compaction answer) instead of a
 //! compaction only the cache has.
 //!
-//! A forwarded watch keeps its client-chosen id, or gets one from a range the cache's
-//! automatic ids (counted from 0 per stream) never reach.
+//! A forwarded watch has the id the session gave it: the client's own, or the stream's
+//! next automatic one (one id space with the cache's watches). etcd reads id 0 in a
+//! create as "any id", so the watch the client knows as 0 is [`ZERO`] on etcd's stream.
 //!
 //! etcd registers a watch before it records that the watch wants prev_kv
 //! (`serverWatchStream.recvLoop`: `watchStream.Watch`, then `prevKV[id] = true`), so
@@ -30,8 +31,8 @@ use crate::pb::etcdserverpb::{
 use crate::pb::mvccpb::event::EventType;
 use crate::upstream::Upstream;
 
-/// The first id given to a forwarded watch that did not choose one.
-const FIRST_ID: i64 = 1 << 40;
+/// The id on etcd's stream of the watch the client knows as 0.
+const ZERO: i64 = i64::MAX;
 /// Requests queued toward etcd.
 const QUEUE: usize = 64;
 
@@ -48,7 +49,6 @@ pub(crate) struct Forwarded {
     /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
-    next_id: i64,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
 }
@@ -63,7 +63,6 @@ impl Forwarded {
             ids: HashSet::new(),
             prev_kv: HashSet::new(),
             creating: VecDeque::new(),
-            next_id: FIRST_ID,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
@@ -76,25 +75,22 @@ impl Forwarded {
         self.ids.contains(&watch_id)
     }
 
-    /// Sends `c` (in etcd's keyspace) to etcd and returns the watch's id; etcd's
-    /// `created` response follows from [`next`](Self::next). `Ok(None)`: the
-    /// client-chosen id is taken.
+    /// Sends `c` (in etcd's keyspace, with the id the session gave it) to etcd and
+    /// returns that id; etcd's `created` response follows from [`next`](Self::next).
+    /// `Ok(None)`: the id is taken.
     pub(crate) async fn create(
         &mut self,
         mut c: WatchCreateRequest,
     ) -> Result<Option<i64>, Status> {
-        if c.watch_id == 0 {
-            while self.ids.contains(&self.next_id) {
-                self.next_id += 1;
-            }
-            c.watch_id = self.next_id;
-            self.next_id += 1;
-        } else if self.ids.contains(&c.watch_id) {
+        if self.ids.contains(&c.watch_id) || c.watch_id == ZERO {
             return Ok(None);
         }
         // The proxy splits responses itself, at its own limit.
         c.fragment = false;
         let id = c.watch_id;
+        if id == 0 {
+            c.watch_id = ZERO;
+        }
         self.ids.insert(id);
         if c.prev_kv {
             self.prev_kv.insert(id);
@@ -113,6 +109,7 @@ impl Forwarded {
         if !self.ids.contains(&watch_id) {
             return Ok(false);
         }
+        let watch_id = if watch_id == 0 { ZERO } else { watch_id };
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
             .await?;
         Ok(true)
@@ -190,7 +187,10 @@ impl Forwarded {
             return futures::future::pending().await;
         };
         match rx.message().await {
-            Ok(Some(r)) => {
+            Ok(Some(mut r)) => {
+                if r.watch_id == ZERO {
+                    r.watch_id = 0;
+                }
                 if r.created {
                     let asked = self.creating.pop_front();
                     if r.canceled {

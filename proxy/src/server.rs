@@ -70,6 +70,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         upstream_tls = config.upstream_tls(),
         user = config.credentials().map(|c| c.0).unwrap_or_default(),
         history_window = config.history_window,
+        history_bytes = config.history_bytes,
         subscriber_buffer = config.subscriber_buffer,
         watch_send_queue = config.watch_send_queue,
         max_watches_per_connection = config.max_watches_per_connection,
@@ -177,7 +178,11 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     let mut builder = Server::builder()
         .max_concurrent_streams(u32::MAX)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // What etcd's grpc-go server uses: 64 KiB windows grown by its BDP estimate.
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .http2_adaptive_window(Some(true));
     if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
         let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
         if let Some(ca) = &config.trusted_ca_file {

@@ -30,6 +30,25 @@ pub(crate) fn invalid_sort_option() -> Status {
     Status::invalid_argument("etcdserver: invalid sort option")
 }
 
+/// A failed receive on a client stream as etcd's grpc-go reports it: a message over the
+/// limit is `ResourceExhausted` "grpc: received message larger than max (N vs. M)"
+/// (tonic says `OutOfRange` "Error, decoded message length too large: found N bytes, the
+/// limit is: M bytes"); anything else keeps its status.
+pub(crate) fn from_receive(e: Status) -> Status {
+    const PREFIX: &str = "Error, decoded message length too large: found ";
+    if let Some(rest) = e.message().strip_prefix(PREFIX) {
+        let mut nums = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty());
+        if let (Some(found), Some(limit)) = (nums.next(), nums.next()) {
+            return Status::resource_exhausted(format!(
+                "grpc: received message larger than max ({found} vs. {limit})"
+            ));
+        }
+    }
+    e
+}
+
 /// The proxy is shutting down.
 pub(crate) fn shutting_down() -> Status {
     Status::unavailable("etcd-cache-proxy is shutting down")

@@ -95,6 +95,8 @@ impl Watch for WatchService {
             tx,
             fragment: HashSet::new(),
             pending_creates: VecDeque::new(),
+            unanswered: VecDeque::new(),
+            deferred: VecDeque::new(),
             cached: HashMap::new(),
             revoked: HashMap::new(),
             epoch: self.st.authz.epoch(),
@@ -102,6 +104,7 @@ impl Watch for WatchService {
             forwarded: Forwarded::new(self.st.up.clone(), md.clone()),
             md,
             cache_ids: HashSet::new(),
+            next_id: 0,
             progress: Progress::default(),
             require_leader,
             _stream: crate::metrics::get().watch_stream(),
@@ -111,6 +114,28 @@ impl Watch for WatchService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
+
+/// A cache create waiting for its `created`: the id it was given, its `fragment` flag and
+/// key range.
+struct PendingCreate {
+    id: i64,
+    fragment: bool,
+    key: bytes::Bytes,
+    end: bytes::Bytes,
+}
+
+/// A create of either side not answered yet, in the order of the creates, with the
+/// refusals of the creates that came after it: they are sent after its `created`, so
+/// replies to creates keep the order of the creates, as on etcd.
+struct Unanswered {
+    side: Side,
+    then: Vec<WatchResponse>,
+}
+
+/// Bytes of requests read from a client stream and not yet handled, at most: the stream
+/// is read as fast as the client sends (h2 refuses a client whose small frames pile up
+/// unread), and a client that sends more than this waits on flow control.
+const QUEUED_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
 /// What woke the session.
 enum Step {
@@ -143,7 +168,12 @@ struct Session {
     /// Each accepted cache create's `fragment` flag and key range (etcd's keyspace), in
     /// order, until its `created` response names its id (the cache answers creates in
     /// the order they were made).
-    pending_creates: VecDeque<(bool, bytes::Bytes, bytes::Bytes)>,
+    pending_creates: VecDeque<PendingCreate>,
+    /// Every create not answered yet, of both sides, in order.
+    unanswered: VecDeque<Unanswered>,
+    /// Creates waiting until the other side has answered its creates (each side answers
+    /// its own in order; one side at a time keeps the replies in the creates' order).
+    deferred: VecDeque<WatchCreateRequest>,
     /// The cache's open watches and their ranges, checked again when etcd's auth moves.
     cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
     /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
@@ -158,6 +188,9 @@ struct Session {
     /// Ids of the cache's watches on this stream (from their `created` responses), so a
     /// forwarded watch cannot take one.
     cache_ids: HashSet<i64>,
+    /// The next automatic watch id (etcd's: counted from 0 per stream, skipping ids in
+    /// use), given to both sides, so one id never names two watches.
+    next_id: i64,
     /// Stream-level progress requests waiting for their answers, from the cache and from
     /// etcd when watches are forwarded, and the responses held back meanwhile so that the
     /// one answer holds for every watch (see `progress.rs`).
@@ -170,10 +203,11 @@ struct Session {
 }
 
 impl Session {
-    async fn run(mut self, mut inbound: Streaming<WatchRequest>) {
+    async fn run(mut self, inbound: Streaming<WatchRequest>) {
         let mut shutdown = self.st.shutdown.clone();
         let tx = self.tx.clone();
         let mut inbound_open = true;
+        let mut requests = read_requests(inbound);
         let mut leader_check = tokio::time::interval(LEADER_CHECK);
         let mut not_ready_since: Option<tokio::time::Instant> = None;
         loop {
@@ -182,7 +216,7 @@ impl Session {
             let step = tokio::select! {
                 _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
                 _ = tx.closed() => return,
-                req = inbound.next(), if inbound_open => Step::Request(req),
+                req = requests.recv(), if inbound_open => Step::Request(req.map(|(r, _permit)| r)),
                 reply = next_reply(&mut self.watches), if has_room => Step::Reply(reply),
                 resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
                 permit = tx.reserve(), if !has_room => {
@@ -205,7 +239,10 @@ impl Session {
                 // etcd keeps sending after the client half-closes (until it cancels).
                 Step::Request(None) => inbound_open = false,
                 Step::Request(Some(Err(e))) => {
+                    // etcd ends the stream with the receive error's status (a message
+                    // over the limit, one that does not decode), so the client learns why.
                     tracing::debug!(error = %e, "watch stream receive failed");
+                    let _ = tx.send(Err(status::from_receive(e))).await;
                     return;
                 }
                 Step::Request(Some(Ok(req))) => {
@@ -269,11 +306,20 @@ impl Session {
                     }
                 }
             }
+            // The other side answered: the creates that waited for it go now.
+            if !self.deferred.is_empty() && self.drain_deferred().await.is_err() {
+                return;
+            }
         }
     }
 
     async fn handle(&mut self, req: WatchRequest) -> Result<(), ()> {
         match req.request_union {
+            // Behind creates that wait, in order.
+            Some(RequestUnion::CreateRequest(c)) if !self.deferred.is_empty() => {
+                self.deferred.push_back(c);
+                Ok(())
+            }
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
                 if self.forwarded.contains(c.watch_id) {
@@ -307,6 +353,23 @@ impl Session {
         }
     }
 
+    /// Makes the creates that waited for the other side, until one has to wait again.
+    async fn drain_deferred(&mut self) -> Result<(), ()> {
+        while let Some(c) = self.deferred.pop_front() {
+            let waiting = self.deferred.len();
+            self.create(c).await?;
+            if self.deferred.len() > waiting {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a create for `side` must wait: the other side has creates unanswered.
+    fn must_wait(&self, side: Side) -> bool {
+        self.unanswered.iter().any(|u| u.side != side)
+    }
+
     async fn create(&mut self, c: WatchCreateRequest) -> Result<(), ()> {
         if c.start_revision < 0 {
             // As etcd >= 3.5 (3.4 lets the watch start from the oldest revision).
@@ -323,6 +386,11 @@ impl Session {
         let end = range_end.as_ref();
         if !end.is_empty() && end != b"\0" && key.as_ref() >= end {
             return self.refuse(EMPTY_RANGE.into()).await;
+        }
+        // A negative id of the client's own: etcd takes it (the cache's ids are never
+        // negative), so etcd serves that watch.
+        if c.watch_id < 0 {
+            return self.forward(c, key, range_end).await;
         }
         // No cache, outside the cached prefix, or below the cache's window: etcd serves it.
         let floor = match &self.watches {
@@ -342,10 +410,17 @@ impl Session {
             // etcd could not be asked: etcd decides when it serves the watch itself.
             Err(_) => return self.forward(c, key, range_end).await,
         }
-        // One id space for both sides of the stream.
-        if c.watch_id != 0 && self.forwarded.contains(c.watch_id) {
-            return self.refuse(DUPLICATE_ID.into()).await;
+        if self.must_wait(Side::Cache) {
+            self.deferred.push_front(c);
+            return Ok(());
         }
+        // One id space for both sides of the stream: a client's id is checked against
+        // both (also against creates not yet answered), an automatic one is etcd's next.
+        let id = match c.watch_id {
+            0 => self.alloc_id(),
+            id if self.id_in_use(id) => return self.refuse(DUPLICATE_ID.into()).await,
+            id => id,
+        };
         let create = Create {
             key: key.clone(),
             range_end: range_end.clone(),
@@ -354,12 +429,21 @@ impl Session {
             prev_kv: c.prev_kv,
             no_put: c.filters.contains(&(FilterType::Noput as i32)),
             no_delete: c.filters.contains(&(FilterType::Nodelete as i32)),
-            watch_id: c.watch_id,
+            watch_id: id,
         };
         let watches = self.watches.as_mut().expect("checked above");
         match watches.create(create).await {
             Ok(()) => {
-                self.pending_creates.push_back((c.fragment, key, range_end));
+                self.pending_creates.push_back(PendingCreate {
+                    id,
+                    fragment: c.fragment,
+                    key,
+                    end: range_end,
+                });
+                self.unanswered.push_back(Unanswered {
+                    side: Side::Cache,
+                    then: Vec::new(),
+                });
                 Ok(())
             }
             // Right after start, before the cache's first list: etcd serves it (a
@@ -381,9 +465,15 @@ impl Session {
             start_revision = c.start_revision,
             "watch outside the cache's prefix or window: forwarded to etcd"
         );
-        if c.watch_id != 0 && self.cache_ids.contains(&c.watch_id) {
-            return self.refuse(DUPLICATE_ID.into()).await;
+        if self.must_wait(Side::Etcd) {
+            self.deferred.push_front(c);
+            return Ok(());
         }
+        let id = match c.watch_id {
+            0 => self.alloc_id(),
+            id if self.id_in_use(id) => return self.refuse(DUPLICATE_ID.into()).await,
+            id => id,
+        };
         // Over the proxy's certificate a caller without a token would be the
         // certificate's CN: refused as etcd refuses a caller without a user.
         if self.st.up.cert_identity().is_some()
@@ -398,10 +488,15 @@ impl Session {
         let req = WatchCreateRequest {
             key,
             range_end,
+            watch_id: id,
             ..c
         };
         match self.forwarded.create(req).await {
             Ok(Some(id)) => {
+                self.unanswered.push_back(Unanswered {
+                    side: Side::Etcd,
+                    then: Vec::new(),
+                });
                 if fragment {
                     self.fragment.insert(id);
                 }
@@ -525,6 +620,11 @@ impl Session {
         if resp.created && resp.canceled {
             crate::metrics::get().watch_refused(Refusal::Etcd);
         }
+        let after = if resp.created {
+            self.answered(Side::Etcd)
+        } else {
+            Vec::new()
+        };
         if resp.canceled {
             self.fragment.remove(&resp.watch_id);
         }
@@ -537,7 +637,11 @@ impl Session {
                 self.st.ns.kv_out(kv);
             }
         }
-        self.out(resp).await
+        self.out(resp).await?;
+        for refusal in after {
+            send(&self.tx, refusal).await?;
+        }
+        Ok(())
     }
 
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
@@ -551,7 +655,46 @@ impl Session {
             cancel_reason: reason,
             ..Default::default()
         };
-        send(&self.tx, resp).await
+        // After the replies to the creates before it, as etcd answers creates in order.
+        match self.unanswered.back_mut() {
+            Some(u) => {
+                u.then.push(resp);
+                Ok(())
+            }
+            None => send(&self.tx, resp).await,
+        }
+    }
+
+    /// The first unanswered create of `side` was answered: the refusals that wait for
+    /// it, if no earlier create is still unanswered (else they wait for that one).
+    fn answered(&mut self, side: Side) -> Vec<WatchResponse> {
+        let Some(at) = self.unanswered.iter().position(|u| u.side == side) else {
+            return Vec::new();
+        };
+        let done = self.unanswered.remove(at).expect("found above");
+        match at.checked_sub(1).and_then(|i| self.unanswered.get_mut(i)) {
+            Some(earlier) => {
+                earlier.then.extend(done.then);
+                Vec::new()
+            }
+            None => done.then,
+        }
+    }
+
+    /// Whether `id` names a watch of this stream, or one being created.
+    fn id_in_use(&self, id: i64) -> bool {
+        self.cache_ids.contains(&id)
+            || self.forwarded.contains(id)
+            || self.pending_creates.iter().any(|p| p.id == id)
+    }
+
+    /// etcd's next automatic id: the lowest from the last one on that is not in use.
+    fn alloc_id(&mut self) -> i64 {
+        while self.id_in_use(self.next_id) {
+            self.next_id += 1;
+        }
+        self.next_id += 1;
+        self.next_id - 1
     }
 
     /// Sends `first` and the cache's replies that are ready after it, with the events of
@@ -650,20 +793,21 @@ impl Session {
             let out = self.progress.answer(Side::Cache, r.revision());
             return self.apply(out).await;
         }
-        if r.created() && !r.canceled() {
-            if self.cache_ids.insert(watch_id) {
-                self.open.add();
-                crate::metrics::get().watch_created(Served::Cache);
-            }
-            if let Some((fragment, key, end)) = self.pending_creates.pop_front() {
-                if fragment {
-                    self.fragment.insert(watch_id);
+        if r.created() && !r.canceled() && self.cache_ids.insert(watch_id) {
+            self.open.add();
+            crate::metrics::get().watch_created(Served::Cache);
+        }
+        let mut after = Vec::new();
+        if r.created() {
+            if let Some(p) = self.pending_creates.pop_front() {
+                if !r.canceled() {
+                    if p.fragment {
+                        self.fragment.insert(watch_id);
+                    }
+                    self.cached.insert(watch_id, (p.key, p.end));
                 }
-                self.cached.insert(watch_id, (key, end));
+                after = self.answered(Side::Cache);
             }
-        } else if r.created() {
-            // Created and canceled at once (below the window): no fragments ever.
-            self.pending_creates.pop_front();
         } else if r.canceled() {
             if self.cache_ids.remove(&watch_id) {
                 self.open.sub();
@@ -677,7 +821,11 @@ impl Session {
                 resp.cancel_reason = reason;
             }
         }
-        self.out(resp).await
+        self.out(resp).await?;
+        for refusal in after {
+            send(&self.tx, refusal).await?;
+        }
+        Ok(())
     }
 
     fn event(&self, e: &etcd_cache::Event) -> Event {
@@ -691,6 +839,40 @@ impl Session {
             prev_kv: e.prev_kv().map(|kv| self.st.ns.kv_from_cache(kv)),
         }
     }
+}
+
+/// Reads a client's Watch requests as fast as they come, into a queue bounded in bytes
+/// ([`QUEUED_REQUEST_BYTES`]): each request holds its share until it is handled. A
+/// receive error is the last item.
+fn read_requests(
+    mut inbound: Streaming<WatchRequest>,
+) -> mpsc::UnboundedReceiver<(
+    Result<WatchRequest, Status>,
+    tokio::sync::OwnedSemaphorePermit,
+)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let budget = Arc::new(tokio::sync::Semaphore::new(QUEUED_REQUEST_BYTES));
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                next = inbound.next() => next,
+                _ = tx.closed() => return,
+            };
+            let Some(item) = next else { return };
+            let size = match &item {
+                Ok(r) => r.encoded_len().clamp(1, QUEUED_REQUEST_BYTES),
+                Err(_) => 1,
+            };
+            let Ok(permit) = budget.clone().acquire_many_owned(size as u32).await else {
+                return;
+            };
+            let failed = item.is_err();
+            if tx.send((item, permit)).is_err() || failed {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// The cache side's next response (never, without a cache side).

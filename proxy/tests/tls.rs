@@ -107,6 +107,9 @@ async fn tls_on_both_sides() {
             p("server.key"),
             "--trusted-ca-file".into(),
             p("ca.crt"),
+            // B's cache learns its upstream's members from MemberList: A itself.
+            "--advertise-client-url".into(),
+            "{self}".into(),
         ],
     )
     .await;

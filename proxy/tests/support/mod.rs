@@ -35,7 +35,12 @@ impl Proxy {
             addr.to_string(),
         ];
         // `{self}` stands for the proxy's own URL (for --advertise-client-url).
-        let own = format!("http://{addr}");
+        let scheme = if extra.contains(&"--cert-file") {
+            "https"
+        } else {
+            "http"
+        };
+        let own = format!("{scheme}://{addr}");
         args.extend(extra.iter().map(|s| s.replace("{self}", &own)));
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("proxy.log");
