@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 
 /// Default number of revisions (event batches) kept for replay.
 pub const DEFAULT_HISTORY_WINDOW: usize = 2048;
+/// Default [`CacheBuilder::history_bytes`]: the key and value bytes (values and previous
+/// values) the history holds at most, 128 MiB.
+pub const DEFAULT_HISTORY_BYTES: usize = 128 * 1024 * 1024;
 /// Default number of responses buffered per subscriber before it is marked lagging.
 pub const DEFAULT_SUBSCRIBER_BUFFER: usize = 128;
 /// Default limit on open watches per cache.
@@ -68,6 +71,7 @@ pub enum ProgressTrust {
 pub(crate) struct Config {
     pub(crate) prefix: Bytes,
     pub(crate) history_window: usize,
+    pub(crate) history_bytes: usize,
     pub(crate) subscriber_buffer: usize,
     pub(crate) max_watchers: usize,
     pub(crate) page_size: i64,
@@ -91,6 +95,7 @@ impl Default for Config {
         Config {
             prefix: Bytes::new(),
             history_window: DEFAULT_HISTORY_WINDOW,
+            history_bytes: DEFAULT_HISTORY_BYTES,
             subscriber_buffer: DEFAULT_SUBSCRIBER_BUFFER,
             max_watchers: DEFAULT_MAX_WATCHERS,
             page_size: DEFAULT_PAGE_SIZE,
@@ -114,6 +119,9 @@ impl Config {
         let bad = |reason: String| Err(Error::InvalidConfig { reason });
         if self.history_window == 0 {
             return bad("history_window must be at least 1 revision".into());
+        }
+        if self.history_bytes == 0 {
+            return bad("history_bytes must be at least 1 byte".into());
         }
         if self.subscriber_buffer == 0 {
             return bad("subscriber_buffer must be at least 1 response".into());
@@ -218,6 +226,28 @@ impl CacheBuilder {
     /// ```
     pub fn history_window(mut self, revisions: usize) -> Self {
         self.config.history_window = revisions;
+        self
+    }
+
+    /// Key and value bytes (events' values and previous values) the history holds at most,
+    /// beside the [`history_window`](Self::history_window) in revisions: the oldest
+    /// revisions go first when either is reached, and the newest revision always stays.
+    /// Default [`DEFAULT_HISTORY_BYTES`] (128 MiB). Must be at least 1. Without it a
+    /// writer of large values could make the window cost `history_window` times the
+    /// largest transaction; the worst case is now this budget plus about 200 bytes per
+    /// event of bookkeeping. Watched in `CacheStats::history_bytes` and the metric
+    /// `etcd_cache_history_bytes`.
+    ///
+    /// ```no_run
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .history_bytes(64 * 1024 * 1024)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn history_bytes(mut self, bytes: usize) -> Self {
+        self.config.history_bytes = bytes;
         self
     }
 

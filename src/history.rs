@@ -68,17 +68,21 @@ impl Batch {
 pub(crate) struct History {
     batches: VecDeque<Arc<Batch>>,
     capacity: usize,
+    /// Bytes held at most (the newest batch stays whatever its size).
+    max_bytes: usize,
     floor: i64,
     head: i64,
     bytes: usize,
 }
 
 impl History {
-    /// An empty ring that keeps at most `capacity` batches and covers nothing yet.
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// An empty ring that keeps at most `capacity` batches and `max_bytes` bytes of keys
+    /// and values (but always the newest batch), and covers nothing yet.
+    pub(crate) fn new(capacity: usize, max_bytes: usize) -> Self {
         History {
             batches: VecDeque::with_capacity(capacity.min(4096)),
             capacity,
+            max_bytes,
             floor: 1,
             head: 0,
             bytes: 0,
@@ -125,7 +129,9 @@ impl History {
         self.bytes += batch.bytes;
         self.batches.push_back(batch);
         let mut evicted = 0;
-        while self.batches.len() > self.capacity {
+        while self.batches.len() > self.capacity
+            || (self.bytes > self.max_bytes && self.batches.len() > 1)
+        {
             let old = self.batches.pop_front().expect("non-empty");
             self.bytes -= old.bytes;
             self.floor = old.revision + 1;
@@ -167,7 +173,7 @@ mod tests {
 
     #[test]
     fn window_evicts_and_moves_floor() {
-        let mut h = History::new(2);
+        let mut h = History::new(2, usize::MAX);
         h.reset(10);
         assert_eq!((h.floor(), h.head()), (11, 10));
         h.push(batch(12));
@@ -183,6 +189,32 @@ mod tests {
         assert_eq!(h.head(), 20);
         h.advance(18);
         assert_eq!(h.head(), 20, "head never moves backwards");
+    }
+
+    #[test]
+    fn the_byte_budget_evicts_the_oldest_but_keeps_the_newest() {
+        let big = |rev: i64, n: usize| {
+            Batch::new(
+                rev,
+                vec![Event::new(
+                    EventType::Put,
+                    KeyValue::new("k", vec![b'x'; n], rev, rev, 1, 0),
+                    None,
+                )],
+            )
+        };
+        let mut h = History::new(100, 250);
+        h.reset(0);
+        h.push(big(1, 100));
+        h.push(big(2, 100));
+        assert_eq!(h.len(), 2);
+        // A third 100-byte value is over 250 bytes: the oldest goes, the floor moves.
+        assert_eq!(h.push(big(3, 100)), 1);
+        assert_eq!((h.floor(), h.len()), (2, 2));
+        assert!(h.bytes() <= 250);
+        // One batch above the budget on its own stays (the newest always does).
+        h.push(big(4, 1000));
+        assert_eq!((h.floor(), h.len(), h.head()), (4, 1, 4));
     }
 
     #[test]
@@ -203,7 +235,7 @@ mod tests {
     proptest! {
         #[test]
         fn ring_keeps_newest_window(cap in 1usize..16, gaps in proptest::collection::vec(1i64..5, 0..64)) {
-            let mut h = History::new(cap);
+            let mut h = History::new(cap, usize::MAX);
             h.reset(0);
             let mut rev = 0;
             let mut all = Vec::new();

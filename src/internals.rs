@@ -160,7 +160,7 @@ pub struct BenchHistory {
 impl BenchHistory {
     /// An empty ring of `capacity` revisions covering revisions after `revision`.
     pub fn new(capacity: usize, revision: i64) -> Self {
-        let mut history = History::new(capacity);
+        let mut history = History::new(capacity, usize::MAX);
         history.reset(revision);
         BenchHistory {
             history: RwLock::new(history),

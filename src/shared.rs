@@ -418,7 +418,7 @@ impl Shared {
     pub(crate) fn new(config: Config, upstream: Arc<dyn Upstream>) -> Arc<Self> {
         Arc::new(Shared {
             range: KeyRange::for_prefix(&config.prefix),
-            history: RwLock::new(History::new(config.history_window)),
+            history: RwLock::new(History::new(config.history_window, config.history_bytes)),
             subscribers: Subscribers::new(config.max_watchers, config.subscriber_buffer),
             view: watch::Sender::new(View::default()),
             progress: ProgressRequestor::default(),

@@ -196,7 +196,7 @@ mod tests {
         fn range_at_equals_replay(ops in proptest::collection::vec((0u8..6, any::<bool>()), 1..80),
                                   cap in 1usize..100) {
             let mut store = Store::default();
-            let mut hist = History::new(cap);
+            let mut hist = History::new(cap, usize::MAX);
             hist.reset(1);
             let mut states: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = vec![BTreeMap::new()];
             let mut cur = BTreeMap::new();

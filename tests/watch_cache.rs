@@ -794,3 +794,50 @@ async fn every_watch_range_form_matches_etcd_on_a_whole_keyspace_cache() {
     })
     .await;
 }
+
+/// The history is bounded in bytes as well as in revisions: 200 writes of a 100 KB value
+/// (each event also carries the 100 KB previous value) stay within a 4 MiB budget, the
+/// window's floor moves up instead, and a watch from inside what is left still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_values_keep_the_history_within_its_byte_budget() {
+    const BUDGET: usize = 4 * 1024 * 1024;
+    let (_etcd, mut client, cache) =
+        testkit::cache_on_etcd(|b| b.prefix("/big/").history_bytes(BUDGET)).await;
+    let value = vec![b'v'; 100_000];
+    let mut last = 0;
+    for _ in 0..200 {
+        last = client
+            .put("/big/k", value.clone(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    cache.wait_for_revision(last).await.unwrap();
+    let stats = cache.stats();
+    assert!(
+        stats.history_bytes <= BUDGET,
+        "history holds {} bytes, budget {BUDGET}",
+        stats.history_bytes
+    );
+    let (floor, head) = cache.history_span();
+    assert_eq!(head, last);
+    assert!(head - floor < 100, "the floor moved up: {floor}..{head}");
+    // What is left replays, from its floor.
+    let mut w = cache
+        .watch("/big/k", Some(WatchOptions::new().with_start_revision(floor)))
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while seen <= head - floor {
+        let r = tokio::time::timeout(Duration::from_secs(10), w.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(!r.canceled(), "{}", r.cancel_reason());
+        seen += r.events().len() as i64;
+    }
+    assert_eq!(seen, head - floor + 1);
+}

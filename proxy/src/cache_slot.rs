@@ -209,6 +209,7 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
         .connect_options(options)
         .prefix(prefix.to_vec())
         .history_window(config.history_window)
+        .history_bytes(config.history_bytes)
         .subscriber_buffer(config.subscriber_buffer)
         .max_watchers(config.max_watches)
         .progress_notify_interval(config.progress_notify_interval)

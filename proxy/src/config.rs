@@ -80,6 +80,11 @@ pub(crate) struct Config {
     /// Revisions (event batches) kept in memory for watches that start in the past.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_HISTORY_WINDOW)]
     pub(crate) history_window: usize,
+    /// Key and value bytes the history holds at most (the oldest revisions go first when
+    /// this or --history-window is reached), so large values cannot grow the proxy
+    /// without bound.
+    #[arg(long, default_value_t = etcd_cache::DEFAULT_HISTORY_BYTES)]
+    pub(crate) history_bytes: usize,
     /// Responses buffered per cache subscriber before it is caught up from the history.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_SUBSCRIBER_BUFFER)]
     pub(crate) subscriber_buffer: usize,

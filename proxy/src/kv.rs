@@ -62,10 +62,7 @@ impl KvService {
         // the call, also at an older revision; etcd's own when etcd answered), never
         // below what the cache has applied since.
         let header_revision = resp.header().map_or(0, |h| h.revision());
-        let revision = cache
-            .revision()
-            .max(resp.revision())
-            .max(header_revision);
+        let revision = cache.revision().max(resp.revision()).max(header_revision);
         Ok(RangeResponse {
             header: Some(self.st.up.header_from_cache(resp.header(), revision)),
             kvs: resp

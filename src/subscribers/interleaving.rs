@@ -239,7 +239,7 @@ struct Coverage {
 
 impl<'c> World<'c> {
     fn new(case: &'c Case) -> Self {
-        let mut history = History::new(case.window);
+        let mut history = History::new(case.window, usize::MAX);
         history.reset(BASE);
         World {
             case,
@@ -258,7 +258,7 @@ impl<'c> World<'c> {
 
     /// A copy of this state to explore one move from.
     fn fork(&self) -> World<'c> {
-        let mut history = History::new(self.case.window);
+        let mut history = History::new(self.case.window, usize::MAX);
         history.reset(BASE);
         for step in &self.case.steps[..self.pc] {
             if let Step::Append(r) = step {

@@ -430,7 +430,7 @@ mod tests {
 
     #[test]
     fn capacity_one_lags_and_catches_up_in_order() {
-        let history = RwLock::new(History::new(100));
+        let history = RwLock::new(History::new(100, usize::MAX));
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");
@@ -468,7 +468,7 @@ mod tests {
     /// subscriber.
     #[test]
     fn a_full_catch_up_stops_below_the_next_matching_revision() {
-        let history = RwLock::new(History::new(4));
+        let history = RwLock::new(History::new(4, usize::MAX));
         history.write().reset(10);
         let lag = LagCount::default();
         let f = filter(b"a");
@@ -503,7 +503,7 @@ mod tests {
     /// does not compact a sparse subscriber that is read slowly.
     #[test]
     fn a_catch_up_longer_than_one_scan_is_finished_before_the_poll_returns() {
-        let history = RwLock::new(History::new(700));
+        let history = RwLock::new(History::new(700, usize::MAX));
         history.write().reset(10);
         let lag = LagCount::default();
         let f = filter(b"a");
@@ -539,7 +539,7 @@ mod tests {
     #[test]
     fn a_replay_catches_up_at_registration_not_at_the_first_poll() {
         use crate::subscribers::{Registered, Subscribers};
-        let history = RwLock::new(History::new(4));
+        let history = RwLock::new(History::new(4, usize::MAX));
         history.write().reset(10);
         let subs = Subscribers::new(16, 1);
         let f = filter(b"a");
@@ -567,7 +567,7 @@ mod tests {
 
     #[test]
     fn behind_the_window_ends_compacted_and_uncounts() {
-        let history = RwLock::new(History::new(2));
+        let history = RwLock::new(History::new(2, usize::MAX));
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");
