@@ -322,9 +322,7 @@ fn permanent(e: &etcd_client::Error) -> bool {
         etcd_client::Error::GRpcStatus(status) => {
             // A token older than the auth store (JWT, after an auth change): the next
             // attempt authenticates again.
-            let old_token = status
-                .message()
-                .contains(crate::upstream::etcd::AUTH_OLD_REVISION);
+            let old_token = status.message().contains(AUTH_OLD_REVISION);
             (matches!(
                 status.code(),
                 Code::PermissionDenied
@@ -465,6 +463,26 @@ pub(crate) fn closed_after_connect() -> Error {
 const CONNECT_ERROR: &str = "connect error";
 /// hyper's reason for a request canceled because its connection closed under it.
 const CONNECTION_CLOSED: &str = "connection closed";
+
+// etcd's status words, read here and nowhere else.
+
+/// etcd's answer to a token that is invalid or expired (or lost: etcd keeps simple tokens
+/// in memory only). etcd-client refreshes it only with `with_auto_token_refresh`, and not
+/// at all when etcd 3.4 refuses a watch for it in a watch response.
+pub(crate) const INVALID_AUTH_TOKEN: &str = "invalid auth token";
+/// etcd's answer to a token older than its auth store: a JWT token carries the store's
+/// revision, so any change to users, roles or permissions makes every such token old.
+/// etcd-client never refreshes it (etcd's Go client does, as for an invalid token).
+pub(crate) const AUTH_OLD_REVISION: &str = "revision of auth store is old";
+/// etcd's cancel reason for a watch outside the user's permissions.
+pub(crate) const PERMISSION_DENIED: &str = "permission denied";
+
+/// Whether etcd refused a call for its token (see [`INVALID_AUTH_TOKEN`],
+/// [`AUTH_OLD_REVISION`]): authenticating again and retrying can succeed.
+pub(crate) fn token_refused(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.message().contains(INVALID_AUTH_TOKEN) || s.message().contains(AUTH_OLD_REVISION))
+}
 
 /// Whether a transport failure is a TLS handshake refused over certificates: rustls's
 /// "invalid peer certificate: …" (the server's certificate does not verify against the

@@ -24,7 +24,8 @@ use crate::progress::ProgressRequestor;
 use crate::store::Snapshot;
 use crate::subscribers::Subscribers;
 use crate::upstream::probe::RevisionProbe;
-use crate::upstream::{etcd::response_header, Header, Upstream};
+use crate::upstream::{Header, Upstream};
+use crate::watch::response::response_header;
 
 /// Where the cache is in its life, as [`Cache::status`](crate::Cache::status) and
 /// [`Cache::status_stream`](crate::Cache::status_stream) report it.

@@ -87,7 +87,7 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
     } else {
         resp.revision
     };
-    let header = crate::upstream::etcd::response_header(&resp.header, resp.revision);
+    let header = crate::watch::response::response_header(&resp.header, resp.revision);
     Ok(GetResponse::new(revision, header, resp.result).answered_by_etcd())
 }
 

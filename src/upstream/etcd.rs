@@ -10,7 +10,9 @@ use etcd_client::proto::PbKeyValue;
 use futures_util::future::BoxFuture;
 
 use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
-use crate::error::{Error, Result};
+use crate::error::{
+    token_refused, Error, Result, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED,
+};
 use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType, KeyValue};
 use crate::range_request::{RangeRequest, RangeResult};
@@ -149,16 +151,6 @@ fn header(h: Option<&etcd_client::proto::PbResponseHeader>) -> Header {
     })
 }
 
-/// The public response header for `header`, at `revision`.
-pub(crate) fn response_header(header: &Header, revision: i64) -> etcd_client::ResponseHeader {
-    etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
-        cluster_id: header.cluster_id,
-        member_id: header.member_id,
-        revision,
-        raft_term: header.raft_term,
-    })
-}
-
 fn range_response(resp: etcd_client::GetResponse) -> RangeResponse {
     let pb = resp.0;
     RangeResponse {
@@ -181,24 +173,6 @@ struct EtcdWatch {
     last_header: Header,
     /// Set when etcd refuses this watch for its token (see `EtcdUpstream::watch`).
     refresh_before_watch: Arc<AtomicBool>,
-}
-
-/// etcd's answer to a token that is invalid or expired (or lost: etcd keeps simple tokens
-/// in memory only). etcd-client refreshes it only with `with_auto_token_refresh`, and not
-/// at all when etcd 3.4 refuses a watch for it in a watch response.
-const INVALID_AUTH_TOKEN: &str = "invalid auth token";
-/// etcd's answer to a token older than its auth store: a JWT token carries the store's
-/// revision, so any change to users, roles or permissions makes every such token old.
-/// etcd-client never refreshes it (etcd's Go client does, as for an invalid token).
-pub(crate) const AUTH_OLD_REVISION: &str = "revision of auth store is old";
-/// etcd's cancel reason for a watch outside the user's permissions.
-const PERMISSION_DENIED: &str = "permission denied";
-
-/// Whether etcd refused a call for its token (see [`INVALID_AUTH_TOKEN`],
-/// [`AUTH_OLD_REVISION`]): authenticating again and retrying can succeed.
-fn token_refused(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s)
-        if s.message().contains(INVALID_AUTH_TOKEN) || s.message().contains(AUTH_OLD_REVISION))
 }
 
 /// Runs `call`; if etcd refused its token, authenticates `client` again (with the

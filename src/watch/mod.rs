@@ -31,7 +31,7 @@
 //! When the cache closes, every watch gets what was already delivered to it (a lagging
 //! one its catch-up too), and then the stream ends with `None`.
 
-mod response;
+pub(crate) mod response;
 mod scope;
 mod stream;
 mod subscription;

@@ -154,3 +154,16 @@ impl WatchResponse {
         self.watch_id
     }
 }
+
+/// The public response header for `header`, at `revision`.
+pub(crate) fn response_header(
+    header: &crate::upstream::Header,
+    revision: i64,
+) -> etcd_client::ResponseHeader {
+    etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
+        cluster_id: header.cluster_id,
+        member_id: header.member_id,
+        revision,
+        raft_term: header.raft_term,
+    })
+}
