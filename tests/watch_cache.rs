@@ -826,7 +826,10 @@ async fn large_values_keep_the_history_within_its_byte_budget() {
     assert!(head - floor < 100, "the floor moved up: {floor}..{head}");
     // What is left replays, from its floor.
     let mut w = cache
-        .watch("/big/k", Some(WatchOptions::new().with_start_revision(floor)))
+        .watch(
+            "/big/k",
+            Some(WatchOptions::new().with_start_revision(floor)),
+        )
         .await
         .unwrap();
     let mut seen = 0;
