@@ -4,7 +4,7 @@
 # member. See README.md beside this file.
 #
 #   run.sh [--proxy cache|grpc-proxy|both] [--set quick|e2e|common|all|SUITE:REGEX]...
-#          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--no-build]
+#          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--no-build] [--no-isolate]
 #
 # Prints one line per test leaf (`PASS|FAIL|SKIP <proxy> <suite> <name> (<secs>s)`), for
 # --proxy both the tests that fail through etcd-cache-proxy but pass through grpc-proxy, and
@@ -18,7 +18,8 @@ ROOT="$(cd "$HERE/../../.." && pwd)"
 proxies=()
 sets=()
 run_re=""
-timeout="60m"
+timeout="15m"
+isolate=1
 out=""
 jobs=1
 build=1
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --out) shift; out="$1" ;;
     --jobs|-j) shift; jobs="$1" ;;
     --no-build) build=0 ;;
+    --no-isolate) isolate=0 ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -132,18 +134,29 @@ run_job() { # index proxy suite regex
   local dir="$out/$i-$p-$suite"
   mkdir -p "$dir/run/$suite" "$dir/proxy-logs"
   ln -sfn "$testdir/fixtures" "$dir/run/fixtures"
-  local cmd=("$BUILD/$suite.test" -test.v -test.timeout "$timeout" -test.run "$re" -bin-dir "$BUILD/bin")
+  local cmd=("$BUILD/$suite.test" -test.v -test.timeout "$timeout" -bin-dir "$BUILD/bin")
   local t0=$SECONDS
   (
     cd "$dir/run/$suite" || exit 2
+    # By default each top-level test runs in a binary of its own: a test that fails and
+    # leaves a process behind makes every later test in the same binary skip ("Found leaked
+    # goroutine BEFORE test"), and a -test.timeout panic ends the whole binary.
+    local names=("$re")
+    if [ "$isolate" = 1 ]; then
+      mapfile -t names < <("$BUILD/$suite.test" -test.list "$re" -bin-dir "$BUILD/bin" 2>/dev/null | grep '^Test' | sed 's/.*/^&$/')
+    fi
     # etcd's framework passes only ETCD_*, ETCDCTL_*, EXPECT_* and PATH to what it starts.
     export ETCD_E2E_PROXY="$p" ETCD_E2E_PROXY_LOG_DIR="$dir/proxy-logs" ETCD_E2E_REAL_ETCD="$BUILD/bin/etcd-real"
     unset E2E_PROXY E2E_PROXY_LOG_DIR E2E_REAL_ETCD
-    if [ "$jobs" -gt 1 ]; then
-      exec nice -n 10 unshare --net -- sh -c 'ip link set lo up 2>/dev/null || true; exec "$@"' sh "${cmd[@]}"
-    else
-      exec nice -n 10 "${cmd[@]}"
-    fi
+    local rc=0 n
+    for n in "${names[@]}"; do
+      if [ "$jobs" -gt 1 ]; then
+        nice -n 10 unshare --net -- sh -c 'ip link set lo up 2>/dev/null || true; exec "$@"' sh "${cmd[@]}" -test.run "$n" || rc=1
+      else
+        nice -n 10 "${cmd[@]}" -test.run "$n" || rc=1
+      fi
+    done
+    exit $rc
   ) >"$dir/test.log" 2>&1
   echo $? >"$dir/rc"
   echo $((SECONDS - t0)) >"$dir/seconds"
