@@ -231,6 +231,27 @@ async fn every_identity_gets_through_the_proxy_what_etcd_gives_it() {
             |c| c.lease_grant(60, None),
             |_| String::new()
         );
+        // Locks and elections: etcd's answers (a write under the lock's or election's
+        // prefix; only root may here).
+        let mut locks = Vec::new();
+        for c in [&mut d, &mut p] {
+            let r = c.lock("/locks/l", None).await;
+            if let Ok(l) = &r {
+                c.unlock(l.key()).await.unwrap();
+            }
+            locks.push(outcome(r, |_| String::new()));
+        }
+        assert_eq!(
+            locks[1], locks[0],
+            "{who}: lock through the proxy vs. directly"
+        );
+        same!(
+            d,
+            p,
+            format!("{who}: election leader"),
+            |c| c.leader("/elections/e"),
+            |_| String::new()
+        );
         // Watches: created, or created and canceled with etcd's reason.
         for (key, opts) in [
             ("/app/a/", Some(WatchOptions::new().with_prefix())),
