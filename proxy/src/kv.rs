@@ -85,10 +85,12 @@ impl KvService {
     ) -> Result<Option<RangeResponse>, Status> {
         check_range(r)?;
         self.st.ns.range_in(r);
+        // etcd answers a read at a revision it compacted, not the cache's window.
         let cache = self
             .st
             .cache()
-            .filter(|_| self.st.in_cache(&r.key, &r.range_end));
+            .filter(|_| self.st.in_cache(&r.key, &r.range_end))
+            .filter(|_| !self.st.compacted.compacted(r.revision));
         if let Some(cache) = cache {
             self.st.authz.check(md, &r.key, &r.range_end).await?;
             match self.cached_range(&cache, r).await {
@@ -251,7 +253,10 @@ impl Kv for KvService {
     ) -> Result<Response<CompactionResponse>, Status> {
         let md = req.metadata().clone();
         let up = &self.st.up;
+        let revision = req.get_ref().revision;
         let resp = call_upstream!(up, &md, req.into_inner(), kv.compact).await?;
+        // Nothing below it is served from the cache's window from now on.
+        self.st.compacted.raise(revision);
         Ok(crate::upstream::fresh(resp))
     }
 }

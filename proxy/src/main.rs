@@ -16,6 +16,7 @@ mod auth;
 mod authz;
 mod cache_slot;
 mod cluster;
+mod compaction;
 mod config;
 mod conn;
 mod election;

@@ -29,6 +29,8 @@ pub(crate) struct State {
     pub(crate) up: Arc<Upstream>,
     /// Who may be served what from memory.
     pub(crate) authz: Arc<Authz>,
+    /// etcd's compaction: what is below it, etcd answers.
+    pub(crate) compacted: Arc<crate::compaction::CompactFloor>,
     pub(crate) ns: Namespace,
     /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
     cached_start: Bytes,
@@ -59,6 +61,7 @@ impl State {
             slot,
             up,
             authz,
+            compacted: Arc::default(),
             ns,
             cached_start,
             cached_end,

@@ -397,7 +397,9 @@ impl Session {
             Some(w) => w.history_span().0,
             None => return self.forward(c, key, range_end).await,
         };
-        if !self.st.in_cache(&key, &range_end) || (c.start_revision > 0 && c.start_revision < floor)
+        if !self.st.in_cache(&key, &range_end)
+            || (c.start_revision > 0 && c.start_revision < floor)
+            || self.st.compacted.compacted(c.start_revision)
         {
             return self.forward(c, key, range_end).await;
         }

@@ -781,3 +781,73 @@ async fn watches_below_the_window_are_forwarded_to_etcd() {
         assert_eq!(r.compact_revision(), last);
     }
 }
+
+/// A read or a watch at a revision etcd compacted gets etcd's answer, not the cache's
+/// window: at once for a Compact through the proxy, within the probe interval (5 s) for
+/// one made on etcd directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_revisions_get_etcds_answer() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(etcd.endpoint(), vec!["--prefix".into(), "/c/".into()]).await;
+    let mut direct = client(&etcd.endpoint()).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let mut revs = Vec::new();
+    for i in 0..6 {
+        let r = via.put("/c/k", format!("v{i}"), None).await.unwrap();
+        revs.push(r.header().unwrap().revision());
+    }
+    // The cache's window holds every one of them.
+    let old = revs[1];
+    let at = |rev| Some(GetOptions::new().with_revision(rev));
+    assert_eq!(via.get("/c/k", at(old)).await.unwrap().kvs().len(), 1);
+    let compare = |d: Result<GetResponse, etcd_client::Error>,
+                   v: Result<GetResponse, etcd_client::Error>| {
+        let s = |r: Result<GetResponse, etcd_client::Error>| match r {
+            Ok(r) => format!("ok {:?}", kvs(&r)),
+            Err(e) => e.to_string(),
+        };
+        (s(d), s(v))
+    };
+    // Compacted through the proxy: at once.
+    via.compact(revs[3], None).await.unwrap();
+    let (d, v) = compare(
+        direct.get("/c/k", at(old)).await,
+        via.get("/c/k", at(old)).await,
+    );
+    assert!(d.contains("compacted"), "{d}");
+    assert_eq!(v, d);
+    let mut w = via
+        .watch("/c/k", Some(WatchOptions::new().with_start_revision(old)))
+        .await
+        .unwrap();
+    let mut canceled = None;
+    while canceled.is_none() {
+        let r = message(&mut w).await;
+        if r.canceled() {
+            canceled = Some(r.compact_revision());
+        }
+    }
+    assert_eq!(
+        canceled,
+        Some(revs[3]),
+        "the watch ends with etcd's compact revision"
+    );
+    // Compacted on etcd directly: within the probe interval.
+    direct.compact(revs[5], None).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (d, v) = compare(
+            direct.get("/c/k", at(revs[4])).await,
+            via.get("/c/k", at(revs[4])).await,
+        );
+        if v == d {
+            assert!(d.contains("compacted"), "{d}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still served from the window: {v} / {d}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
