@@ -6,7 +6,10 @@
 //! One file per etcd service, each a thin adapter over the cache or a forwarding
 //! client: `kv`, `watch_service` (over `watch`, the seam to the cache's watch API, and
 //! `forwarded`, the watches etcd serves), `lease`, `cluster`, `maintenance`, `auth`,
-//! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd),
+//! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd:
+//! a client's call carries the client's token only), `authz` (what the cache serves goes
+//! only to callers etcd allows), `cache_slot` (the cache, built for etcd's auth state),
+//! `compaction` (etcd's compact revision),
 //! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
 //! (per-connection info), `layers` (tower layers), `metrics` (the proxy's metrics and
 //! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
