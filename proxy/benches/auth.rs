@@ -14,30 +14,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission, WatchOptions};
-use support::{free_port, EtcdOptions, EtcdServer, Proxy};
+use support::{auth_asks as asks, free_port, EtcdOptions, EtcdServer, Proxy};
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// `etcd_cache_proxy_auth_asks_total`.
-fn asks(metrics: SocketAddr) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(metrics).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix("etcd_cache_proxy_auth_asks_total "))
-        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        .unwrap_or(0)
 }
 
 async fn connect(endpoint: &str, user: Option<(&str, &str)>) -> Client {

@@ -412,16 +412,10 @@ impl Session {
             // etcd could not be asked: etcd decides when it serves the watch itself.
             Err(_) => return self.forward(c, key, range_end).await,
         }
-        if self.must_wait(Side::Cache) {
-            self.deferred.push_front(c);
-            return Ok(());
-        }
-        // One id space for both sides of the stream: a client's id is checked against
-        // both (also against creates not yet answered), an automatic one is etcd's next.
-        let id = match c.watch_id {
-            0 => self.alloc_id(),
-            id if self.id_in_use(id) => return self.refuse(DUPLICATE_ID.into()).await,
-            id => id,
+        let id = match self.take_id(Side::Cache, &c) {
+            Ok(id) => id,
+            Err(Some(())) => return self.refuse(DUPLICATE_ID.into()).await,
+            Err(None) => return Ok(()),
         };
         let create = Create {
             key: key.clone(),
@@ -467,14 +461,10 @@ impl Session {
             start_revision = c.start_revision,
             "watch outside the cache's prefix or window: forwarded to etcd"
         );
-        if self.must_wait(Side::Etcd) {
-            self.deferred.push_front(c);
-            return Ok(());
-        }
-        let id = match c.watch_id {
-            0 => self.alloc_id(),
-            id if self.id_in_use(id) => return self.refuse(DUPLICATE_ID.into()).await,
-            id => id,
+        let id = match self.take_id(Side::Etcd, &c) {
+            Ok(id) => id,
+            Err(Some(())) => return self.refuse(DUPLICATE_ID.into()).await,
+            Err(None) => return Ok(()),
         };
         // Over the proxy's certificate a caller without a token would be the
         // certificate's CN: refused as etcd refuses a caller without a user.
@@ -680,6 +670,22 @@ impl Session {
                 Vec::new()
             }
             None => done.then,
+        }
+    }
+
+    /// The id of a create for `side`: the client's, checked against both sides (also
+    /// against creates not yet answered), or etcd's next automatic one. `Err(None)`: the
+    /// create waits until the other side has answered its creates (it is queued);
+    /// `Err(Some(()))`: the client's id is taken.
+    fn take_id(&mut self, side: Side, c: &WatchCreateRequest) -> Result<i64, Option<()>> {
+        if self.must_wait(side) {
+            self.deferred.push_front(c.clone());
+            return Err(None);
+        }
+        match c.watch_id {
+            0 => Ok(self.alloc_id()),
+            id if self.id_in_use(id) => Err(Some(())),
+            id => Ok(id),
         }
     }
 

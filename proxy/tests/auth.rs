@@ -16,7 +16,7 @@ use raw::etcdserverpb::{
     watch_request::RequestUnion, AuthenticateRequest, RangeRequest, WatchCreateRequest,
     WatchRequest,
 };
-use support::{free_port, start_etcd, start_proxy, EtcdOptions, Proxy};
+use support::{auth_asks as asks, free_port, start_etcd, start_proxy, EtcdOptions, Proxy};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -470,23 +470,6 @@ async fn auth_turned_on_and_off_while_the_proxy_runs() {
     // Off again through the proxy: anonymous reads are served at once.
     root.auth_disable().await.unwrap();
     assert_eq!(anon.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
-}
-
-/// `etcd_cache_proxy_auth_asks_total` from the proxy's metrics endpoint.
-fn asks(metrics: std::net::SocketAddr) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(metrics).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix("etcd_cache_proxy_auth_asks_total "))
-        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        .unwrap_or(0)
 }
 
 /// The proxy's resident memory, in KiB.

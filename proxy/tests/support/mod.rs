@@ -217,3 +217,20 @@ pub async fn start_proxy(etcd: String, extra: Vec<String>) -> Proxy {
     .await
     .unwrap()
 }
+
+/// `etcd_cache_proxy_auth_asks_total` from a proxy's `--metrics-addr` endpoint.
+pub fn auth_asks(metrics: std::net::SocketAddr) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(metrics).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_cache_proxy_auth_asks_total "))
+        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+        .unwrap_or(0)
+}
