@@ -36,6 +36,11 @@ fn row(what: &str, n: usize, took: Duration, cpu: Duration, requests: &str) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // `cargo test --all-targets` runs benches without `--bench`: nothing to measure then.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("watch_open: skipped (needs `cargo bench --bench watch_open`)");
+        return;
+    }
     testkit::init_tracing();
     let n = if common::quick() { 500 } else { 2000 };
     let concurrent: usize = std::env::var("WATCH_OPEN_CONCURRENT")
