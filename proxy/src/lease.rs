@@ -1,6 +1,8 @@
-//! The Lease service, forwarded. Keep-alives are coalesced: the proxy keeps one upstream
-//! LeaseKeepAlive stream, and while a keep-alive for a lease is in flight, more requests
-//! for the same lease (from any client) wait for its answer instead of going to etcd.
+//! The Lease service, forwarded. Keep-alives are coalesced per token: the clients that
+//! call with the same token (or none) share one upstream LeaseKeepAlive stream carrying
+//! that token (etcd >= 3.6 checks the caller of a renewal), and while a keep-alive for a
+//! lease is in flight, more requests for the same lease wait for its answer instead of
+//! going to etcd. A stream never carries the proxy's own token.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -12,6 +14,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::forward::{call_upstream, forward};
@@ -32,14 +35,15 @@ type Answer = Result<LeaseKeepAliveResponse, Status>;
 /// The coalescer's handle: ask for one keep-alive of a lease.
 #[derive(Clone)]
 pub(crate) struct KeepAlives {
-    tx: mpsc::UnboundedSender<(i64, oneshot::Sender<Answer>)>,
+    tx: mpsc::UnboundedSender<Ask>,
 }
 
 impl KeepAlives {
-    /// Starts the coalescer; it stops when every handle is dropped.
-    pub(crate) fn start(up: Arc<Upstream>) -> Self {
+    /// Starts the coalescer of the callers of `md` (their token, or none); it stops
+    /// when every handle is dropped.
+    pub(crate) fn start(up: Arc<Upstream>, md: MetadataMap) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(coalesce(up, rx));
+        tokio::spawn(coalesce(up, md, rx));
         KeepAlives { tx }
     }
 
@@ -66,6 +70,7 @@ struct UpstreamStream {
 
 async fn coalesce(
     up: Arc<Upstream>,
+    md: MetadataMap,
     mut asks: mpsc::UnboundedReceiver<(i64, oneshot::Sender<Answer>)>,
 ) {
     let mut inflight: HashMap<i64, InFlight> = HashMap::new();
@@ -84,7 +89,7 @@ async fn coalesce(
                 }
                 entry.sent = Some(Instant::now());
                 if stream.is_none() {
-                    match open(&up, id).await {
+                    match open(&up, &md, id).await {
                         Ok(s) => stream = Some(s),
                         Err(e) => fail_all(&mut inflight, &e),
                     }
@@ -129,13 +134,12 @@ async fn next(
 
 /// Opens the upstream stream with a first keep-alive already queued (etcd sends its
 /// response headers with its first answer, so the call resolves only after one).
-async fn open(up: &Upstream, first: i64) -> Result<UpstreamStream, Status> {
+async fn open(up: &Upstream, md: &MetadataMap, first: i64) -> Result<UpstreamStream, Status> {
     let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
     tx.try_send(LeaseKeepAliveRequest { id: first })
         .expect("an empty queue has room");
-    // The proxy's own stream: a renewal carries no caller's authority (etcd checks no
-    // permission on LeaseKeepAlive), so one stream serves every client.
-    let req = up.own_request(ReceiverStream::new(rx));
+    // The callers' token, never the proxy's.
+    let req = up.request(md, ReceiverStream::new(rx));
     let rx = up.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })
 }
@@ -151,13 +155,36 @@ fn fail_all(inflight: &mut HashMap<i64, InFlight>, e: &Status) {
 /// etcd's Lease service.
 pub(crate) struct LeaseService {
     st: Arc<State>,
-    keep_alives: KeepAlives,
+    /// One coalescer per token (none: the key `-`), while a client stream uses it.
+    keep_alives: parking_lot::Mutex<HashMap<Vec<u8>, mpsc::WeakUnboundedSender<Ask>>>,
 }
+
+type Ask = (i64, oneshot::Sender<Answer>);
 
 impl LeaseService {
     pub(crate) fn new(st: Arc<State>) -> Self {
-        let keep_alives = KeepAlives::start(st.up.clone());
-        LeaseService { st, keep_alives }
+        LeaseService {
+            st,
+            keep_alives: parking_lot::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The coalescer of the callers with the token of `md`.
+    fn keep_alives(&self, md: &MetadataMap) -> KeepAlives {
+        let md = crate::upstream::passed(md);
+        let key = match md.get(crate::upstream::TOKEN) {
+            Some(t) => [b"+", t.as_bytes()].concat(),
+            None => b"-".to_vec(),
+        };
+        let mut map = self.keep_alives.lock();
+        if let Some(tx) = map.get(&key).and_then(|w| w.upgrade()) {
+            return KeepAlives { tx };
+        }
+        // Coalescers whose clients are all gone have stopped: forget them.
+        map.retain(|_, w| w.strong_count() > 0);
+        let k = KeepAlives::start(self.st.up.clone(), md);
+        map.insert(key, k.tx.downgrade());
+        k
     }
 }
 
@@ -194,8 +221,8 @@ impl lease_server::Lease for LeaseService {
         &self,
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let keep_alives = self.keep_alives(req.metadata());
         let mut inbound = req.into_inner();
-        let keep_alives = self.keep_alives.clone();
         let mut shutdown = self.st.shutdown.clone();
         let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
         tokio::spawn(async move {
