@@ -101,6 +101,14 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     let auth_on = loop {
         match authz.learn().await {
             Ok(on) => break on,
+            // etcd's certificate is refused (not signed by --cacert, a CA used as a
+            // server certificate, ...): no retry can change that.
+            Err(e) if e.message().contains("invalid peer certificate") => {
+                return Err(Error::Config(format!(
+                    "etcd's TLS certificate is refused: {} (check --cacert and --upstream-server-name)",
+                    e.message()
+                )));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");
                 tokio::time::sleep(CONNECT_RETRY).await;

@@ -321,3 +321,31 @@ async fn an_etcd_with_a_p521_certificate_is_reached() {
         1
     );
 }
+
+/// etcd's certificate refused (signed by another CA): a start-up error that says so, not
+/// an endless retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_etcd_certificate_is_a_start_up_error() {
+    let theirs = testkit::TestPki::new();
+    let etcd = start_etcd(EtcdOptions::default().tls(theirs.server_tls(false))).await;
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let ours = dir.path().join("ca.crt").display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
+            .args([
+                "--endpoints",
+                &etcd.endpoint(),
+                "--listen-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--cacert", &ours])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd's TLS certificate is refused"), "{err}");
+}
