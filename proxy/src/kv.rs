@@ -86,11 +86,13 @@ impl KvService {
         check_range(r)?;
         self.st.ns.range_in(r);
         // etcd answers a read at a revision it compacted, not the cache's window.
-        let cache = self
+        let mut cache = self
             .st
             .cache()
-            .filter(|_| self.st.in_cache(&r.key, &r.range_end))
-            .filter(|_| !self.st.compacted.compacted(r.revision));
+            .filter(|_| self.st.in_cache(&r.key, &r.range_end));
+        if cache.is_some() && self.st.compacted.compacted_now(r.revision).await {
+            cache = None;
+        }
         if let Some(cache) = cache {
             self.st.authz.check(md, &r.key, &r.range_end).await?;
             match self.cached_range(&cache, r).await {

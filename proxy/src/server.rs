@@ -166,10 +166,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         shutdown_rx.clone(),
     );
 
-    let _compaction = AbortOnDrop(
-        st.compacted
-            .spawn_probe(st.up.clone(), Bytes::from(cache_prefix.clone())),
-    );
+    let _compaction = AbortOnDrop(st.compacted.spawn_probe());
     let (health, health_service) = tonic_health::server::health_reporter();
     let _health = AbortOnDrop(tokio::spawn(follow_health(
         health,

@@ -55,13 +55,14 @@ impl State {
         advertised_url: Option<String>,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<State> {
+        let up_for_floor = up.clone();
         let cached_start = Bytes::copy_from_slice(cache_prefix);
         let cached_end = prefix_end(cache_prefix);
         Arc::new(State {
             slot,
             up,
             authz,
-            compacted: Arc::default(),
+            compacted: crate::compaction::CompactFloor::new(up_for_floor, cache_prefix),
             ns,
             cached_start,
             cached_end,
