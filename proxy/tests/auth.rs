@@ -16,7 +16,9 @@ use raw::etcdserverpb::{
     watch_request::RequestUnion, AuthenticateRequest, RangeRequest, WatchCreateRequest,
     WatchRequest,
 };
-use support::{auth_asks as asks, free_port, start_etcd, start_proxy, EtcdOptions, Proxy};
+use support::{
+    auth_asks as asks, free_port, start_etcd, start_fails, start_proxy, EtcdOptions, Proxy,
+};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -417,35 +419,13 @@ async fn a_revoked_permission_ends_cached_reads_and_watches_a_granted_one_opens_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_upstream_user_is_refused_at_start() {
     let etcd = auth_etcd(&[]).await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
-        .args([
-            "--endpoints",
-            &etcd.endpoint(),
-            "--listen-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--user", "root:rootpw"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start_fails(&etcd.endpoint(), &["--user", "root:rootpw"]);
     assert!(
         err.contains("root role") && err.contains("--allow-root-upstream"),
         "{err}"
     );
     // A wrong password is a start-up error too, not an endless retry.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
-        .args([
-            "--endpoints",
-            &etcd.endpoint(),
-            "--listen-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--user", "cacher:wrong"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start_fails(&etcd.endpoint(), &["--user", "cacher:wrong"]);
     assert!(err.contains("authenticating --user"), "{err}");
 }
 
@@ -703,20 +683,12 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
     let ca = pki.dir().join("ca.pem").display().to_string();
     // A CN with the root role: refused at start.
     let (cert, key) = files("root");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
-        .args([
-            "--endpoints",
-            &endpoint,
-            "--listen-addr",
-            "127.0.0.1:0",
-            "--prefix",
-            "/app/",
-        ])
-        .args(["--cacert", &ca, "--cert", &cert, "--key", &key])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start_fails(
+        &endpoint,
+        &[
+            "--prefix", "/app/", "--cacert", &ca, "--cert", &cert, "--key", &key,
+        ],
+    );
     assert!(
         err.contains("the CN of --cert") && err.contains("root role"),
         "{err}"

@@ -234,3 +234,16 @@ pub fn auth_asks(metrics: std::net::SocketAddr) -> u64 {
         .map(|v| v.trim().parse::<f64>().unwrap() as u64)
         .unwrap_or(0)
 }
+
+/// Runs the proxy binary in front of `etcd` with `extra` flags, expects it to refuse to
+/// start, and returns what it printed on stderr (the reason).
+pub fn start_fails(etcd: &str, extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_etcd-cache-proxy"))
+        .args(["--endpoints", etcd, "--listen-addr", "127.0.0.1:0"])
+        .args(extra)
+        .output()
+        .expect("running etcd-cache-proxy");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the proxy started: {err}");
+    err
+}
