@@ -99,16 +99,8 @@ macro_rules! same {
     }};
 }
 
-/// One etcd with auth on: root (root), `cacher` (read on /app/: the proxy's user),
-/// `reader` (read on /app/a/), `nobody` (no role); keys under /app/a/, /app/b/ and
-/// /other.
-async fn auth_etcd(extra: &[&str]) -> support::EtcdServer {
-    let mut opts = EtcdOptions::default();
-    for a in extra {
-        opts = opts.arg(*a);
-    }
-    let etcd = start_etcd(opts).await;
-    let mut admin = connect(&etcd.endpoint(), None).await;
+/// The keys and users of [`auth_etcd`], made with `admin` (auth still off).
+async fn add_users(admin: &mut Client) {
     admin.put("/app/a/x", "ax", None).await.unwrap();
     admin.put("/app/b/secret", "s3cret", None).await.unwrap();
     admin.put("/other", "o", None).await.unwrap();
@@ -124,6 +116,19 @@ async fn auth_etcd(extra: &[&str]) -> support::EtcdServer {
         admin.user_grant_role(user, role).await.unwrap();
     }
     admin.user_add("nobody", "pw", None).await.unwrap();
+}
+
+/// One etcd with auth on: root (root), `cacher` (read on /app/: the proxy's user),
+/// `reader` (read on /app/a/), `nobody` (no role); keys under /app/a/, /app/b/ and
+/// /other.
+async fn auth_etcd(extra: &[&str]) -> support::EtcdServer {
+    let mut opts = EtcdOptions::default();
+    for a in extra {
+        opts = opts.arg(*a);
+    }
+    let etcd = start_etcd(opts).await;
+    let mut admin = connect(&etcd.endpoint(), None).await;
+    add_users(&mut admin).await;
     admin.auth_enable().await.unwrap();
     etcd
 }
@@ -435,16 +440,7 @@ async fn auth_turned_on_and_off_while_the_proxy_runs() {
     // authenticate it now).
     let etcd = start_etcd(EtcdOptions::default()).await;
     let mut admin = connect(&etcd.endpoint(), None).await;
-    admin.put("/app/a/x", "ax", None).await.unwrap();
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.user_add("cacher", "pw", None).await.unwrap();
-    admin.role_add("cache").await.unwrap();
-    admin
-        .role_grant_permission("cache", Permission::read("/app/").with_prefix())
-        .await
-        .unwrap();
-    admin.user_grant_role("cacher", "cache").await.unwrap();
+    add_users(&mut admin).await;
     let proxy = proxy_for(&etcd, &[]).await;
     let mut anon = connect(&proxy.endpoint(), None).await;
     assert_eq!(anon.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
@@ -652,23 +648,7 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
     let mut admin = Client::connect([endpoint.as_str()], Some(tls_as("root")))
         .await
         .unwrap();
-    admin.put("/app/a/x", "ax", None).await.unwrap();
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.user_add("cacher", "pw", None).await.unwrap();
-    admin.role_add("cache").await.unwrap();
-    admin
-        .role_grant_permission("cache", Permission::read("/app/").with_prefix())
-        .await
-        .unwrap();
-    admin.user_grant_role("cacher", "cache").await.unwrap();
-    admin.user_add("reader", "pw", None).await.unwrap();
-    admin.role_add("ro").await.unwrap();
-    admin
-        .role_grant_permission("ro", Permission::read("/app/a/").with_prefix())
-        .await
-        .unwrap();
-    admin.user_grant_role("reader", "ro").await.unwrap();
+    add_users(&mut admin).await;
     admin.auth_enable().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
