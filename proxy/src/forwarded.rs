@@ -135,7 +135,9 @@ impl Forwarded {
         // its first answer.
         let (tx, rx) = mpsc::channel(QUEUE);
         tx.try_send(req).expect("an empty queue has room");
-        let call = self.up.request(&self.md, ReceiverStream::new(rx));
+        let call = self
+            .up
+            .caller_request("watch", &self.md, ReceiverStream::new(rx))?;
         let stream = self.up.watch().watch(call).await?.into_inner();
         self.tx = Some(tx);
         self.rx = Some(stream);

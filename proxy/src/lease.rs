@@ -139,7 +139,7 @@ async fn open(up: &Upstream, md: &MetadataMap, first: i64) -> Result<UpstreamStr
     tx.try_send(LeaseKeepAliveRequest { id: first })
         .expect("an empty queue has room");
     // The callers' token, never the proxy's.
-    let req = up.request(md, ReceiverStream::new(rx));
+    let req = up.caller_request("lease_keep_alive", md, ReceiverStream::new(rx))?;
     let rx = up.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })
 }

@@ -52,7 +52,9 @@ pub(crate) struct Upstream {
 
 /// Calls etcd answers without a user while auth is on (no permission check), so a call
 /// without a token may make them over the proxy's certificate.
-const ANONYMOUS_OK: &[&str] = &["authenticate", "auth_status", "status", "lease_keep_alive"];
+/// (etcd 3.6 and later check the caller of a lease renewal, so keep-alives are not
+/// among them.)
+const ANONYMOUS_OK: &[&str] = &["authenticate", "auth_status", "status"];
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
 pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
@@ -203,6 +205,19 @@ impl Upstream {
         F: FnMut(Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
+        f(self.caller_request(method, from, msg)?).await
+    }
+
+    /// [`request`](Self::request) for a call or stream of `method` made for a client:
+    /// refused with `etcdserver: user name is empty` when auth is on, the client sent no
+    /// token and the proxy presents a certificate with a CN (which etcd would take as
+    /// the caller).
+    pub(crate) fn caller_request<T>(
+        &self,
+        method: &'static str,
+        from: &MetadataMap,
+        msg: T,
+    ) -> Result<Request<T>, Status> {
         if self.cert_identity.is_some()
             && from.get(TOKEN).is_none()
             && self.auth_enabled()
@@ -210,7 +225,7 @@ impl Upstream {
         {
             return Err(crate::status::user_empty());
         }
-        f(self.request(from, msg)).await
+        Ok(self.request(from, msg))
     }
 
     /// Calls etcd for the proxy's own work with its token; when etcd says the token is

@@ -709,6 +709,16 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
     );
     let refused = watch_outcome(&mut anon, "/other", None).await;
     assert!(refused.contains("canceled=true"), "{refused}");
+    // Nor is a lease renewed as the CN for a caller without a token.
+    let lease = admin.lease_grant(60, None).await.unwrap().id();
+    let renewed = async {
+        let (mut keeper, mut stream) = anon.lease_keep_alive(lease).await?;
+        keeper.keep_alive().await?;
+        stream.message().await
+    }
+    .await;
+    let err = renewed.map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("user name is empty"), "{err}");
     // A token gets exactly its own rights.
     let mut reader = connect(&proxy.endpoint(), Some(("reader", "pw"))).await;
     assert_eq!(reader.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
