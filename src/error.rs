@@ -315,6 +315,44 @@ impl Error {
     }
 }
 
+/// True for a call that failed because its connection did: a refused or failed connect
+/// (tonic's `Unavailable`), or a connection closed, reset or broken under the call. A
+/// read failed so was never answered, and asking again on a new connection is safe. Not
+/// a refusal over certificates, which retrying cannot change.
+pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            if certificate_refused(status) {
+                return false;
+            }
+            if status.code() == tonic::Code::Unavailable {
+                return true;
+            }
+            let mut source = std::error::Error::source(status);
+            while let Some(e) = source {
+                if e.to_string().contains(CONNECTION_CLOSED) {
+                    return true;
+                }
+                if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                    return matches!(
+                        io.kind(),
+                        ErrorKind::BrokenPipe
+                            | ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::ConnectionRefused
+                            | ErrorKind::UnexpectedEof
+                    );
+                }
+                source = e.source();
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
 /// See [`Error::is_permanent_upstream_failure`].
 fn permanent(e: &etcd_client::Error) -> bool {
     use tonic::Code;

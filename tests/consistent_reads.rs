@@ -198,6 +198,59 @@ async fn resumed_watch_never_reports_a_revision_it_has_not_applied() {
     .await;
 }
 
+/// A read that etcd answers (here: the cache is reconnecting) is asked again when its
+/// connection fails: a client channel that was reconnecting answers its first call with
+/// the failure of its last connect (CI saw this break the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_etcd_answers_is_asked_again_when_its_connection_fails() {
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(60), async {
+        let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
+        let rev = direct
+            .put("/r/a", "1", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let proxy = TcpProxy::start(etcd.client_addr()).await;
+        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
+        // A long backoff: once cut off, the follower makes no attempt during the test,
+        // so every connection the proxy refuses is the read's.
+        let cache = testkit::ready_cache(via_proxy, |b| {
+            b.prefix("/r/")
+                .backoff(Duration::from_secs(30), Duration::from_secs(30))
+        })
+        .await;
+        proxy.set_refuse(true);
+        proxy.drop_all_connections();
+        let mut status = cache.status_stream();
+        while let Some(s) = status.next().await {
+            if matches!(s, etcd_cache::CacheStatus::Reconnecting { .. }) {
+                break;
+            }
+        }
+        let refused = proxy.refused();
+        let read = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get("/r/a", None).await })
+        };
+        // The read's first connect is refused; then the proxy lets connections through.
+        while proxy.refused() == refused {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        proxy.set_refuse(false);
+        let got = read
+            .await
+            .unwrap()
+            .expect("a read asked again after its connect was refused");
+        assert_eq!(got.kvs()[0].value(), b"1");
+        assert!(got.revision() >= rev);
+        cache.close().await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_only_while_reads_wait() {
     testkit::init_tracing();

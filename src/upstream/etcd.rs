@@ -194,6 +194,39 @@ where
     }
 }
 
+/// Retries of a read whose connection failed (see [`read_retry`]), and the delay before
+/// each: a channel that was reconnecting answers its first call with the failure of its
+/// last connect, which says nothing about the next one.
+const READ_RETRY_DELAYS: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_millis(50),
+    std::time::Duration::from_millis(200),
+];
+
+/// Runs the read `call` (through [`with_fresh_token`]); if its connection failed (a
+/// read that was never answered, see [`crate::error::connection_failed`]), runs it
+/// again after each of [`READ_RETRY_DELAYS`], logging each retry. The last failure is
+/// returned. Only for reads: a write whose connection broke may have been applied.
+async fn read_retry<T, F, Fut>(client: &etcd_client::Client, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let mut delays = READ_RETRY_DELAYS.iter();
+    loop {
+        match with_fresh_token(client, &mut call).await {
+            Err(Error::Upstream(e)) if crate::error::connection_failed(&e) => {
+                let Some(delay) = delays.next() else {
+                    return Err(Error::Upstream(e));
+                };
+                tracing::debug!(error = %e, ?delay, "a read's connection failed; asking again");
+                tokio::time::sleep(*delay).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
         Box::pin(async move {
@@ -320,12 +353,23 @@ impl Upstream for EtcdUpstream {
         revision: i64,
         limit: i64,
     ) -> BoxFuture<'_, Result<RangeResponse>> {
+        // Not retried here: a list that fails ends the session, and the follower counts
+        // and backs off its failures itself (see `CLOSED_AT_CONNECT_LIMIT`).
         let request = RangeRequest {
             revision,
             limit,
             ..RangeRequest::new(range)
         };
-        self.range(request)
+        Box::pin(async move {
+            let client = &self.client;
+            let resp = with_fresh_token(client, || {
+                let mut kv = client.kv_client();
+                let (key, opts) = (request.range.start.to_vec(), get_options(&request));
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await?;
+            Ok(range_response(resp))
+        })
     }
 
     fn watch(
@@ -370,7 +414,7 @@ impl Upstream for EtcdUpstream {
                 .with_count_only()
                 .with_limit(1);
             let client = &self.client;
-            let resp = with_fresh_token(client, || {
+            let resp = read_retry(client, || {
                 let mut kv = client.kv_client();
                 let (key, opts) = (range.start.to_vec(), opts.clone());
                 async move { kv.get(key, Some(opts)).await }
@@ -385,7 +429,7 @@ impl Upstream for EtcdUpstream {
             // The range's start, not the user's key: etcd-client rewrites an empty key
             // only for its own prefix/from-key/all-keys flags, which are not used here.
             let client = &self.client;
-            let resp = with_fresh_token(client, || {
+            let resp = read_retry(client, || {
                 let mut kv = client.kv_client();
                 let (key, opts) = (request.range.start.to_vec(), get_options(&request));
                 async move { kv.get(key, Some(opts)).await }
