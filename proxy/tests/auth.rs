@@ -470,16 +470,6 @@ async fn auth_turned_on_and_off_while_the_proxy_runs() {
     assert_eq!(anon.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
 }
 
-/// The proxy's resident memory, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 async fn token_of(endpoint: &str, name: &str, password: &str) -> String {
     let mut auth = AuthClient::new(raw::channel(endpoint).await);
     auth.authenticate(AuthenticateRequest {
@@ -566,7 +556,7 @@ async fn hostile_tokens_get_etcds_answer_and_cost_etcd_little() {
     }
     // Distinct garbage tokens: each answered as etcd answers it; memory stays bounded.
     let pid = proxy.pid().unwrap();
-    let rss_before = rss_kib(pid);
+    let rss_before = support::rss_kib(pid);
     for i in 0..3000 {
         let t = format!("garbage.{i}.{}", "x".repeat(200));
         let p = raw::outcome(
@@ -576,7 +566,7 @@ async fn hostile_tokens_get_etcds_answer_and_cost_etcd_little() {
         );
         assert!(p.contains("invalid auth token"), "{p}");
     }
-    let grown = rss_kib(pid).saturating_sub(rss_before);
+    let grown = support::rss_kib(pid).saturating_sub(rss_before);
     assert!(
         grown < 64 * 1024,
         "3000 distinct tokens grew the proxy by {grown} KiB"

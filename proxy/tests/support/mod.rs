@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub use testkit::{free_port, EtcdOptions, EtcdServer};
+pub mod scrape;
 
 /// How long the proxy may take to serve after it is started.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -218,21 +219,21 @@ pub async fn start_proxy(etcd: String, extra: Vec<String>) -> Proxy {
     .unwrap()
 }
 
+/// A process's resident memory (`VmRSS` in `/proc/<pid>/status`), in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
 /// `etcd_cache_proxy_auth_asks_total` from a proxy's `--metrics-addr` endpoint.
 pub fn auth_asks(metrics: std::net::SocketAddr) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(metrics).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix("etcd_cache_proxy_auth_asks_total "))
-        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-        .unwrap_or(0)
+    scrape::scrape(metrics)
+        .get("etcd_cache_proxy_auth_asks_total", &[])
+        .unwrap_or(0.0) as u64
 }
 
 /// Runs the proxy binary in front of `etcd` with `extra` flags, expects it to refuse to
