@@ -53,6 +53,13 @@ pub(crate) struct Config {
     /// CA bundle (PEM) that client certificates must chain to (client certificate auth).
     #[arg(long, requires = "cert_file")]
     pub(crate) trusted_ca_file: Option<PathBuf>,
+    /// Certificate revocation lists (PEM): a client whose certificate one of them revokes
+    /// is refused at the handshake, as etcd's --client-crl-file. Only with
+    /// --trusted-ca-file (without it no client certificate is asked for; the flag is then
+    /// ignored with a warning, as etcd ignores it). PEM or DER, as etcd reads it. Given
+    /// twice, the last one counts (etcd's e2e framework passes it twice to grpc-proxy).
+    #[arg(long, overrides_with = "client_crl_file")]
+    pub(crate) client_crl_file: Option<PathBuf>,
 
     /// CA bundle (PEM) to verify etcd's certificate with; enables TLS toward etcd.
     #[arg(long)]

@@ -25,6 +25,8 @@ pub(crate) enum Error {
     Config(String),
     #[error("TLS configuration")]
     Tls(#[source] tonic::transport::Error),
+    #[error("the TLS served to clients: {0}")]
+    ServerTls(String),
     #[error("starting the cache")]
     Cache(#[source] etcd_cache::Error),
     #[error("cannot read the certificate's subject: {0}")]

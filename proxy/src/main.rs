@@ -36,6 +36,7 @@ mod namespace;
 mod pb;
 mod progress;
 mod server;
+mod server_tls;
 mod state;
 mod status;
 mod upstream;

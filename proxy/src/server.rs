@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::auth::AuthService;
@@ -19,7 +19,7 @@ use crate::cluster::ClusterService;
 use crate::config::Config;
 use crate::conn;
 use crate::election::ElectionService;
-use crate::error::{read, Error, Result};
+use crate::error::{Error, Result};
 use crate::kv::KvService;
 use crate::layers::{CallsLayer, InFlight};
 use crate::lease::LeaseService;
@@ -57,6 +57,8 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         ),
         None => None,
     };
+    // The TLS served to clients: files read and checked before anything reaches etcd.
+    let tls = crate::server_tls::server_config(&config)?;
     let ns = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
     let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
     tracing::info!(
@@ -67,6 +69,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         prefix = %String::from_utf8_lossy(&cache_prefix),
         listen_tls = config.cert_file.is_some(),
         client_cert_auth = config.trusted_ca_file.is_some(),
+        client_crl = config.client_crl_file.is_some(),
         upstream_tls = config.upstream_tls(),
         user = config.credentials().map(|c| c.0).unwrap_or_default(),
         history_window = config.history_window,
@@ -184,7 +187,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         };
     }
     let in_flight = InFlight::default();
-    let mut builder = Server::builder()
+    let builder = Server::builder()
         .max_concurrent_streams(u32::MAX)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -192,13 +195,6 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         .initial_stream_window_size(Some(65_535))
         .initial_connection_window_size(Some(65_535))
         .http2_adaptive_window(Some(true));
-    if let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) {
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-        if let Some(ca) = &config.trusted_ca_file {
-            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-        }
-        builder = builder.tls_config(tls).map_err(Error::Tls)?;
-    }
     let router = builder
         .layer(CallsLayer {
             in_flight: in_flight.clone(),
@@ -233,7 +229,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         wait_for_signal().await;
         let _ = shutdown_tx.send(true);
     });
-    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener), async move {
+    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener, tls), async move {
         let _ = signalled.wait_for(|s| *s).await;
         tracing::info!("shutting down: streams end, calls in flight finish");
     });

@@ -349,3 +349,93 @@ async fn a_refused_etcd_certificate_is_a_start_up_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("etcd's TLS certificate is refused"), "{err}");
 }
+
+/// `--client-crl-file` as etcd has it: the same revocation list given to etcd and to the
+/// proxy; a client whose certificate it revokes is refused by both, another client of the
+/// same CA is served by both. A list that is not a CRL is a start-up error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused_as_etcd_refuses_it() {
+    let pki = testkit::TestPki::new();
+    let good = pki.client_identity("good");
+    let revoked = pki.client_identity("revoked");
+    let proxy_id = pki.client_identity("proxy");
+    let crl = pki.crl_file(&[&revoked]);
+    let etcd = start_etcd(
+        EtcdOptions::default().tls(pki.server_tls(true).with_client_crl_file(crl.clone())),
+    )
+    .await;
+    let file = |name: &str, text: &str| {
+        let path = pki.dir().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (cert, key) = (
+        file("proxy.pem", &proxy_id.cert_pem),
+        file("proxy-key.pem", &proxy_id.key_pem),
+    );
+    let dir = pki.dir().display().to_string();
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec![
+            "--cacert".into(),
+            format!("{dir}/ca.pem"),
+            "--cert".into(),
+            cert,
+            "--key".into(),
+            key,
+            "--cert-file".into(),
+            format!("{dir}/server.pem"),
+            "--key-file".into(),
+            format!("{dir}/server-key.pem"),
+            "--trusted-ca-file".into(),
+            format!("{dir}/ca.pem"),
+            "--client-crl-file".into(),
+            crl.display().to_string(),
+            "--prefix".into(),
+            "/crl/".into(),
+        ],
+    )
+    .await;
+    let proxy_url = proxy.endpoint().replace("http://", "https://");
+    for (who, id, served) in [("good", &good, true), ("revoked", &revoked, false)] {
+        let mut answers = Vec::new();
+        for endpoint in [etcd.endpoint(), proxy_url.clone()] {
+            let options = ConnectOptions::new()
+                .with_tls(pki.client_tls(Some(id)))
+                .with_connect_timeout(std::time::Duration::from_secs(5))
+                .with_timeout(std::time::Duration::from_secs(5));
+            let got = async {
+                let mut c = etcd_client::Client::connect([endpoint.clone()], Some(options)).await?;
+                c.get("/crl/k", None).await
+            }
+            .await;
+            answers.push(got.is_ok());
+            if served {
+                got.unwrap_or_else(|e| panic!("{who} refused by {endpoint}: {e}"));
+            }
+        }
+        assert_eq!(
+            answers,
+            [served, served],
+            "{who}: answered by [etcd, the proxy]"
+        );
+    }
+    let not_a_crl = file("not-a-crl.pem", &good.cert_pem);
+    let why = support::start_fails(
+        &etcd.endpoint(),
+        &[
+            "--cert-file",
+            &format!("{dir}/server.pem"),
+            "--key-file",
+            &format!("{dir}/server-key.pem"),
+            "--trusted-ca-file",
+            &format!("{dir}/ca.pem"),
+            "--client-crl-file",
+            &not_a_crl,
+        ],
+    );
+    assert!(
+        why.contains("--client-crl-file") && why.contains("not-a-crl.pem"),
+        "{why}"
+    );
+}

@@ -161,6 +161,9 @@ impl EtcdOptions {
             if tls.client_cert_auth {
                 args.push("--client-cert-auth".to_string());
             }
+            if let Some(crl) = &tls.client_crl_file {
+                args.push(format!("--client-crl-file={}", crl.display()));
+            }
         }
         if let Some(retention) = &self.auto_compaction_retention {
             if let Some(mode) = &self.auto_compaction_mode {

@@ -17,9 +17,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+    RevokedCertParams, SerialNumber,
 };
 
 /// The TLS files of an etcd server (see [`EtcdOptions::tls`](crate::EtcdOptions::tls)).
@@ -35,6 +38,8 @@ pub struct ServerTls {
     pub trusted_ca_file: Option<PathBuf>,
     /// `--client-cert-auth`: clients must present a certificate signed by that CA.
     pub client_cert_auth: bool,
+    /// `--client-crl-file`: client certificates revoked (see [`TestPki::crl_file`]).
+    pub client_crl_file: Option<PathBuf>,
     /// Keeps the files until the last server using them is gone.
     _dir: Arc<tempfile::TempDir>,
 }
@@ -51,8 +56,15 @@ impl ServerTls {
             key_file,
             trusted_ca_file: None,
             client_cert_auth: false,
+            client_crl_file: None,
             _dir: Arc::new(tempfile::tempdir().expect("a temporary directory")),
         }
+    }
+
+    /// The same, with `--client-crl-file` set to `crl` (see [`TestPki::crl_file`]).
+    pub fn with_client_crl_file(mut self, crl: PathBuf) -> ServerTls {
+        self.client_crl_file = Some(crl);
+        self
     }
 }
 
@@ -63,6 +75,8 @@ pub struct ClientIdentity {
     pub cert_pem: String,
     /// The private key.
     pub key_pem: String,
+    /// The certificate's serial number (big-endian), as a CRL names it.
+    pub serial: Vec<u8>,
 }
 
 /// A test CA with a server certificate, issuing client certificates on demand.
@@ -158,6 +172,7 @@ impl TestPki {
             key_file: self.dir.path().join("server-key.pem"),
             trusted_ca_file: client_cert_auth.then(|| self.dir.path().join("ca.pem")),
             client_cert_auth,
+            client_crl_file: None,
             _dir: self.dir.clone(),
         }
     }
@@ -173,6 +188,14 @@ impl TestPki {
             .distinguished_name
             .push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        // Unique in the process (a CRL revokes by serial); positive (first byte < 0x80).
+        static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+        let serial: Vec<u8> = [0x10]
+            .into_iter()
+            .chain(std::process::id().to_be_bytes())
+            .chain(NEXT_SERIAL.fetch_add(1, Ordering::Relaxed).to_be_bytes())
+            .collect();
+        params.serial_number = Some(SerialNumber::from(serial.clone()));
         let key = KeyPair::generate().expect("client key");
         let cert = params
             .signed_by(&key, &self.issuer)
@@ -180,7 +203,36 @@ impl TestPki {
         ClientIdentity {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            serial,
         }
+    }
+
+    /// A certificate revocation list signed by this CA that revokes `revoked`, written
+    /// as `crl.pem` beside the certificates (for `--client-crl-file`).
+    ///
+    /// # Panics
+    /// When the list cannot be made or written.
+    pub fn crl_file(&self, revoked: &[&ClientIdentity]) -> PathBuf {
+        let params = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2000, 1, 1),
+            next_update: rcgen::date_time_ymd(4000, 1, 1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|id| RevokedCertParams {
+                    serial_number: SerialNumber::from(id.serial.clone()),
+                    revocation_time: rcgen::date_time_ymd(2001, 1, 1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        let crl = params.signed_by(&self.issuer).expect("a CRL");
+        let path = self.dir.path().join("crl.pem");
+        std::fs::write(&path, crl.pem().expect("the CRL in PEM")).expect("write crl.pem");
+        path
     }
 
     /// An ECDSA P-256 key pair for etcd's JWT auth tokens, written next to the certificates,

@@ -180,7 +180,7 @@ func translate(in []string) proxyCmd {
 	for _, f := range flags {
 		switch f.name {
 		case "endpoints", "namespace", "cert", "key", "cacert", "cert-file", "key-file",
-			"trusted-ca-file", "max-send-bytes", "max-recv-bytes":
+			"trusted-ca-file", "client-crl-file", "max-send-bytes", "max-recv-bytes":
 			if f.name == "cacert" && autoTLS && skipVerify {
 				// The member serves etcd's --auto-tls certificate: grpc-proxy skips
 				// verification; etcd-cache-proxy has no such flag, so trust that
