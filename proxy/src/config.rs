@@ -142,6 +142,12 @@ pub(crate) struct Config {
     #[arg(long)]
     pub(crate) allow_root_upstream: bool,
 
+    /// Refused: grpc-proxy's flag to skip verifying etcd's certificate. The proxy carries
+    /// its clients' tokens and passwords to etcd, so it does not talk to an etcd it cannot
+    /// verify; the flag is recognized only to say so at start.
+    #[arg(long, hide = true)]
+    pub(crate) insecure_skip_tls_verify: bool,
+
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub(crate) shutdown_timeout: Duration,
@@ -191,9 +197,18 @@ impl Config {
     /// What cannot work, found before anything is dialed.
     ///
     /// # Errors
-    /// Endpoints that mix `http://` and `https://` (one client cannot carry both), or
-    /// an endpoint of another scheme.
+    /// Endpoints that mix `http://` and `https://` (one client cannot carry both), an
+    /// endpoint of another scheme, or `--insecure-skip-tls-verify`.
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.insecure_skip_tls_verify {
+            return Err(
+                "--insecure-skip-tls-verify is refused: etcd-cache-proxy carries its \
+                clients' tokens and passwords to etcd, so it verifies etcd's certificate; give \
+                --cacert the CA that signed it (etcd's --auto-tls certificates cannot be \
+                verified: give etcd a certificate signed by a CA)"
+                    .into(),
+            );
+        }
         let urls = self.endpoint_urls();
         if let Some(bad) = urls
             .iter()
@@ -262,6 +277,17 @@ mod tests {
         assert!(c.check().unwrap_err().contains("mixes"), "{:?}", c.check());
         let c = parse(&["--endpoints", "unix://x"]);
         assert!(c.check().is_err());
+    }
+
+    /// grpc-proxy's `--insecure-skip-tls-verify` is recognized, and refused with why.
+    #[test]
+    fn skipping_tls_verification_is_refused_with_its_reason() {
+        let c = Config::parse_from(["etcd-cache-proxy", "--insecure-skip-tls-verify"]);
+        let why = c.check().unwrap_err();
+        assert!(
+            why.contains("--insecure-skip-tls-verify is refused") && why.contains("--cacert"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -107,8 +107,17 @@ pub(crate) async fn run(config: Config) -> Result<()> {
             // etcd's certificate is refused (not signed by --cacert, a CA used as a
             // server certificate, ...): no retry can change that.
             Err(e) if e.message().contains("invalid peer certificate") => {
+                let hint = if e.message().contains("CaUsedAsEndEntity") {
+                    // etcd's --auto-tls makes exactly such a certificate.
+                    "etcd serves a CA certificate as its own, as etcd's --auto-tls makes it; \
+                     etcd-cache-proxy verifies etcd's certificate and has no \
+                     --insecure-skip-tls-verify: give etcd a certificate signed by the CA of \
+                     --cacert"
+                } else {
+                    "check --cacert and --upstream-server-name"
+                };
                 return Err(Error::Config(format!(
-                    "etcd's TLS certificate is refused: {} (check --cacert and --upstream-server-name)",
+                    "etcd's TLS certificate is refused: {} ({hint})",
                     e.message()
                 )));
             }

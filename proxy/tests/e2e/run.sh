@@ -4,12 +4,15 @@
 # member. See README.md beside this file.
 #
 #   run.sh [--proxy cache|grpc-proxy|both] [--set quick|e2e|common|all|SUITE:REGEX]...
-#          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--no-build] [--no-isolate]
+#          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--retries N]
+#          [--no-build] [--no-isolate]
 #
 # Prints one line per test leaf (`PASS|FAIL|SKIP <proxy> <suite> <name> (<secs>s)`), for
 # --proxy both the tests that fail through etcd-cache-proxy but pass through grpc-proxy, and
-# last `N passed, M failed, K skipped` over every run. Exits 1 when a test failed (or never
-# finished), 2 on a usage or build error.
+# last `N passed, M failed, K skipped` over every run. A failure that exceptions.tsv lists
+# (with its reason) is an expected failure, not counted as failed. --retries N runs a failed
+# test again up to N times (isolated runs only); one that passes then is reported as flaky.
+# Exits 1 when a test failed (or never finished), 2 on a usage or build error.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,6 +25,7 @@ timeout="15m"
 isolate=1
 out=""
 jobs=1
+retries=0
 build=1
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
     --timeout) shift; timeout="$1" ;;
     --out) shift; out="$1" ;;
     --jobs|-j) shift; jobs="$1" ;;
+    --retries) shift; retries="$1" ;;
     --no-build) build=0 ;;
     --no-isolate) isolate=0 ;;
     -h|--help) usage ;;
@@ -72,6 +77,12 @@ out="$(cd "$out" && pwd)"
 export GOWORK=off CGO_ENABLED=0
 GOBUILD=(nice -n 10 go build -trimpath -buildvcs=false)
 GOTEST_C=(nice -n 10 go test -c -trimpath -buildvcs=false)
+
+# etcd takes ETCD_<FLAG> from its environment as flags, and the framework passes ETCD_* on:
+# none of the caller's (ETCD_VERSION, ETCD_CACHE_ETCD_DIR, ...) may reach it.
+while read -r v; do
+  case "$v" in ETCD_E2E_*|ETCD_CACHE_PROXY_BIN) ;; ETCD*) unset "$v" ;; esac
+done < <(compgen -e)
 
 log() { echo "run.sh: $*" >&2; }
 die() { echo "run.sh: $*" >&2; exit 2; }
@@ -149,12 +160,21 @@ run_job() { # index proxy suite regex
     export ETCD_E2E_PROXY="$p" ETCD_E2E_PROXY_LOG_DIR="$dir/proxy-logs" ETCD_E2E_REAL_ETCD="$BUILD/bin/etcd-real"
     unset E2E_PROXY E2E_PROXY_LOG_DIR E2E_REAL_ETCD
     local rc=0 n
-    for n in "${names[@]}"; do
+    one() {
       if [ "$jobs" -gt 1 ]; then
-        nice -n 10 unshare --net -- sh -c 'ip link set lo up 2>/dev/null || true; exec "$@"' sh "${cmd[@]}" -test.run "$n" || rc=1
+        nice -n 10 unshare --net -- sh -c 'ip link set lo up 2>/dev/null || true; exec "$@"' sh "${cmd[@]}" -test.run "$1"
       else
-        nice -n 10 "${cmd[@]}" -test.run "$n" || rc=1
+        nice -n 10 "${cmd[@]}" -test.run "$1"
       fi
+    }
+    for n in "${names[@]}"; do
+      local tries=0
+      until one "$n"; do
+        if [ "$isolate" = 0 ] || [ "$tries" -ge "$retries" ]; then rc=1; break; fi
+        tries=$((tries + 1))
+        # report.py reads this line: results after it are the retry's.
+        echo "run.sh: RETRY $tries $n"
+      done
     done
     exit $rc
   ) >"$dir/test.log" 2>&1
