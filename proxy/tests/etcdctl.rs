@@ -5,8 +5,9 @@
 
 mod support;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::{EtcdOptions, EtcdServer, Proxy};
@@ -60,25 +61,102 @@ impl Side {
         )
     }
 
-    /// Runs `etcdctl watch ...` for `for_` and returns what it printed by then.
-    fn watch(&self, args: &[&str], for_: Duration) -> String {
+    /// Starts `etcdctl watch <args>` (`-i` among them: interactive, commands on stdin).
+    fn start_watch(&self, args: &[&str]) -> Watching {
         let mut child = Command::new(&self.bin)
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoint))
             .arg("watch")
             .args(args)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(for_);
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
+        let collect = |mut from: Box<dyn Read + Send>| {
+            let text = Arc::new(Mutex::new(String::new()));
+            let into = text.clone();
+            let reader = std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    into.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            });
+            (text, reader)
+        };
+        let (stdout, out_reader) = collect(Box::new(child.stdout.take().unwrap()));
+        let (stderr, err_reader) = collect(Box::new(child.stderr.take().unwrap()));
+        Watching {
+            child,
+            stdout,
+            stderr,
+            readers: vec![out_reader, err_reader],
+        }
+    }
+
+    /// What `etcdctl watch <args>` prints for a replay: everything it printed once it has
+    /// printed something and then nothing more for [`SETTLED`] (etcd sends a replay in one
+    /// response, so a pause inside it is not expected), within [`WATCH_LIMIT`].
+    fn watch(&self, args: &[&str]) -> String {
+        let mut w = self.start_watch(args);
+        let mut last = (String::new(), std::time::Instant::now());
+        w.wait_for(|out| {
+            if out != last.0 {
+                last = (out.to_string(), std::time::Instant::now());
+            }
+            !out.is_empty() && last.1.elapsed() >= SETTLED
+        });
+        w.stop()
+    }
+}
+
+/// How long a replay's output must stay the same to count as complete.
+const SETTLED: Duration = Duration::from_millis(700);
+
+/// The most an etcdctl watch may take to print what a test waits for (a failure bound,
+/// not a wait: the tests stop as soon as it is printed).
+const WATCH_LIMIT: Duration = Duration::from_secs(30);
+
+/// A running `etcdctl watch`, its output collected as it comes.
+struct Watching {
+    child: std::process::Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    /// The threads copying stdout and stderr; they end at EOF, when etcdctl is gone.
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Watching {
+    /// Waits until `done(stdout so far)` holds; panics with the output after
+    /// [`WATCH_LIMIT`].
+    fn wait_for(&mut self, mut done: impl FnMut(&str) -> bool) {
+        let deadline = std::time::Instant::now() + WATCH_LIMIT;
+        loop {
+            let out = self.stdout.lock().unwrap().clone();
+            if done(&out) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcdctl watch: not printed within {WATCH_LIMIT:?}; stdout:\n{out}\nstderr:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills etcdctl; what it printed, stdout then stderr.
+    fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        let out = self.stdout.lock().unwrap().clone();
+        let err = self.stderr.lock().unwrap().clone();
+        format!("{out}{err}")
     }
 }
 
@@ -247,19 +325,26 @@ fn same_output(direct: &Side, via: &Side) {
         vec!["/k/1", "--rev=1"],
         vec!["", "--prefix", "--rev=5"],
     ] {
-        let d = normalize(&direct.watch(&args, Duration::from_millis(1500)), "");
-        let v = normalize(&via.watch(&args, Duration::from_millis(1500)), "");
+        let d = normalize(&direct.watch(&args), "");
+        let v = normalize(&via.watch(&args), "");
         assert!(!d.is_empty());
         assert_eq!(v, d, "etcdctl watch {}", args.join(" "));
     }
-    // A live watch sees a put made after it started.
-    let watcher = std::thread::spawn({
-        let (endpoint, bin) = (via.endpoint.clone(), via.bin.clone());
-        move || Side { endpoint, bin }.watch(&["/live"], Duration::from_millis(2500))
+    // A live watch sees a put made after it started: puts until it prints one (etcdctl
+    // says nothing when its watch is made, so the first puts may come before it).
+    let mut live = via.start_watch(&["/live"]);
+    let mut n = 0;
+    live.wait_for(|out| {
+        if out.is_empty() {
+            n += 1;
+            via.run(&["put", "/live", &format!("now-{n}")], None);
+        }
+        !out.is_empty() && out.ends_with('\n') && out.lines().count() >= 3
     });
-    std::thread::sleep(Duration::from_millis(1000));
-    via.run(&["put", "/live", "now"], None);
-    assert_eq!(normalize(&watcher.join().unwrap(), ""), "PUT\n/live\nnow\n");
+    let seen = normalize(&live.stop(), "");
+    let first: Vec<&str> = seen.lines().take(3).collect();
+    assert_eq!(first[..2], ["PUT", "/live"], "{seen}");
+    assert!(first[2].starts_with("now-"), "{seen}");
     // member list is etcd's (no --advertise-client-url); endpoint status is etcd's.
     let members = via.run(&["member", "list"], None);
     assert!(members.contains(", started, etcd0, "), "{members}");
@@ -321,42 +406,28 @@ fn newer_etcdctl_through_the_proxy_prints_what_etcd_prints() {
     same_output(&direct, &via);
     // --progress-notify: periodic progress notifications at the current revision.
     for side in [&direct, &via] {
-        let out = side.watch(
-            &["--progress-notify", "/quiet"],
-            Duration::from_millis(2500),
-        );
         let rev = side.run(&["get", "/k/1", "-w", "json"], None);
         let rev = rev.split("\"revision\":").nth(1).unwrap();
-        let rev = &rev[..rev.find(|c: char| !c.is_ascii_digit()).unwrap()];
-        assert!(
-            out.contains(&format!("progress notify: {rev}")),
-            "{}: {out}",
-            side.endpoint
-        );
+        let rev = rev[..rev.find(|c: char| !c.is_ascii_digit()).unwrap()].to_string();
+        let mut w = side.start_watch(&["--progress-notify", "/quiet"]);
+        w.wait_for(|out| out.contains(&format!("progress notify: {rev}")));
+        w.stop();
     }
     // Interactive `progress`: a WatchProgressRequest on the stream.
+    // (`progress` before the watch is made answers nothing, so it is sent again until it
+    // is answered.)
     for side in [&direct, &via] {
-        let mut child = Command::new(&side.bin)
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", side.endpoint))
-            .args(["watch", "-i"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
+        let mut w = side.start_watch(&["-i"]);
+        let mut stdin = w.child.stdin.take().unwrap();
         stdin.write_all(b"watch /other\n").unwrap();
-        std::thread::sleep(Duration::from_millis(500));
-        stdin.write_all(b"progress\n").unwrap();
-        std::thread::sleep(Duration::from_millis(1000));
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        let out = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.contains("progress notify: "),
-            "{}: {out}",
-            side.endpoint
-        );
+        let mut asked: Option<std::time::Instant> = None;
+        w.wait_for(|out| {
+            if asked.is_none_or(|t| t.elapsed() >= Duration::from_millis(300)) {
+                asked = Some(std::time::Instant::now());
+                stdin.write_all(b"progress\n").unwrap();
+            }
+            out.contains("progress notify: ")
+        });
+        w.stop();
     }
 }

@@ -174,10 +174,20 @@ async fn tls_on_both_sides() {
         "{}",
         b.log_tail()
     );
-    // The cache's own probe of each member's version reaches A over TLS too.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The cache's own probe of each member's version reaches A over TLS too: its verdict
+    // is logged once it has run, and no member was unreachable.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !b.log_text().contains("server versions") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no version verdict in 30 s:\n{}",
+            b.log_tail()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert!(
-        !b.log_text().contains("could not learn the etcd version"),
+        !b.log_text().contains("could not learn the etcd version")
+            && !b.log_text().contains("unreachable:"),
         "{}",
         b.log_tail()
     );

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::ProgressTrust;
 use crate::shared::Shared;
@@ -86,6 +86,8 @@ impl Drop for VersionProbe {
 async fn probe_loop(shared: Arc<Shared>, recheck: Arc<Notify>, trust: watch::Sender<bool>) {
     // The first probe comes with the first session's recheck.
     recheck.notified().await;
+    // The verdict last logged at info: a new or changed one is worth an operator's eye.
+    let mut told: Option<bool> = None;
     loop {
         let next = match tokio::time::timeout(PROBE_LIMIT, shared.upstream.versions()).await {
             Ok(Ok(versions)) => {
@@ -101,7 +103,12 @@ async fn probe_loop(shared: Arc<Shared>, recheck: Arc<Notify>, trust: watch::Sen
                 }
                 let ok =
                     !versions.is_empty() && versions.iter().all(|v| version_trusts_progress(v));
-                debug!(?versions, trusted = ok, "server versions");
+                if told == Some(ok) {
+                    debug!(?versions, trusted = ok, "server versions");
+                } else {
+                    info!(?versions, trusted = ok, "server versions");
+                    told = Some(ok);
+                }
                 shared.counters.set_versions(versions);
                 shared.counters.set_progress_trusted(ok);
                 trust.send_replace(ok);
