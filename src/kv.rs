@@ -167,6 +167,14 @@ impl KeyValue {
         self.0.key.len() + self.0.value.len()
     }
 
+    /// This key-value without its lease (keys-only reads of etcd >= 3.7).
+    pub(crate) fn without_lease(&self) -> Self {
+        KeyValue(Arc::new(KvInner {
+            lease: 0,
+            ..(*self.0).clone()
+        }))
+    }
+
     /// This key-value without its value, for keys-only reads.
     pub(crate) fn without_value(&self) -> Self {
         KeyValue(Arc::new(KvInner {

@@ -289,6 +289,8 @@ pub(crate) struct Counters {
     heard: Mutex<Option<Instant>>,
     /// The server versions of the last probe (`unreachable:<url>` where unknown).
     versions: Mutex<Vec<String>>,
+    /// Every member answers keys-only reads without leases (all known to be >= 3.7).
+    keys_only_without_lease: AtomicBool,
     /// Who answered last: cluster id, member id and raft term for response headers.
     /// (cluster id, member id, raft term), each written whole (a torn mix of two
     /// members' ids for one response is harmless: both are real and current).
@@ -331,7 +333,19 @@ impl Counters {
     }
 
     pub(crate) fn set_versions(&self, versions: Vec<String>) {
+        let without_lease = !versions.is_empty()
+            && versions
+                .iter()
+                .all(|v| crate::upstream::keys_only_drops_lease(v));
+        self.keys_only_without_lease
+            .store(without_lease, Ordering::Relaxed);
         *self.versions.lock() = versions;
+    }
+
+    /// Whether keys-only reads are answered without leases, as etcd >= 3.7 answers them
+    /// (until the versions are known, with them, as 3.4 to 3.6).
+    pub(crate) fn keys_only_without_lease(&self) -> bool {
+        self.keys_only_without_lease.load(Ordering::Relaxed)
     }
 
     pub(crate) fn versions(&self) -> Vec<String> {

@@ -99,13 +99,7 @@ pub(crate) trait Upstream: Send + Sync + 'static {
 /// True if this etcd version answers `RequestProgress` correctly (etcd#15220 fixed in
 /// 3.4.25 / 3.5.8, etcd#17507 fixed in 3.4.31 / 3.5.13; Kubernetes gates on the latter).
 pub(crate) fn version_trusts_progress(version: &str) -> bool {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u64>().ok());
-    let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) =
-        (parts.next(), parts.next(), parts.next())
-    else {
+    let Some((major, minor, patch)) = parse_version(version) else {
         return false;
     };
     match (major, minor) {
@@ -116,9 +110,37 @@ pub(crate) fn version_trusts_progress(version: &str) -> bool {
     }
 }
 
+/// Whether etcd at `version` answers a keys-only Range without the leases (3.7 does;
+/// 3.4 to 3.6 keep them): the cache answers as the cluster it follows.
+pub(crate) fn keys_only_drops_lease(version: &str) -> bool {
+    parse_version(version).is_some_and(|(major, minor, _)| (major, minor) >= (3, 7))
+}
+
+/// `major.minor.patch` of a version as etcd reports it (`3.5.13`, `v3.6.0-alpha.0`).
+fn parse_version(version: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().ok());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) => Some((major, minor, patch)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_only_reads_lose_their_leases_from_3_7() {
+        for v in ["3.7.0", "3.7.3", "v3.8.0-alpha.0", "4.0.0"] {
+            assert!(keys_only_drops_lease(v), "{v}");
+        }
+        for v in ["3.4.23", "3.5.35", "3.6.16", "unreachable:http://x", ""] {
+            assert!(!keys_only_drops_lease(v), "{v}");
+        }
+    }
 
     #[test]
     fn fixed_versions_are_trusted() {
