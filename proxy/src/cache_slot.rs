@@ -62,16 +62,22 @@ impl CacheSlot {
         self.current.load().is_none() && wanted(authz, config).is_none()
     }
 
+    /// A slot without a cache: everything is forwarded until [`CacheSlot::start`].
+    pub(crate) fn empty() -> Arc<CacheSlot> {
+        Arc::new(CacheSlot {
+            current: ArcSwapOption::empty(),
+        })
+    }
+
     /// Builds the first cache for etcd's auth state (learned by `authz`), and starts
     /// the task that replaces it when needed.
     pub(crate) async fn start(
+        self: &Arc<Self>,
         config: &Config,
         authz: Arc<Authz>,
         cache_prefix: Vec<u8>,
-    ) -> Result<(Arc<CacheSlot>, tokio::task::JoinHandle<()>)> {
-        let slot = Arc::new(CacheSlot {
-            current: ArcSwapOption::empty(),
-        });
+    ) -> Result<tokio::task::JoinHandle<()>> {
+        let slot = self.clone();
         match wanted(&authz, config) {
             Some(id) => {
                 let cache = build(config, id, &cache_prefix).await?;
@@ -88,7 +94,7 @@ impl CacheSlot {
             authz,
             cache_prefix,
         ));
-        Ok((slot, task))
+        Ok(task)
     }
 
     /// Closes the current cache (shutdown).

@@ -5,6 +5,7 @@
 //! `Unavailable` (clients reconnect and resume), unary calls in flight finish, and the
 //! process exits once every connection is closed or `--shutdown-timeout` has passed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -100,66 +101,63 @@ pub(crate) async fn run(config: Config) -> Result<()> {
 
     let up = Upstream::new(&config)?;
     let authz = Authz::new(up.clone(), config.auth_token_ttl);
-    // etcd's auth state decides how the cache follows etcd and who may be served what.
-    let auth_on = loop {
-        match authz.learn().await {
-            Ok(on) => break on,
-            // etcd's certificate is refused (not signed by --cacert, a CA used as a
-            // server certificate, ...): no retry can change that.
-            Err(e) if e.message().contains("invalid peer certificate") => {
-                let hint = if e.message().contains("CaUsedAsEndEntity") {
-                    // etcd's --auto-tls makes exactly such a certificate.
-                    "etcd serves a CA certificate as its own, as etcd's --auto-tls makes it; \
-                     etcd-cache-proxy verifies etcd's certificate and has no \
-                     --insecure-skip-tls-verify: give etcd a certificate signed by the CA of \
-                     --cacert"
-                } else {
-                    "check --cacert and --upstream-server-name"
-                };
-                return Err(Error::Config(format!(
-                    "etcd's TLS certificate is refused: {} ({hint})",
-                    e.message()
-                )));
+    // A learner refuses what the cache and the auth checks need (Watch, linearizable
+    // reads, AuthStatus): until etcd promotes it, every call is forwarded and etcd
+    // answers it (as grpc-proxy forwards it); the cache starts once it is a voter.
+    let learner = up.status().await.is_ok_and(|s| s.is_learner);
+    let slot = CacheSlot::empty();
+    let _followed = if learner {
+        tracing::warn!(
+            "the etcd member behind --endpoints is a learner: every call is forwarded to it \
+             (it refuses watches and linearizable reads) until it is promoted; the cache \
+             starts then"
+        );
+        let (config, up, authz, slot, prefix) = (
+            config.clone(),
+            up.clone(),
+            authz.clone(),
+            slot.clone(),
+            cache_prefix.clone(),
+        );
+        AbortOnDrop(tokio::spawn(async move {
+            wait_promoted(&up, config.auth_check_interval).await;
+            tracing::info!("the etcd member was promoted: starting the cache");
+            match follow(&config, &up, &authz, &slot, prefix).await {
+                // Keeps the tasks `follow` started until the server stops.
+                Ok(tasks) => {
+                    let _tasks = tasks;
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "after the promotion the cache cannot start; every call is forwarded"
+                ),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");
-                tokio::time::sleep(CONNECT_RETRY).await;
+        }))
+    } else {
+        let tasks = follow(&config, &up, &authz, &slot, cache_prefix.clone()).await?;
+        if let Some(cache) = slot.get() {
+            // A cache that etcd refuses (the proxy's user may not read the prefix) is a
+            // start-up error, not an endless retry.
+            match tokio::time::timeout(START_CHECK, cache.wait_ready()).await {
+                Ok(Err(e)) if matches!(cache.status(), etcd_cache::CacheStatus::Failed { .. }) => {
+                    return Err(Error::Cache(e));
+                }
+                Ok(_) => {}
+                Err(_) => tracing::warn!(
+                    ?START_CHECK,
+                    "the cache is not ready yet; serving meanwhile (calls are forwarded)"
+                ),
             }
         }
+        if let Err(e) = up.status().await {
+            tracing::warn!(error = %e, "Status toward etcd failed");
+        }
+        AbortOnDrop(tokio::spawn(async move {
+            let _tasks = tasks;
+            std::future::pending::<()>().await;
+        }))
     };
-    tracing::info!(
-        auth = auth_on,
-        "etcd's auth is {}",
-        if auth_on { "on" } else { "off" }
-    );
-    if auth_on {
-        up.authenticate().await.map_err(|s| Error::Authenticate {
-            user: config.credentials().map(|c| c.0).unwrap_or_default(),
-            status: s,
-        })?;
-    }
-    crate::authz::check_upstream_identity(&up, &config).await?;
-    let _auth_poll = AbortOnDrop(authz.spawn_poll(config.auth_check_interval));
-    let (slot, supervisor) = CacheSlot::start(&config, authz.clone(), cache_prefix.clone()).await?;
-    let _supervisor = AbortOnDrop(supervisor);
-    if let Some(cache) = slot.get() {
-        // A cache that etcd refuses (the proxy's user may not read the prefix) is a
-        // start-up error, not an endless retry.
-        match tokio::time::timeout(START_CHECK, cache.wait_ready()).await {
-            Ok(Err(e)) if matches!(cache.status(), etcd_cache::CacheStatus::Failed { .. }) => {
-                return Err(Error::Cache(e));
-            }
-            Ok(_) => {}
-            Err(_) => tracing::warn!(
-                ?START_CHECK,
-                "the cache is not ready yet; serving meanwhile (calls are forwarded)"
-            ),
-        }
-    }
-    if let Err(e) = up.status().await {
-        tracing::warn!(error = %e, "Status toward etcd failed");
-    }
-    let _identity = AbortOnDrop(up.spawn_identity_refresh());
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let limits = Limits {
@@ -257,6 +255,73 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     slot.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Learns etcd's auth state (retried until etcd answers; a refused certificate is an
+/// error), authenticates the proxy's user when auth is on, checks its identity, and starts
+/// the cache in `slot` with the tasks that keep all of it current (returned: they stop
+/// when dropped).
+async fn follow(
+    config: &Config,
+    up: &Arc<Upstream>,
+    authz: &Arc<Authz>,
+    slot: &Arc<CacheSlot>,
+    cache_prefix: Vec<u8>,
+) -> Result<Vec<AbortOnDrop>> {
+    // etcd's auth state decides how the cache follows etcd and who may be served what.
+    let auth_on = loop {
+        match authz.learn().await {
+            Ok(on) => break on,
+            // etcd's certificate is refused (not signed by --cacert, a CA used as a
+            // server certificate, ...): no retry can change that.
+            Err(e) if e.message().contains("invalid peer certificate") => {
+                let hint = if e.message().contains("CaUsedAsEndEntity") {
+                    // etcd's --auto-tls makes exactly such a certificate.
+                    "etcd serves a CA certificate as its own, as etcd's --auto-tls makes it; \
+                     etcd-cache-proxy verifies etcd's certificate and has no \
+                     --insecure-skip-tls-verify: give etcd a certificate signed by the CA of \
+                     --cacert"
+                } else {
+                    "check --cacert and --upstream-server-name"
+                };
+                return Err(Error::Config(format!(
+                    "etcd's TLS certificate is refused: {} ({hint})",
+                    e.message()
+                )));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");
+                tokio::time::sleep(CONNECT_RETRY).await;
+            }
+        }
+    };
+    tracing::info!(
+        auth = auth_on,
+        "etcd's auth is {}",
+        if auth_on { "on" } else { "off" }
+    );
+    if auth_on {
+        up.authenticate().await.map_err(|s| Error::Authenticate {
+            user: config.credentials().map(|c| c.0).unwrap_or_default(),
+            status: s,
+        })?;
+    }
+    crate::authz::check_upstream_identity(&up, &config).await?;
+    let auth_poll = AbortOnDrop(authz.spawn_poll(config.auth_check_interval));
+    let supervisor = AbortOnDrop(slot.start(config, authz.clone(), cache_prefix).await?);
+    let identity = AbortOnDrop(up.spawn_identity_refresh());
+    Ok(vec![auth_poll, supervisor, identity])
+}
+
+/// Returns once the member behind `up` is no longer a learner (Status, every
+/// `interval`); a Status that fails is asked again.
+async fn wait_promoted(up: &Upstream, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if up.status().await.is_ok_and(|s| !s.is_learner) {
+            return;
+        }
+    }
 }
 
 /// The gRPC health service says SERVING while the cache follows etcd, or while the
