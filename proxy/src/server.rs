@@ -306,7 +306,7 @@ async fn follow(
             status: s,
         })?;
     }
-    crate::authz::check_upstream_identity(&up, &config).await?;
+    crate::authz::check_upstream_identity(up, config).await?;
     let auth_poll = AbortOnDrop(authz.spawn_poll(config.auth_check_interval));
     let supervisor = AbortOnDrop(slot.start(config, authz.clone(), cache_prefix).await?);
     let identity = AbortOnDrop(up.spawn_identity_refresh());
