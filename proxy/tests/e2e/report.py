@@ -156,7 +156,20 @@ def excerpt(name, blocks, proxy_logs, limit=8):
     return lines
 
 
+def only_expected(suite, proxy, log):
+    """Exit 0 when every failed leaf in `log` (one test's run) is one exceptions.tsv expects
+    through `proxy`, else 1 (run.sh then runs the test again)."""
+    results, started, _, _ = parse(log)
+    names = list(dict.fromkeys(started + list(results)))
+    exceptions = load_exceptions() if proxy == "cache" else []
+    failed = [n for n in leaves(names) if results.get(n, ("FAIL", 0))[0] == "FAIL"]
+    ok = bool(failed) and all(expected(exceptions, suite, n) for n in failed)
+    sys.exit(0 if ok else 1)
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--expected":
+        only_expected(sys.argv[2], sys.argv[3], sys.argv[4])
     out, seconds = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "?"
     jobs = sorted(
         (d for d in os.listdir(out) if re.match(r"^\d+-", d) and os.path.isdir(os.path.join(out, d))),
