@@ -37,8 +37,12 @@ Commands:
           uncommitted changes); `cargo xtask msrv`;
         then the version matrix:
           every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
-          `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6.
-        --full-matrix  every integration test target on 3.5, 3.6 and 3.7 (CI's run).
+          `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6;
+        then etcd's own e2e suites (v3.6.16) through etcd-cache-proxy, the quick set:
+          `proxy/tests/e2e/run.sh --set quick --retries 1` (see its README; failures that
+          proxy/tests/e2e/exceptions.tsv lists, with their reasons, are expected).
+        --full-matrix  every integration test target on 3.5, 3.6 and 3.7, and every e2e
+                       suite (`--set all`) (CI's run).
         --no-matrix    only the 3.4 steps; needs no Go.
         Arguments before `--` go to cargo (e.g. --release); when they select targets (e.g.
         --test harness) only `cargo test --workspace <them>` runs, without the matrix.

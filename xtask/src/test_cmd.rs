@@ -1,6 +1,7 @@
 //! `cargo xtask test`: every test on the default etcd, then the version matrix.
 
 use std::env;
+use std::process::Command;
 use std::time::Instant;
 
 use crate::etcd_versions::{EtcdVersion, ETCD_VERSION_ENV};
@@ -37,6 +38,25 @@ pub enum StepKind {
     Package,
     /// `cargo xtask msrv`: no locked dependency needs a newer Rust than claimed.
     Msrv,
+    /// `proxy/tests/e2e/run.sh <args>`: etcd's own e2e suites through etcd-cache-proxy.
+    E2e(Vec<String>),
+}
+
+/// etcd's e2e sets run through the proxy: the quick set by default; with `--full-matrix`
+/// every suite, the two suites side by side (each in a network namespace of its own, as
+/// the framework's ports are fixed), which keeps CI's run under an hour. A failed test is
+/// run once more (and reported as flaky if it passes): etcd's own suites have timing
+/// assumptions of their own.
+fn e2e_step(set: &str) -> Step {
+    let mut args = vec!["--set", set, "--retries", "1"];
+    if set == "all" {
+        args.extend(["--jobs", "2"]);
+    }
+    Step {
+        name: format!("etcd e2e through the proxy ({set})"),
+        kind: StepKind::E2e(args.iter().map(|s| s.to_string()).collect()),
+        etcd: None,
+    }
 }
 
 /// The crates of the workspace that are published (the others have `publish = false`).
@@ -145,10 +165,10 @@ pub fn plan(
             etcd: None,
         },
     ];
-    let full: Vec<EtcdVersion> = match matrix {
+    let (full, e2e): (Vec<EtcdVersion>, Step) = match matrix {
         Matrix::Off => return steps,
-        Matrix::Default => vec![EtcdVersion::NEWEST],
-        Matrix::Full => EtcdVersion::ALL.to_vec(),
+        Matrix::Default => (vec![EtcdVersion::NEWEST], e2e_step("quick")),
+        Matrix::Full => (EtcdVersion::ALL.to_vec(), e2e_step("all")),
     };
     let full: Vec<EtcdVersion> = full.into_iter().filter(|&v| v != primary).collect();
     let per_version: Vec<&String> = integration
@@ -196,6 +216,7 @@ pub fn plan(
             });
         }
     }
+    steps.push(e2e);
     steps
 }
 
@@ -300,6 +321,10 @@ pub fn test(args: Vec<String>) -> i32 {
                 eprintln!("xtask test: == {}", step.name);
                 msrv::check()
             }
+            StepKind::E2e(args) => {
+                eprintln!("xtask test: == {}", step.name);
+                run(e2e_command(args, &cargo_args))
+            }
         };
         let secs = step_started.elapsed().as_secs_f64();
         if code != 0 {
@@ -321,6 +346,45 @@ pub fn test(args: Vec<String>) -> i32 {
         started.elapsed().as_secs_f64()
     );
     0
+}
+
+/// The e2e harness with the proxy the earlier steps built (debug, or release when the
+/// cargo arguments say so), its build output under the target directory, and no `ETCD*`
+/// variable of ours (etcd takes `ETCD_<FLAG>` for its flags).
+fn e2e_command(args: &[String], cargo_args: &[String]) -> Command {
+    let profile = if cargo_args.iter().any(|a| a == "--release") {
+        "release"
+    } else {
+        "debug"
+    };
+    // Side-by-side jobs need network namespaces (`unshare --net`): root only.
+    let root_user = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let mut args = args.to_vec();
+    if !root_user {
+        if let Some(i) = args.iter().position(|a| a == "--jobs") {
+            eprintln!("xtask test: not root: the e2e suites run one after the other");
+            args.drain(i..(i + 2).min(args.len()));
+        }
+    }
+    let mut cmd = Command::new("bash");
+    cmd.current_dir(root())
+        .arg("proxy/tests/e2e/run.sh")
+        .args(args);
+    for (key, _) in env::vars_os() {
+        if key.to_string_lossy().starts_with("ETCD") {
+            cmd.env_remove(key);
+        }
+    }
+    let target = crate::target_dir();
+    cmd.env(
+        "ETCD_CACHE_PROXY_BIN",
+        target.join(profile).join("etcd-cache-proxy"),
+    )
+    .env("E2E_BUILD_DIR", target.join("e2e-go"));
+    cmd
 }
 
 fn summary(done: &[(String, f64)]) {
@@ -446,7 +510,12 @@ mod tests {
                 "integration tests (etcd 3.7)",
                 "consistent reads (etcd 3.5)",
                 "consistent reads (etcd 3.6)",
+                "etcd e2e through the proxy (quick)",
             ]
+        );
+        assert_eq!(
+            steps[8].kind,
+            StepKind::E2e(strings(&["--set", "quick", "--retries", "1"]))
         );
         assert_eq!(steps[3].kind, StepKind::Package);
         assert_eq!(steps[4].kind, StepKind::Msrv);
@@ -480,7 +549,12 @@ mod tests {
                 "integration tests (etcd 3.5)",
                 "integration tests (etcd 3.6)",
                 "integration tests (etcd 3.7)",
+                "etcd e2e through the proxy (all)",
             ]
+        );
+        assert_eq!(
+            full[8].kind,
+            StepKind::E2e(strings(&["--set", "all", "--retries", "1", "--jobs", "2"]))
         );
         let off = plan(EtcdVersion::V3_4, Matrix::Off, &[], &strings(TARGETS));
         assert_eq!(off.len(), 5);
@@ -495,6 +569,7 @@ mod tests {
                 "consistent reads (etcd 3.4)",
                 "consistent reads (etcd 3.5)",
                 "consistent reads (etcd 3.6)",
+                "etcd e2e through the proxy (quick)",
             ]
         );
         let steps = plan(EtcdVersion::V3_6, Matrix::Default, &[], &strings(TARGETS));
@@ -504,6 +579,7 @@ mod tests {
                 "integration tests (etcd 3.7)",
                 "consistent reads (etcd 3.4)",
                 "consistent reads (etcd 3.5)",
+                "etcd e2e through the proxy (quick)",
             ]
         );
     }
@@ -549,9 +625,15 @@ mod tests {
             &[],
             &strings(&["harness"]),
         );
-        assert_eq!(names(&steps)[5..], ["integration tests (etcd 3.7)"]);
+        assert_eq!(
+            names(&steps)[5..],
+            [
+                "integration tests (etcd 3.7)",
+                "etcd e2e through the proxy (quick)"
+            ]
+        );
         let steps = plan(EtcdVersion::V3_4, Matrix::Default, &[], &[]);
-        assert_eq!(steps.len(), 5);
+        assert_eq!(steps.len(), 6);
     }
 
     #[test]

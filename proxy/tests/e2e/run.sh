@@ -87,6 +87,14 @@ done < <(compgen -e)
 log() { echo "run.sh: $*" >&2; }
 die() { echo "run.sh: $*" >&2; exit 2; }
 
+for tool in go python3 curl; do
+  command -v "$tool" >/dev/null || die "$tool is needed (Debian: apt-get install python3 curl; Go from go.dev)"
+done
+if [ "$jobs" -gt 1 ]; then
+  command -v unshare >/dev/null && command -v ip >/dev/null && [ "$(id -u)" = 0 ] \
+    || die "--jobs $jobs needs root, unshare and ip (network namespaces): run as root or without --jobs"
+fi
+
 # ---- build -------------------------------------------------------------------------------
 release="$(cd "$HERE" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
 release="${release#v}"
@@ -100,7 +108,12 @@ if [ "$build" = 1 ]; then
     # etcd and etcdctl at the same release: reuse `cargo xtask etcd-bins`' when they match.
     pre="$ROOT/target/etcd/${release%.*}"
     if [ "$(head -1 "$pre/VERSION" 2>/dev/null)" = "$release" ] && [ -x "$pre/etcd" ] && [ -x "$pre/etcdctl" ]; then
-      cp -f "$pre/etcd" "$BUILD/bin/etcd-real"; cp -f "$pre/etcdctl" "$BUILD/bin/etcdctl"
+      # Replaced by a rename, and only when changed: a run using them meanwhile keeps its
+      # binaries (an exec during a copy is "text file busy").
+      for pair in "etcd:etcd-real" "etcdctl:etcdctl"; do
+        from="$pre/${pair%%:*}"; to="$BUILD/bin/${pair#*:}"
+        cmp -s "$from" "$to" || { cp -f "$from" "$to.tmp.$$" && mv -f "$to.tmp.$$" "$to"; }
+      done
     else
       "${GOBUILD[@]}" -o "$BUILD/bin/etcd-real" go.etcd.io/etcd/server/v3
       "${GOBUILD[@]}" -o "$BUILD/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
