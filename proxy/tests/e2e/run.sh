@@ -148,8 +148,8 @@ done
 
 # ---- run ---------------------------------------------------------------------------------
 # One job = one proxy x one suite:regex. The framework's ports are fixed (20000 + 5*member),
-# so jobs run one after another, unless --jobs N > 1, which puts each job in a network
-# namespace of its own (`unshare --net`, root only).
+# so jobs run one after another, unless --jobs N > 1, which puts each job but the first in a
+# network namespace of its own (`unshare --net`, root only).
 jobs_list=()
 for p in "${proxies[@]}"; do for s in "${specs[@]}"; do jobs_list+=("$p|$s"); done; done
 
@@ -174,7 +174,9 @@ run_job() { # index proxy suite regex
     unset E2E_PROXY E2E_PROXY_LOG_DIR E2E_REAL_ETCD
     local rc=0 n
     one() {
-      if [ "$jobs" -gt 1 ]; then
+      # The first job keeps the host's network (TestEtcdPeerLocalAddr needs a route out);
+      # the others get a namespace each, so the framework's fixed ports do not meet.
+      if [ "$jobs" -gt 1 ] && [ "$i" -gt 1 ]; then
         nice -n 10 unshare --net -- sh -c 'ip link set lo up 2>/dev/null || true; exec "$@"' sh "${cmd[@]}" -test.run "$1"
       else
         nice -n 10 "${cmd[@]}" -test.run "$1"
