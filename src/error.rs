@@ -282,72 +282,53 @@ impl Error {
     /// failed, or a timeout. One such close is any broken connection; the follower counts
     /// them in a row before anything was answered (see [`Error::ClosedAtConnect`]).
     pub(crate) fn is_closed_after_connect(&self) -> bool {
-        use std::io::ErrorKind;
         let Error::Upstream(etcd_client::Error::GRpcStatus(status)) = self else {
             return false;
         };
         // The connect step's failures (refused, reset during the connect, TLS handshake)
         // come as tonic's connect error, answered `Unavailable`.
-        if status.code() == tonic::Code::Unavailable {
-            return false;
-        }
-        let mut source = std::error::Error::source(status);
-        while let Some(e) = source {
-            let text = e.to_string();
-            if text.contains(CONNECT_ERROR) {
-                return false;
-            }
-            if text.contains(CONNECTION_CLOSED) {
-                return true;
-            }
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                return matches!(
-                    io.kind(),
-                    ErrorKind::BrokenPipe
-                        | ErrorKind::ConnectionReset
-                        | ErrorKind::ConnectionAborted
-                        | ErrorKind::UnexpectedEof
-                );
-            }
-            source = e.source();
-        }
-        false
+        status.code() != tonic::Code::Unavailable && closed_under_call(status)
     }
 }
 
-/// True for a call that failed because its connection did: a refused or failed connect
-/// (tonic's `Unavailable`), or a connection closed, reset or broken under the call. A
-/// read failed so was never answered, and asking again on a new connection is safe. Not
-/// a refusal over certificates, which retrying cannot change.
-pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
+/// True for a call whose connection closed, reset or broke under it after the connect:
+/// hyper's "connection closed", or a broken pipe, reset, abort or early EOF in the
+/// status's sources. Not a connect error (tonic's "connect error").
+fn closed_under_call(status: &tonic::Status) -> bool {
     use std::io::ErrorKind;
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains(CONNECT_ERROR) {
+            return false;
+        }
+        if text.contains(CONNECTION_CLOSED) {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::BrokenPipe
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::UnexpectedEof
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// True for a call that failed because its connection did: a refused or failed connect
+/// (tonic's `Unavailable`), or a connection closed, reset or broken under the call (see
+/// [`closed_under_call`]). A read failed so was never answered, and asking again on a new
+/// connection is safe. Not a refusal over certificates, which retrying cannot change.
+pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(status) => {
-            if certificate_refused(status) {
-                return false;
-            }
-            if status.code() == tonic::Code::Unavailable {
-                return true;
-            }
-            let mut source = std::error::Error::source(status);
-            while let Some(e) = source {
-                if e.to_string().contains(CONNECTION_CLOSED) {
-                    return true;
-                }
-                if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                    return matches!(
-                        io.kind(),
-                        ErrorKind::BrokenPipe
-                            | ErrorKind::ConnectionReset
-                            | ErrorKind::ConnectionAborted
-                            | ErrorKind::ConnectionRefused
-                            | ErrorKind::UnexpectedEof
-                    );
-                }
-                source = e.source();
-            }
-            false
+            !certificate_refused(status)
+                && (status.code() == tonic::Code::Unavailable || closed_under_call(status))
         }
         _ => false,
     }

@@ -167,18 +167,12 @@ impl KeyValue {
         self.0.key.len() + self.0.value.len()
     }
 
-    /// This key-value without its lease (keys-only reads of etcd >= 3.7).
-    pub(crate) fn without_lease(&self) -> Self {
-        KeyValue(Arc::new(KvInner {
-            lease: 0,
-            ..(*self.0).clone()
-        }))
-    }
-
-    /// This key-value without its value, for keys-only reads.
-    pub(crate) fn without_value(&self) -> Self {
+    /// This key-value as a keys-only read answers it: without its value, and without its
+    /// lease too when `drop_lease` (etcd >= 3.7).
+    pub(crate) fn keys_only(&self, drop_lease: bool) -> Self {
         KeyValue(Arc::new(KvInner {
             value: Bytes::new(),
+            lease: if drop_lease { 0 } else { self.0.lease },
             ..(*self.0).clone()
         }))
     }

@@ -63,8 +63,19 @@ impl RangeRequest {
 
     /// Answers the request from the key-values of its range at its revision, given in
     /// key order, as etcd does: count before the limit, `more` when the limit cut,
-    /// etcd's sort rules and keys-only/count-only shaping.
+    /// etcd's sort rules and keys-only/count-only shaping (keys-only answers keep their
+    /// leases, as etcd 3.4 to 3.6 answers; see [`RangeRequest::answer_as`]).
     pub(crate) fn answer<'a>(&self, kvs: impl Iterator<Item = &'a KeyValue>) -> RangeResult {
+        self.answer_as(kvs, false)
+    }
+
+    /// [`RangeRequest::answer`], with keys-only answers also without their leases when
+    /// `keys_only_drops_lease` (etcd >= 3.7).
+    pub(crate) fn answer_as<'a>(
+        &self,
+        kvs: impl Iterator<Item = &'a KeyValue>,
+        keys_only_drops_lease: bool,
+    ) -> RangeResult {
         let target = self.sort_target;
         let mut order = self.sort_order;
         if target != SortTarget::Key && order == SortOrder::None {
@@ -111,7 +122,7 @@ impl RangeRequest {
         }
         if self.keys_only {
             for kv in &mut out {
-                *kv = kv.without_value();
+                *kv = kv.keys_only(keys_only_drops_lease);
             }
         }
         RangeResult {
@@ -202,6 +213,25 @@ mod tests {
         }
         .answer(kvs.iter());
         assert_eq!((r.kvs.len(), r.count, r.more), (0, 5, false));
+    }
+
+    /// Keys-only answers keep the lease as etcd 3.4-3.6 answer them, and lose it as 3.7.
+    #[test]
+    fn keys_only_keeps_or_drops_the_lease() {
+        let leased = [KeyValue::new("k", "v", 3, 3, 1, 77)];
+        let keys_only = RangeRequest {
+            keys_only: true,
+            ..req()
+        };
+        let kept = keys_only.answer(leased.iter());
+        assert_eq!((kept.kvs[0].lease(), kept.kvs[0].value()), (77, &b""[..]));
+        let dropped = keys_only.answer_as(leased.iter(), true);
+        assert_eq!(
+            (dropped.kvs[0].lease(), dropped.kvs[0].value()),
+            (0, &b""[..])
+        );
+        // Not keys-only: the lease stays whatever the version.
+        assert_eq!(req().answer_as(leased.iter(), true).kvs[0].lease(), 77);
     }
 
     #[test]

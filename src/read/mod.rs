@@ -28,16 +28,7 @@ pub use options::{GetOptions, GetResponse};
 /// a consistent read learned).
 fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<GetResponse> {
     // etcd >= 3.7 answers keys-only reads without leases: so does the cache that follows it.
-    let drop_lease = request.keys_only && shared.counters.keys_only_without_lease();
-    let answer = |kvs: &mut dyn Iterator<Item = &crate::KeyValue>| {
-        let mut result = request.answer(kvs);
-        if drop_lease {
-            for kv in &mut result.kvs {
-                *kv = kv.without_lease();
-            }
-        }
-        result
-    };
+    let drop_lease = shared.counters.keys_only_without_lease();
     let snap = shared.snapshot();
     let header = shared.header(snap.revision.max(known));
     let revision = request.revision;
@@ -45,7 +36,7 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
         return Ok(GetResponse::new(
             snap.revision,
             header,
-            answer(&mut snap.range(&request.range)),
+            request.answer_as(snap.range(&request.range), drop_lease),
         ));
     }
     if revision > snap.revision {
@@ -70,7 +61,11 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
         .collect();
     drop(history);
     let kvs = snap.range_at(&request.range, later.iter());
-    Ok(GetResponse::new(revision, header, answer(&mut kvs.iter())))
+    Ok(GetResponse::new(
+        revision,
+        header,
+        request.answer_as(kvs.iter(), drop_lease),
+    ))
 }
 
 /// Answers `request` by etcd itself.

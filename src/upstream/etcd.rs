@@ -27,6 +27,25 @@ pub(crate) struct EtcdUpstream {
 }
 
 impl EtcdUpstream {
+    /// One Range to etcd, with a fresh token when etcd refused the old one, and asked
+    /// again when its connection failed if `retry` (see [`read_retry`]).
+    async fn range_call(&self, request: RangeRequest, retry: bool) -> Result<RangeResponse> {
+        // The range's start, not the user's key: etcd-client rewrites an empty key only
+        // for its own prefix/from-key/all-keys flags, which are not used here.
+        let client = &self.client;
+        let call = || {
+            let mut kv = client.kv_client();
+            let (key, opts) = (request.range.start.to_vec(), get_options(&request));
+            async move { kv.get(key, Some(opts)).await }
+        };
+        let resp = if retry {
+            read_retry(client, call).await?
+        } else {
+            with_fresh_token(client, call).await?
+        };
+        Ok(range_response(resp))
+    }
+
     pub(crate) fn new(
         client: etcd_client::Client,
         connect_options: Option<etcd_client::ConnectOptions>,
@@ -360,16 +379,7 @@ impl Upstream for EtcdUpstream {
             limit,
             ..RangeRequest::new(range)
         };
-        Box::pin(async move {
-            let client = &self.client;
-            let resp = with_fresh_token(client, || {
-                let mut kv = client.kv_client();
-                let (key, opts) = (request.range.start.to_vec(), get_options(&request));
-                async move { kv.get(key, Some(opts)).await }
-            })
-            .await?;
-            Ok(range_response(resp))
-        })
+        Box::pin(self.range_call(request, false))
     }
 
     fn watch(
@@ -425,17 +435,6 @@ impl Upstream for EtcdUpstream {
     }
 
     fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {
-        Box::pin(async move {
-            // The range's start, not the user's key: etcd-client rewrites an empty key
-            // only for its own prefix/from-key/all-keys flags, which are not used here.
-            let client = &self.client;
-            let resp = read_retry(client, || {
-                let mut kv = client.kv_client();
-                let (key, opts) = (request.range.start.to_vec(), get_options(&request));
-                async move { kv.get(key, Some(opts)).await }
-            })
-            .await?;
-            Ok(range_response(resp))
-        })
+        Box::pin(self.range_call(request, true))
     }
 }
