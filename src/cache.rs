@@ -211,6 +211,33 @@ impl Cache {
         self.shared.revision()
     }
 
+    /// Whether etcd has compacted `revision`: `Some(etcd's compact revision)` when etcd
+    /// would refuse a read or a watch at it, `None` when it would answer (0 and
+    /// revisions etcd has not reached are never compacted). One count-only read of etcd
+    /// at `revision`, sent after this call and shared with the calls made meanwhile;
+    /// below a compaction the cache already knows of, no round trip. It works whatever
+    /// [`CacheBuilder::follow_etcd_compaction`](crate::CacheBuilder::follow_etcd_compaction)
+    /// says (with it on, `get` and `watch` at a past revision ask this themselves).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] after `consistent_read_timeout`; [`Error::Transport`] with
+    /// etcd's error when etcd could not answer; [`Error::Closed`].
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// if let Some(compact_revision) = cache.compacted(40).await? {
+    ///     println!("etcd compacted revision 40; the oldest it serves is {compact_revision}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn compacted(&self, revision: i64) -> Result<Option<i64>> {
+        let status = self.shared.status();
+        if status.closed() {
+            return Err(Shared::closed_error(&status));
+        }
+        self.shared.etcd_compacted(revision).await
+    }
+
     /// Resolves once [`revision`](Self::revision) `>= rev`. While it waits, the cache
     /// asks etcd for progress (on servers where that answer can be trusted).
     ///

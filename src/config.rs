@@ -88,6 +88,8 @@ pub(crate) struct Config {
     pub(crate) connect_options: Option<etcd_client::ConnectOptions>,
     /// The period of the consistency check, if enabled.
     pub(crate) consistency_check: Option<Duration>,
+    /// Reads and watches at a revision etcd compacted are refused, as etcd refuses them.
+    pub(crate) follow_etcd_compaction: bool,
 }
 
 impl Default for Config {
@@ -109,6 +111,7 @@ impl Default for Config {
             read_fallback: ReadFallback::Etcd,
             progress_trust: ProgressTrust::Auto,
             connect_options: None,
+            follow_etcd_compaction: true,
             consistency_check: None,
         }
     }
@@ -459,6 +462,31 @@ impl CacheBuilder {
     /// ```
     pub fn consistency_check(mut self, period: std::time::Duration) -> Self {
         self.config.consistency_check = Some(period);
+        self
+    }
+
+    /// Whether reads and watches at a past revision follow etcd's compaction (on by
+    /// default). On, the cache answers as etcd would: a read at a revision etcd has
+    /// compacted gets [`Error::Compacted`](crate::Error::Compacted) with etcd's compact
+    /// revision, and a watch from one gets the canceled response with
+    /// `compact_revision`, even where the cache's own window still holds it. A
+    /// consistent read or a watch at a past revision asks etcd (one count-only read at
+    /// that revision, sent after the call and shared with the calls waiting with it,
+    /// beside the read's own revision probe); a serializable read uses what the cache
+    /// knows, which a check every 5 s keeps current. Off, the cache's only floor is its
+    /// window, and past revisions cost etcd nothing (what etcd-cache-proxy does: it asks
+    /// [`Cache::compacted`](crate::Cache::compacted) itself and lets etcd answer).
+    ///
+    /// ```no_run
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .follow_etcd_compaction(false)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn follow_etcd_compaction(mut self, follow: bool) -> Self {
+        self.config.follow_etcd_compaction = follow;
         self
     }
 }

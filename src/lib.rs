@@ -168,6 +168,7 @@
 
 // The handle and the flows behind it.
 mod cache;
+mod compaction;
 mod follower;
 mod read;
 mod shared;

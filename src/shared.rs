@@ -403,6 +403,8 @@ pub(crate) struct Shared {
     pub(crate) progress: ProgressRequestor,
     /// Shared linearizable revision probes (consistent reads, watches from now).
     pub(crate) probe: Arc<RevisionProbe>,
+    /// What the cache knows of etcd's compaction, and its shared checks.
+    pub(crate) compaction: Arc<crate::compaction::Compaction>,
     pub(crate) upstream: Arc<dyn Upstream>,
     pub(crate) counters: Counters,
     pub(crate) metrics: Metrics,
@@ -438,6 +440,7 @@ impl Shared {
             view: watch::Sender::new(View::default()),
             progress: ProgressRequestor::default(),
             probe: Arc::default(),
+            compaction: Arc::default(),
             upstream,
             counters: Counters::default(),
             metrics: Metrics::new(&config.prefix),
@@ -458,6 +461,15 @@ impl Shared {
             .await?;
         self.counters.saw_cluster_revision(revision);
         Ok(revision)
+    }
+
+    /// Whether etcd compacted `revision` (a check sent after this call, shared, bounded
+    /// by the consistent-read timeout): `Some(etcd's compact revision)` if so.
+    pub(crate) async fn etcd_compacted(&self, revision: i64) -> Result<Option<i64>> {
+        let limit = self.config.consistent_read_timeout;
+        self.compaction
+            .check(&self.upstream, &self.range, revision, limit)
+            .await
     }
 
     /// Newest revision applied and dispatched.

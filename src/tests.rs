@@ -3,11 +3,13 @@
 //!
 //! The upstream is `upstream::fake`, the one fake of the crate.
 //!
+//! - `compaction`: reads and watches below etcd's compaction;
 //! - `follow`: load, follow, batching, prev_kv, duplicates, reconnect, compaction;
 //! - `progress`: progress trust by version, the progress requestor, consistent reads,
 //!   local progress responses;
 //! - `subscribers`: slow subscribers, limits, scopes, shutdown, bad input.
 
+mod compaction;
 mod follow;
 mod model;
 mod progress;

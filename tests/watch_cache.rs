@@ -844,3 +844,145 @@ async fn large_values_keep_the_history_within_its_byte_budget() {
     }
     assert_eq!(seen, head - floor + 1);
 }
+
+/// What etcd answers a watch from `start` on `key`: the revisions of its events up to
+/// `until`, or the compact revision it was canceled with.
+async fn etcd_watch_answer(
+    client: &mut etcd_client::Client,
+    key: &str,
+    start: i64,
+    until: i64,
+) -> Result<Vec<i64>, i64> {
+    let mut revs = Vec::new();
+    let mut stream = client
+        .watch(
+            key,
+            Some(etcd_client::WatchOptions::new().with_start_revision(start)),
+        )
+        .await
+        .unwrap();
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(20), stream.message())
+            .await
+            .expect("etcd answered the watch")
+            .unwrap()
+            .expect("etcd's watch stream ended");
+        if r.compact_revision() > 0 {
+            return Err(r.compact_revision());
+        }
+        revs.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+        if revs.last().is_some_and(|&r| r >= until) {
+            return Ok(revs);
+        }
+    }
+}
+
+/// The cache's answer to the same watch.
+async fn cache_watch_answer(
+    cache: &Cache,
+    key: &str,
+    start: i64,
+    until: i64,
+) -> Result<Vec<i64>, i64> {
+    let mut revs = Vec::new();
+    let mut s = cache
+        .watch(key, Some(WatchOptions::new().with_start_revision(start)))
+        .await
+        .unwrap();
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(20), s.message())
+            .await
+            .expect("the cache answered the watch")
+            .unwrap()
+            .expect("the cache's watch stream ended");
+        if r.canceled() {
+            assert!(r.compact_revision() > 0, "canceled for compaction: {r:?}");
+            return Err(r.compact_revision());
+        }
+        revs.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+        if revs.last().is_some_and(|&r| r >= until) {
+            return Ok(revs);
+        }
+    }
+}
+
+/// etcd compacts behind the cache's back (its watch does not say): reads and watches
+/// at the compacted revisions get etcd's answer, the same request sent to both, while
+/// the window still holds them. A cache built with `follow_etcd_compaction(false)`
+/// answers them from its window (the documented difference).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_watches_below_etcds_compaction_get_etcds_answer() {
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/app/")).await;
+        let window = testkit::ready_cache(client.clone(), |b| {
+            b.prefix("/app/").follow_etcd_compaction(false)
+        })
+        .await;
+        let mut revs = Vec::new();
+        for i in 0..5 {
+            let put = client.put("/app/a", format!("v{i}"), None).await.unwrap();
+            revs.push(put.header().unwrap().revision());
+        }
+        cache.wait_for_revision(revs[4]).await.unwrap();
+        window.wait_for_revision(revs[4]).await.unwrap();
+        let compact = revs[2];
+        client.compact(compact, None).await.unwrap();
+
+        for &rev in &revs {
+            let etcd = client
+                .get(
+                    "/app/a",
+                    Some(etcd_client::GetOptions::new().with_revision(rev)),
+                )
+                .await;
+            let cached = cache
+                .get("/app/a", Some(GetOptions::new().with_revision(rev)))
+                .await;
+            match (&etcd, &cached) {
+                (Err(e), Err(Error::Compacted { compact_revision })) => {
+                    assert!(
+                        e.to_string()
+                            .contains("required revision has been compacted"),
+                        "{e}"
+                    );
+                    assert_eq!(*compact_revision, compact);
+                }
+                (Ok(e), Ok(c)) => {
+                    let values = |v: Vec<&[u8]>| v.iter().map(|b| b.to_vec()).collect::<Vec<_>>();
+                    assert_eq!(
+                        values(e.kvs().iter().map(|kv| kv.value()).collect()),
+                        values(c.kvs().iter().map(|kv| kv.value()).collect()),
+                        "at {rev}"
+                    );
+                }
+                _ => panic!("at {rev}: etcd {etcd:?}, cache {cached:?}"),
+            }
+            let etcd = etcd_watch_answer(&mut client, "/app/a", rev, revs[4]).await;
+            let cached = cache_watch_answer(&cache, "/app/a", rev, revs[4]).await;
+            assert_eq!(cached, etcd, "watch from {rev}");
+            assert_eq!(etcd.is_err(), rev < compact, "watch from {rev}");
+        }
+        // Learned: a serializable read below it needs no round trip to be refused.
+        let serializable = GetOptions::new().with_revision(revs[0]).with_serializable();
+        assert!(matches!(
+            cache.get("/app/a", Some(serializable.clone())).await,
+            Err(Error::Compacted { compact_revision }) if compact_revision == compact
+        ));
+        assert_eq!(cache.compacted(revs[1]).await.unwrap(), Some(compact));
+        assert_eq!(cache.compacted(compact).await.unwrap(), None);
+
+        // Not following: the window answers, and says what etcd would.
+        let old = window
+            .get("/app/a", Some(GetOptions::new().with_revision(revs[0])))
+            .await
+            .unwrap();
+        assert_eq!(old.kvs()[0].value(), b"v0");
+        assert_eq!(
+            cache_watch_answer(&window, "/app/a", revs[0], revs[4]).await,
+            Ok(revs.clone())
+        );
+        assert_eq!(window.compacted(revs[0]).await.unwrap(), Some(compact));
+    })
+    .await;
+}

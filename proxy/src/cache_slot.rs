@@ -219,6 +219,9 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
         .subscriber_buffer(config.subscriber_buffer)
         .max_watchers(config.max_watches)
         .progress_notify_interval(config.progress_notify_interval)
+        // Below etcd's compaction the proxy lets etcd answer (`State::compacted` asks
+        // before the cache is used), so the cache need not ask again.
+        .follow_etcd_compaction(false)
         .build()
         .await
         .map_err(Error::Cache)

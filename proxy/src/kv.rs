@@ -90,7 +90,7 @@ impl KvService {
             .st
             .cache()
             .filter(|_| self.st.in_cache(&r.key, &r.range_end));
-        if cache.is_some() && self.st.compacted.compacted_now(r.revision).await {
+        if cache.is_some() && self.st.compacted(r.revision).await {
             cache = None;
         }
         if let Some(cache) = cache {
@@ -255,10 +255,7 @@ impl Kv for KvService {
     ) -> Result<Response<CompactionResponse>, Status> {
         let md = req.metadata().clone();
         let up = &self.st.up;
-        let revision = req.get_ref().revision;
         let resp = call_upstream!(up, &md, req.into_inner(), kv.compact).await?;
-        // Nothing below it is served from the cache's window from now on.
-        self.st.compacted.raise(revision);
         Ok(crate::upstream::fresh(resp))
     }
 }

@@ -9,7 +9,6 @@
 //! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd:
 //! a client's call carries the client's token only), `authz` (what the cache serves goes
 //! only to callers etcd allows), `cache_slot` (the cache, built for etcd's auth state),
-//! `compaction` (etcd's compact revision),
 //! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
 //! (per-connection info), `layers` (tower layers), `metrics` (the proxy's metrics and
 //! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
@@ -19,7 +18,6 @@ mod auth;
 mod authz;
 mod cache_slot;
 mod cluster;
-mod compaction;
 mod config;
 mod conn;
 mod election;

@@ -176,7 +176,6 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         shutdown_rx.clone(),
     );
 
-    let _compaction = AbortOnDrop(st.compacted.spawn_probe());
     let (health, health_service) = tonic_health::server::health_reporter();
     let _health = AbortOnDrop(tokio::spawn(follow_health(
         health,

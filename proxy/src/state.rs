@@ -29,8 +29,6 @@ pub(crate) struct State {
     pub(crate) up: Arc<Upstream>,
     /// Who may be served what from memory.
     pub(crate) authz: Arc<Authz>,
-    /// etcd's compaction: what is below it, etcd answers.
-    pub(crate) compacted: Arc<crate::compaction::CompactFloor>,
     pub(crate) ns: Namespace,
     /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
     cached_start: Bytes,
@@ -55,14 +53,12 @@ impl State {
         advertised_url: Option<String>,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<State> {
-        let up_for_floor = up.clone();
         let cached_start = Bytes::copy_from_slice(cache_prefix);
         let cached_end = prefix_end(cache_prefix);
         Arc::new(State {
             slot,
             up,
             authz,
-            compacted: crate::compaction::CompactFloor::new(up_for_floor, cache_prefix),
             ns,
             cached_start,
             cached_end,
@@ -83,6 +79,24 @@ impl State {
     /// one, everything is forwarded.
     pub(crate) fn cache(&self) -> Option<Cache> {
         self.slot.get()
+    }
+
+    /// Whether etcd compacted `revision` (0: the latest, never), asked after this call
+    /// and shared with the requests asking meanwhile (`Cache::compacted`): what is
+    /// below etcd's compaction, etcd answers, never the cache's window. A check that
+    /// fails leaves the cache to answer (what it knows of etcd's compaction is the
+    /// cache's own), as it answers while etcd is away.
+    pub(crate) async fn compacted(&self, revision: i64) -> bool {
+        let Some(cache) = self.cache().filter(|_| revision > 0) else {
+            return false;
+        };
+        match cache.compacted(revision).await {
+            Ok(floor) => floor.is_some(),
+            Err(e) => {
+                tracing::debug!(error = %e, revision, "compaction check failed");
+                false
+            }
+        }
     }
 
     /// The newest revision the cache has applied (0 without a cache).

@@ -399,7 +399,7 @@ impl Session {
         };
         if !self.st.in_cache(&key, &range_end)
             || (c.start_revision > 0 && c.start_revision < floor)
-            || self.st.compacted.compacted_now(c.start_revision).await
+            || self.st.compacted(c.start_revision).await
         {
             return self.forward(c, key, range_end).await;
         }

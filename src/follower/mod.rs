@@ -120,6 +120,11 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
             check::run(shared.clone(), period, repair.clone()).instrument(span.clone()),
         ))
     });
+    let _compaction = shared.config.follow_etcd_compaction.then(|| {
+        AbortOnDrop(tokio::spawn(
+            crate::compaction::keep_current(shared.clone()).instrument(span.clone()),
+        ))
+    });
     Follower {
         writer: Writer::new(shared.clone()),
         versions: VersionProbe::start(shared.clone(), span.clone()),
@@ -199,6 +204,7 @@ impl Follower {
                 SessionEnd::Shutdown => break,
                 SessionEnd::Repair => self.repair().await,
                 SessionEnd::Compacted(compact_revision) => {
+                    self.shared.compaction.raise(compact_revision);
                     self.shared.metrics.disconnected(Cause::Compacted);
                     warn!(
                         revision = self.writer.applied(),

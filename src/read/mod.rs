@@ -68,6 +68,25 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
     ))
 }
 
+/// Whether reads and watches at past revisions follow etcd's compaction.
+pub(crate) fn follows_compaction(shared: &Shared) -> bool {
+    shared.config.follow_etcd_compaction
+}
+
+/// The refusal of a read at `revision`, which etcd compacted up to `floor`: etcd's
+/// compact revision, or the cache's window floor where that is higher (the lowest
+/// revision both serve).
+pub(crate) fn compacted(shared: &Shared, revision: i64, floor: i64) -> Error {
+    let window = shared.history.read().floor();
+    Error::Compacted {
+        compact_revision: if revision + 1 < window {
+            floor.max(window)
+        } else {
+            floor
+        },
+    }
+}
+
 /// Answers `request` by etcd itself.
 async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
     if shared.is_closed() {
@@ -190,17 +209,35 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     // such a revision needs no round trip. A consistent one does, for its header: as
     // etcd's (after a ReadIndex) it must be at least every revision committed before
     // the call, so it passes the same barrier as a read of the latest revision.
+    // So is what the cache knows of etcd's compaction (kept current in the background).
     if opts.serializable() && request.revision <= shared.revision() {
+        if let Some(floor) = follows_compaction(shared)
+            .then(|| shared.compaction.known_below(request.revision))
+            .flatten()
+        {
+            return Err(compacted(shared, request.revision, floor));
+        }
         return read_local(shared, &request, 0);
     }
     if !opts.serializable() && !shared.is_ready() {
         return fallback(shared, &request, Error::NotReady).await;
     }
     // A consistent read, or a read at a revision the cache has not applied: learn how
-    // far the cluster is.
-    let current = match shared.cluster_revision_now().await {
-        Ok(current) => current,
-        Err(e) => return fallback(shared, &request, e).await,
+    // far the cluster is, and, at a past revision, whether etcd compacted it (beside
+    // it, so the read waits one round trip).
+    let check = async {
+        if follows_compaction(shared) && request.revision > 0 {
+            shared.etcd_compacted(request.revision).await
+        } else {
+            Ok(None)
+        }
+    };
+    let (current, compaction) = tokio::join!(shared.cluster_revision_now(), check);
+    let current = match (current, compaction) {
+        (_, Ok(Some(floor))) => return Err(compacted(shared, request.revision, floor)),
+        (Ok(current), Ok(None)) => current,
+        // etcd could not be asked one of them: etcd answers the read itself.
+        (Err(e), _) | (_, Err(e)) => return fallback(shared, &request, e).await,
     };
     if request.revision > current {
         return Err(Error::FutureRevision {

@@ -246,6 +246,49 @@ where
     }
 }
 
+impl EtcdUpstream {
+    /// etcd's compact revision, known to be above `revision`: a watch from `revision`
+    /// is canceled with it at once (etcd does not replay a compacted start). Bounded:
+    /// if etcd does not say, `revision + 1`, the least it can be.
+    async fn compact_revision_from(&self, range: &KeyRange, revision: i64) -> Result<i64> {
+        let client = &self.client;
+        let opts = etcd_client::WatchOptions::new().with_start_revision(revision);
+        let mut stream = with_fresh_token(client, || {
+            let mut w = client.watch_client();
+            let (key, opts) = (range.start.to_vec(), opts.clone());
+            async move { w.watch(key, Some(opts)).await }
+        })
+        .await?;
+        let answer = tokio::time::timeout(COMPACT_WATCH_LIMIT, async {
+            while let Some(resp) = stream.message().await? {
+                if resp.compact_revision() > 0 {
+                    return Ok(resp.compact_revision());
+                }
+                if resp.canceled() {
+                    break;
+                }
+            }
+            Ok::<_, etcd_client::Error>(revision + 1)
+        })
+        .await;
+        Ok(match answer {
+            Ok(answer) => answer?,
+            Err(_) => {
+                tracing::debug!(revision, "etcd did not tell its compact revision in time");
+                revision + 1
+            }
+        })
+    }
+}
+
+/// How long a watch from a compacted revision may take to be told etcd's compact
+/// revision (etcd answers at once; this only bounds a connection that hangs).
+const COMPACT_WATCH_LIMIT: Duration = Duration::from_secs(5);
+/// etcd's `mvcc.ErrCompacted`, as its message ends.
+const COMPACTED_REVISION: &str = "required revision has been compacted";
+/// etcd's `mvcc.ErrFutureRev`.
+const FUTURE_REVISION: &str = "required revision is a future revision";
+
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {
         Box::pin(async move {
@@ -413,6 +456,36 @@ impl Upstream for EtcdUpstream {
                 last_header: Header::default(),
                 refresh_before_watch: self.refresh_before_watch.clone(),
             }) as Box<dyn UpstreamWatch>)
+        })
+    }
+
+    fn compacted_at(&self, range: KeyRange, revision: i64) -> BoxFuture<'_, Result<Option<i64>>> {
+        Box::pin(async move {
+            let opts = etcd_client::GetOptions::new()
+                .with_revision(revision)
+                .with_count_only()
+                .with_limit(1);
+            let client = &self.client;
+            let read = read_retry(client, || {
+                let mut kv = client.kv_client();
+                let (key, opts) = (range.start.to_vec(), opts.clone());
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await;
+            match read {
+                Ok(_) => Ok(None),
+                Err(Error::Upstream(etcd_client::Error::GRpcStatus(s)))
+                    if s.message().contains(FUTURE_REVISION) =>
+                {
+                    Ok(None)
+                }
+                Err(Error::Upstream(etcd_client::Error::GRpcStatus(s)))
+                    if s.message().contains(COMPACTED_REVISION) =>
+                {
+                    self.compact_revision_from(&range, revision).await.map(Some)
+                }
+                Err(e) => Err(e),
+            }
         })
     }
 

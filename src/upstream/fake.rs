@@ -84,6 +84,10 @@ pub(crate) struct FakeUpstream {
     /// Every list fails as a connection the server closed right after it was made (a TLS
     /// refusal whose alert was not read), while set.
     list_closes: std::sync::atomic::AtomicBool,
+    /// etcd's compact revision (0: nothing compacted), as `compacted_at` reports it.
+    compact_revision: AtomicI64,
+    /// `compacted_at` calls.
+    pub(crate) compaction_checks: AtomicUsize,
 }
 
 /// The reason of the scripted error that makes the fake watch panic.
@@ -226,6 +230,8 @@ impl FakeUpstream {
             versions_delay: Mutex::new(std::time::Duration::ZERO),
             list_refusal: Mutex::new(None),
             list_closes: Default::default(),
+            compact_revision: AtomicI64::new(0),
+            compaction_checks: AtomicUsize::new(0),
         });
         up.set_data(keys, revision);
         (up, opened_rx)
@@ -260,6 +266,11 @@ impl FakeUpstream {
 
     pub(crate) fn set_current_revision(&self, revision: i64) {
         self.current_revision.store(revision, Ordering::SeqCst);
+    }
+
+    /// etcd compacts up to `revision` (behind the cache: its watch does not say).
+    pub(crate) fn compact(&self, revision: i64) {
+        self.compact_revision.fetch_max(revision, Ordering::SeqCst);
     }
 
     /// The next `n` revision probes never answer (a half-open connection).
@@ -447,6 +458,12 @@ impl Upstream for FakeUpstream {
             let _ = stalled.wait_for(|s| !*s).await;
             Ok(self.current_revision.load(Ordering::SeqCst))
         })
+    }
+
+    fn compacted_at(&self, _range: KeyRange, revision: i64) -> BoxFuture<'_, Result<Option<i64>>> {
+        self.compaction_checks.fetch_add(1, Ordering::SeqCst);
+        let compacted = self.compact_revision.load(Ordering::SeqCst);
+        Box::pin(async move { Ok((revision < compacted).then_some(compacted)) })
     }
 
     fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {

@@ -259,6 +259,32 @@ async fn register(
     } else {
         0
     };
+    // From a past revision: refused as etcd refuses one it compacted. A failed check
+    // leaves what is known (the window still bounds what is replayed).
+    if request.start_revision > 0 && crate::read::follows_compaction(shared) {
+        let floor = match shared.etcd_compacted(request.start_revision).await {
+            Ok(floor) => floor,
+            Err(e) => {
+                tracing::debug!(error = %e, "compaction check failed; the known floor is used");
+                shared.compaction.known_below(request.start_revision)
+            }
+        };
+        if let Some(floor) = floor {
+            shared.metrics.watch_opened(started.elapsed());
+            let window = shared.history.read().floor();
+            let floor = if request.start_revision < window {
+                floor.max(window)
+            } else {
+                floor
+            };
+            return Ok(subscription::Registration {
+                request,
+                registered: crate::subscribers::Registered::Compacted { floor },
+                slot,
+                revision: shared.revision(),
+            });
+        }
+    }
     let registered = shared.subscribers.register(
         request.filter.clone(),
         request.start_revision,

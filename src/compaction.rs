@@ -1,0 +1,228 @@
+//! etcd's compaction, as the cache follows it (`CacheBuilder::follow_etcd_compaction`).
+//!
+//! The cache's window is its own: an etcd compaction does not shrink it, and etcd's
+//! watch does not report one. But a caller must get what etcd would give it, so a read
+//! or a watch at a revision etcd compacted is refused as etcd refuses it, with etcd's
+//! compact revision. The cache asks ([`Compaction::check`]): one count-only read at the
+//! revision (etcd refuses it when compacted), sent after the caller asked and shared
+//! by every caller waiting meanwhile. A batch is checked at its lowest revision: if that
+//! one is not compacted none is; if it is, a watch from it learns etcd's compact
+//! revision, which answers each caller. What is learned raises the known floor
+//! ([`Compaction::known_below`]), which serializable reads use without a round trip;
+//! [`keep_current`] checks every [`CHECK_INTERVAL`] so that it is never older than
+//! that, and a resume etcd refused as compacted raises it too.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::key_range::KeyRange;
+use crate::shared::Shared;
+use crate::upstream::Upstream;
+
+/// How often the known floor is brought up to date in the background.
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The highest revision etcd is known to have compacted, and the checks under way.
+#[derive(Default)]
+pub(crate) struct Compaction {
+    floor: AtomicI64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Callers waiting for the next check, with their revisions.
+    waiting: Vec<(i64, oneshot::Sender<Outcome>)>,
+    /// A checker task is running.
+    running: bool,
+}
+
+/// How a check ended: etcd answered (the floor was raised if it said compacted), or
+/// why it did not.
+type Outcome = std::result::Result<(), Arc<Error>>;
+
+impl Compaction {
+    /// `Some(compact revision)` when `revision` is below what etcd is known to have
+    /// compacted (compaction never goes back, so this needs no round trip).
+    pub(crate) fn known_below(&self, revision: i64) -> Option<i64> {
+        let floor = self.floor.load(Ordering::Acquire);
+        (revision > 0 && revision < floor).then_some(floor)
+    }
+
+    /// The compact revision known (0: none).
+    pub(crate) fn known(&self) -> i64 {
+        self.floor.load(Ordering::Acquire)
+    }
+
+    /// etcd compacted up to `revision`.
+    pub(crate) fn raise(&self, revision: i64) {
+        let old = self.floor.fetch_max(revision, Ordering::AcqRel);
+        if revision > old {
+            tracing::debug!(revision, "etcd's compaction floor");
+        }
+    }
+
+    /// Whether etcd has compacted `revision`, asked after this call: `Some(etcd's
+    /// compact revision)` if so. Shared with the callers waiting meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] after `limit`; [`Error::Transport`] naming etcd's error when
+    /// the check failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped caller is left out of the next check.
+    pub(crate) async fn check(
+        self: &Arc<Self>,
+        upstream: &Arc<dyn Upstream>,
+        range: &KeyRange,
+        revision: i64,
+        limit: Duration,
+    ) -> Result<Option<i64>> {
+        if revision <= 0 {
+            return Ok(None);
+        }
+        if let Some(floor) = self.known_below(revision) {
+            return Ok(Some(floor));
+        }
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut st = self.state.lock();
+            st.waiting.retain(|(_, t)| !t.is_closed());
+            st.waiting.push((revision, tx));
+            !std::mem::replace(&mut st.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().run(upstream.clone(), range.clone(), limit));
+        }
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(Ok(()))) => Ok(self.known_below(revision)),
+            Ok(Ok(Err(e))) => Err(Error::Transport {
+                reason: format!("etcd's compaction could not be checked: {e}"),
+                source: None,
+            }),
+            // The checker was stopped: the runtime is shutting down.
+            Ok(Err(_)) => Err(Error::Closed),
+            Err(_) => Err(Error::timeout("etcd to answer a compaction check", limit)),
+        }
+    }
+
+    async fn run(self: Arc<Self>, upstream: Arc<dyn Upstream>, range: KeyRange, limit: Duration) {
+        loop {
+            let batch = {
+                let mut st = self.state.lock();
+                st.waiting.retain(|(_, t)| !t.is_closed());
+                if st.waiting.is_empty() {
+                    st.running = false;
+                    return;
+                }
+                std::mem::take(&mut st.waiting)
+            };
+            let lowest = batch.iter().map(|(r, _)| *r).min().unwrap_or(1);
+            // Sent after every caller in `batch` asked; bounded, so a hung call ends.
+            let outcome =
+                match tokio::time::timeout(limit, upstream.compacted_at(range.clone(), lowest))
+                    .await
+                {
+                    Ok(Ok(compacted)) => {
+                        if let Some(floor) = compacted {
+                            self.raise(floor);
+                        }
+                        Ok(())
+                    }
+                    Ok(Err(e)) => Err(Arc::new(e)),
+                    Err(_) => Err(Arc::new(Error::timeout(
+                        "etcd to answer a compaction check",
+                        limit,
+                    ))),
+                };
+            for (_, tx) in batch {
+                let _ = tx.send(outcome.clone());
+            }
+        }
+    }
+}
+
+/// Brings the known floor up to date every [`CHECK_INTERVAL`] while the cache serves:
+/// checks the lowest revision that is not known compacted and that the cache could
+/// still answer from its window. Runs until dropped (the follower's background task).
+pub(crate) async fn keep_current(shared: Arc<Shared>) {
+    let limit = shared.config.consistent_read_timeout;
+    loop {
+        tokio::time::sleep(CHECK_INTERVAL).await;
+        if !shared.is_ready() {
+            continue;
+        }
+        let at = shared
+            .history
+            .read()
+            .floor()
+            .max(shared.compaction.known())
+            .max(1);
+        if let Err(e) = shared
+            .compaction
+            .check(&shared.upstream, &shared.range, at, limit)
+            .await
+        {
+            tracing::debug!(error = %e, "compaction check failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::fake::FakeUpstream;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    fn setup() -> (
+        Arc<FakeUpstream>,
+        Arc<dyn Upstream>,
+        Arc<Compaction>,
+        KeyRange,
+    ) {
+        let (fake, _watches) = FakeUpstream::new(&["3.6.0"], &[], 1);
+        let up: Arc<dyn Upstream> = fake.clone();
+        (fake, up, Arc::default(), KeyRange::for_prefix(b"/a/"))
+    }
+
+    #[tokio::test]
+    async fn a_compacted_revision_is_refused_with_etcds_compact_revision() {
+        let (fake, up, c, range) = setup();
+        let limit = Duration::from_secs(1);
+        assert_eq!(c.check(&up, &range, 3, limit).await.unwrap(), None);
+        fake.compact(5);
+        assert_eq!(c.check(&up, &range, 3, limit).await.unwrap(), Some(5));
+        // At the compact revision and above etcd still answers.
+        assert_eq!(c.check(&up, &range, 5, limit).await.unwrap(), None);
+        assert_eq!(c.known(), 5);
+        // Below what is known needs no round trip.
+        let asked = fake.compaction_checks.load(SeqCst);
+        assert_eq!(c.check(&up, &range, 4, limit).await.unwrap(), Some(5));
+        assert_eq!(fake.compaction_checks.load(SeqCst), asked);
+        assert_eq!(c.check(&up, &range, 0, limit).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn callers_waiting_together_share_one_check_at_their_lowest_revision() {
+        let (fake, up, c, range) = setup();
+        fake.compact(10);
+        let limit = Duration::from_secs(1);
+        let answers = futures_util::future::join_all([12, 3, 9, 10, 40].map(|r| {
+            let (c, up, range) = (c.clone(), up.clone(), range.clone());
+            async move { c.check(&up, &range, r, limit).await.unwrap() }
+        }))
+        .await;
+        assert_eq!(answers, [None, Some(10), Some(10), None, None]);
+        // The first caller's check went alone; the four that came while it ran shared one.
+        assert!(
+            fake.compaction_checks.load(SeqCst) <= 2,
+            "{:?}",
+            fake.compaction_checks
+        );
+    }
+}
