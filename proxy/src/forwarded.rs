@@ -14,7 +14,7 @@
 //! events its send loop picks up in between come without prev_kv. The proxy fills those
 //! in as etcd's send loop would have ([`Forwarded::fill_prev_kv`]).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -49,6 +49,12 @@ pub(crate) struct Forwarded {
     /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
+    /// Cancels sent whose `canceled` has not come, by id (their ids are free already).
+    canceling: HashMap<i64, usize>,
+    /// The last response was the reply to a cancel.
+    cancel_reply: bool,
+    /// Cancels etcd will never answer: their watch's create was refused.
+    dead_cancels: usize,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
 }
@@ -63,6 +69,9 @@ impl Forwarded {
             ids: HashSet::new(),
             prev_kv: HashSet::new(),
             creating: VecDeque::new(),
+            canceling: HashMap::new(),
+            cancel_reply: false,
+            dead_cancels: 0,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
@@ -109,10 +118,31 @@ impl Forwarded {
         if !self.ids.contains(&watch_id) {
             return Ok(false);
         }
+        // As etcd: the id is free once the cancel is read (a create after it may take
+        // it); etcd's `canceled` reply to it comes before the replies to what follows.
+        self.ids.remove(&watch_id);
+        self.prev_kv.remove(&watch_id);
+        *self.canceling.entry(watch_id).or_default() += 1;
         let watch_id = if watch_id == 0 { ZERO } else { watch_id };
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
             .await?;
         Ok(true)
+    }
+
+    /// Takes one pending cancel of `watch_id`, if there is one.
+    fn took(&mut self, watch_id: i64) -> bool {
+        take_one(&mut self.canceling, watch_id)
+    }
+
+    /// How many cancels etcd will not answer (their create was refused) since asked.
+    pub(crate) fn take_dead_cancels(&mut self) -> usize {
+        std::mem::take(&mut self.dead_cancels)
+    }
+
+    /// Whether the last response [`next`](Self::next) gave was etcd's reply to a cancel
+    /// (asked once per response).
+    pub(crate) fn took_cancel(&mut self) -> bool {
+        std::mem::take(&mut self.cancel_reply)
     }
 
     /// Asks etcd for a stream-level progress response (watch id -1).
@@ -200,11 +230,16 @@ impl Forwarded {
                         if let Some(id) = asked {
                             self.ids.remove(&id);
                             self.prev_kv.remove(&id);
+                            // Canceled before etcd refused it: etcd ignores that cancel.
+                            self.dead_cancels += self.canceling.remove(&id).unwrap_or(0);
                         }
                     } else {
                         self.open.add();
                         crate::metrics::get().watch_created(Served::Etcd);
                     }
+                } else if r.canceled && self.took(r.watch_id) {
+                    self.cancel_reply = true;
+                    self.open.sub();
                 } else if r.canceled && self.ids.remove(&r.watch_id) {
                     self.prev_kv.remove(&r.watch_id);
                     self.open.sub();
@@ -216,4 +251,16 @@ impl Forwarded {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Takes one of `id` from a count of cancels in flight per watch id; false if none.
+pub(crate) fn take_one(counts: &mut HashMap<i64, usize>, id: i64) -> bool {
+    let Some(n) = counts.get_mut(&id) else {
+        return false;
+    };
+    *n -= 1;
+    if *n == 0 {
+        counts.remove(&id);
+    }
+    true
 }

@@ -97,6 +97,7 @@ impl Watch for WatchService {
             pending_creates: VecDeque::new(),
             unanswered: VecDeque::new(),
             deferred: VecDeque::new(),
+            cache_cancels: HashMap::new(),
             cached: HashMap::new(),
             revoked: HashMap::new(),
             epoch: self.st.authz.epoch(),
@@ -119,6 +120,9 @@ impl Watch for WatchService {
 /// key range.
 struct PendingCreate {
     id: i64,
+    /// The client canceled it before its `created` came: its id is free (as etcd frees
+    /// it when it reads the cancel), and it is not counted as open.
+    canceled: bool,
     fragment: bool,
     key: bytes::Bytes,
     end: bytes::Bytes,
@@ -130,6 +134,15 @@ struct PendingCreate {
 struct Unanswered {
     side: Side,
     then: Vec<WatchResponse>,
+}
+
+/// A request that waits until the other side has answered (see `Session::deferred`).
+enum Deferred {
+    Create(WatchCreateRequest),
+    Cancel(i64),
+    /// A progress request behind them: whether the stream has watches when etcd would
+    /// read it is known only once they are made.
+    Progress,
 }
 
 /// Bytes of requests read from a client stream and not yet handled, at most: the stream
@@ -173,7 +186,11 @@ struct Session {
     unanswered: VecDeque<Unanswered>,
     /// Creates waiting until the other side has answered its creates (each side answers
     /// its own in order; one side at a time keeps the replies in the creates' order).
-    deferred: VecDeque<WatchCreateRequest>,
+    deferred: VecDeque<Deferred>,
+    /// The client's cancels of cache watches whose `canceled` has not come, by id: the
+    /// cache's `canceled` replies to them answer an `unanswered` entry (a cancel the
+    /// proxy made, for a revoked permission, or a compaction does not).
+    cache_cancels: HashMap<i64, usize>,
     /// The cache's open watches and their ranges, checked again when etcd's auth moves.
     cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
     /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
@@ -317,52 +334,153 @@ impl Session {
         match req.request_union {
             // Behind creates that wait, in order.
             Some(RequestUnion::CreateRequest(c)) if !self.deferred.is_empty() => {
-                self.deferred.push_back(c);
+                self.deferred.push_back(Deferred::Create(c));
                 Ok(())
             }
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
-            Some(RequestUnion::CancelRequest(c)) => {
-                if self.forwarded.contains(c.watch_id) {
-                    if let Err(e) = self.forwarded.cancel(c.watch_id).await {
-                        let _ = self.tx.send(Err(e)).await;
-                        return Err(());
-                    }
-                } else if let Some(w) = self.watches.as_mut() {
-                    w.cancel(c.watch_id).await;
-                }
+            Some(RequestUnion::CancelRequest(c)) if !self.deferred.is_empty() => {
+                self.deferred.push_back(Deferred::Cancel(c.watch_id));
                 Ok(())
             }
-            Some(RequestUnion::ProgressRequest(_)) => {
-                // Answered as etcd answers it, at a revision that covers every write
-                // completed before the request: the cache's answer is at least the
-                // cluster's revision when it is asked (one round trip it shares), and
-                // etcd's is its own. The floor above which responses wait is what the
-                // cache has applied now (nothing sent is above it); no round trip here,
-                // which would hold up the whole stream while etcd is slow or away.
-                // Without a cache side, etcd answers for the stream.
-                let (floor, etcd) = match &self.watches {
-                    Some(w) => (w.revision(), !self.forwarded.is_empty()),
-                    None => (self.progress.sent_max(), true),
-                };
-                let out = self
-                    .progress
-                    .request(floor, etcd, tokio::time::Instant::now());
-                self.apply(out).await
+            Some(RequestUnion::CancelRequest(c)) => self.cancel(c.watch_id).await,
+            Some(RequestUnion::ProgressRequest(_)) if !self.deferred.is_empty() => {
+                self.deferred.push_back(Deferred::Progress);
+                Ok(())
             }
+            Some(RequestUnion::ProgressRequest(_)) => self.progress_request().await,
             None => Ok(()),
         }
     }
 
-    /// Makes the creates that waited for the other side, until one has to wait again.
+    /// A stream-level progress request.
+    async fn progress_request(&mut self) -> Result<(), ()> {
+        // etcd >= 3.5 answers through one of the stream's watches: without any, not at
+        // all.
+        if !self.has_watches() && self.lone_progress_dropped() {
+            tracing::trace!(
+                "progress request on a stream without watches: dropped, as etcd drops it"
+            );
+            return Ok(());
+        }
+        // Answered as etcd answers it, at a revision that covers every write completed
+        // before the request: the cache's answer is at least the cluster's revision when
+        // it is asked (one round trip it shares), and etcd's is its own. The floor above
+        // which responses wait is what the cache has applied now (nothing sent is above
+        // it); no round trip here, which would hold up the whole stream while etcd is
+        // slow or away. Without a cache side, etcd answers for the stream.
+        let (floor, etcd) = match &self.watches {
+            Some(w) => (w.revision(), !self.forwarded.is_empty()),
+            None => (self.progress.sent_max(), true),
+        };
+        let out = self
+            .progress
+            .request(floor, etcd, tokio::time::Instant::now());
+        self.apply(out).await
+    }
+
+    /// Makes the creates and cancels that waited for the other side, in order, until
+    /// one has to wait again.
     async fn drain_deferred(&mut self) -> Result<(), ()> {
-        while let Some(c) = self.deferred.pop_front() {
+        while let Some(d) = self.deferred.pop_front() {
             let waiting = self.deferred.len();
-            self.create(c).await?;
+            match d {
+                Deferred::Create(c) => self.create(c).await?,
+                Deferred::Cancel(id) => self.cancel(id).await?,
+                Deferred::Progress => self.progress_request().await?,
+            }
             if self.deferred.len() > waiting {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// A client's cancel, as etcd takes it: the id is free at once (a create after it
+    /// may take it), and its `canceled` reply keeps its place among the replies to the
+    /// requests before and after it. It waits (with what follows it) while the other
+    /// side has creates or cancels unanswered. An id no watch has is ignored, as etcd
+    /// ignores it.
+    async fn cancel(&mut self, id: i64) -> Result<(), ()> {
+        if self.forwarded.contains(id) {
+            if self.must_wait(Side::Etcd) {
+                self.deferred.push_front(Deferred::Cancel(id));
+                return Ok(());
+            }
+            match self.forwarded.cancel(id).await {
+                Ok(true) => self.unanswered.push_back(Unanswered {
+                    side: Side::Etcd,
+                    then: Vec::new(),
+                }),
+                Ok(false) => {}
+                Err(e) => {
+                    let _ = self.tx.send(Err(e)).await;
+                    return Err(());
+                }
+            }
+            return Ok(());
+        }
+        let pending = self
+            .pending_creates
+            .iter()
+            .any(|p| p.id == id && !p.canceled);
+        // A watch the proxy canceled itself (a revoked permission): that `canceled` is
+        // on its way.
+        let cached = self.cache_ids.contains(&id) && !self.revoked.contains_key(&id);
+        if !(pending || cached) || self.watches.is_none() {
+            return Ok(());
+        }
+        if self.must_wait(Side::Cache) {
+            self.deferred.push_front(Deferred::Cancel(id));
+            return Ok(());
+        }
+        if self.cache_ids.remove(&id) {
+            self.open.sub();
+        }
+        self.fragment.remove(&id);
+        self.cached.remove(&id);
+        if let Some(p) = self
+            .pending_creates
+            .iter_mut()
+            .find(|p| p.id == id && !p.canceled)
+        {
+            p.canceled = true;
+        }
+        *self.cache_cancels.entry(id).or_default() += 1;
+        self.unanswered.push_back(Unanswered {
+            side: Side::Cache,
+            then: Vec::new(),
+        });
+        if let Some(w) = self.watches.as_mut() {
+            w.cancel(id).await;
+        }
+        Ok(())
+    }
+
+    /// Whether the stream has a watch, as etcd counts them when it reads a request: the
+    /// ones created or being created, not canceled.
+    fn has_watches(&self) -> bool {
+        !self.cache_ids.is_empty()
+            || !self.forwarded.is_empty()
+            || self.pending_creates.iter().any(|p| !p.canceled)
+    }
+
+    /// Whether etcd drops a progress request on a stream without watches: 3.5 and later
+    /// do (`progressIfSync` answers through a watch); 3.4 answers it. Members whose
+    /// version is unknown (unreachable when last probed) are left out; with none known
+    /// it is taken as answered.
+    fn lone_progress_dropped(&self) -> bool {
+        let Some(cache) = self.st.cache() else {
+            return false;
+        };
+        let known: Vec<(u64, u64)> = cache
+            .server_versions()
+            .iter()
+            .filter_map(|v| {
+                let mut parts = v.trim_start_matches('v').split('.').map(|p| p.parse().ok());
+                Some((parts.next()??, parts.next()??))
+            })
+            .collect();
+        !known.is_empty() && known.iter().all(|&v| v >= (3, 5))
     }
 
     /// Whether a create for `side` must wait: the other side has creates unanswered.
@@ -432,6 +550,7 @@ impl Session {
             Ok(()) => {
                 self.pending_creates.push_back(PendingCreate {
                     id,
+                    canceled: false,
                     fragment: c.fragment,
                     key,
                     end: range_end,
@@ -603,7 +722,11 @@ impl Session {
 
     /// A response of a forwarded watch, with keys moved out of the namespace.
     async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
-        if resp.watch_id == INVALID_WATCH_ID && !resp.created && resp.events.is_empty() {
+        if resp.watch_id == INVALID_WATCH_ID
+            && !resp.created
+            && !resp.canceled
+            && resp.events.is_empty()
+        {
             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
             tracing::trace!(revision, "progress: etcd answered");
             let out = self.progress.answer(Side::Etcd, revision);
@@ -612,11 +735,15 @@ impl Session {
         if resp.created && resp.canceled {
             crate::metrics::get().watch_refused(Refusal::Etcd);
         }
-        let after = if resp.created {
+        let mut after = if resp.created || (resp.canceled && self.forwarded.took_cancel()) {
             self.answered(Side::Etcd)
         } else {
             Vec::new()
         };
+        // Cancels of a create etcd refused: etcd sends nothing for them.
+        for _ in 0..self.forwarded.take_dead_cancels() {
+            after.extend(self.answered(Side::Etcd));
+        }
         if resp.canceled {
             self.fragment.remove(&resp.watch_id);
         }
@@ -679,7 +806,7 @@ impl Session {
     /// `Err(Some(()))`: the client's id is taken.
     fn take_id(&mut self, side: Side, c: &WatchCreateRequest) -> Result<i64, Option<()>> {
         if self.must_wait(side) {
-            self.deferred.push_front(c.clone());
+            self.deferred.push_front(Deferred::Create(c.clone()));
             return Err(None);
         }
         match c.watch_id {
@@ -693,7 +820,10 @@ impl Session {
     fn id_in_use(&self, id: i64) -> bool {
         self.cache_ids.contains(&id)
             || self.forwarded.contains(id)
-            || self.pending_creates.iter().any(|p| p.id == id)
+            || self
+                .pending_creates
+                .iter()
+                .any(|p| p.id == id && !p.canceled)
     }
 
     /// etcd's next automatic id: the lowest from the last one on that is not in use.
@@ -801,14 +931,17 @@ impl Session {
             let out = self.progress.answer(Side::Cache, r.revision());
             return self.apply(out).await;
         }
-        if r.created() && !r.canceled() && self.cache_ids.insert(watch_id) {
-            self.open.add();
-            crate::metrics::get().watch_created(Served::Cache);
-        }
         let mut after = Vec::new();
         if r.created() {
-            if let Some(p) = self.pending_creates.pop_front() {
-                if !r.canceled() {
+            let pending = self.pending_creates.pop_front();
+            // Canceled by the client before this came: its id is free already.
+            let live = !r.canceled() && !pending.as_ref().is_some_and(|p| p.canceled);
+            if live && self.cache_ids.insert(watch_id) {
+                self.open.add();
+                crate::metrics::get().watch_created(Served::Cache);
+            }
+            if let Some(p) = pending {
+                if live {
                     if p.fragment {
                         self.fragment.insert(watch_id);
                     }
@@ -816,6 +949,9 @@ impl Session {
                 }
                 after = self.answered(Side::Cache);
             }
+        } else if r.canceled() && r.compact_revision() == 0 && self.took_cache_cancel(watch_id) {
+            // The reply to the client's cancel (whose id was freed when it was read).
+            after = self.answered(Side::Cache);
         } else if r.canceled() {
             if self.cache_ids.remove(&watch_id) {
                 self.open.sub();
@@ -834,6 +970,11 @@ impl Session {
             send(&self.tx, refusal).await?;
         }
         Ok(())
+    }
+
+    /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
+    fn took_cache_cancel(&mut self, watch_id: i64) -> bool {
+        crate::forwarded::take_one(&mut self.cache_cancels, watch_id)
     }
 
     fn event(&self, e: &etcd_cache::Event) -> Event {

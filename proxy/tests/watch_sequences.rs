@@ -39,8 +39,8 @@
 //!   out.
 //!
 //! Automatic ids are compared exactly: the proxy allocates them for both sides as etcd
-//! does (from 0 per stream, skipping ids in use), and they match etcd's except in the
-//! known bug below.
+//! does (from 0 per stream, skipping ids in use, an id free again once its cancel is
+//! read), and they match etcd's.
 //!
 //! ## etcd versions (checked on 3.4.23 and 3.7.3, and in etcd's `v3rpc/watch.go`)
 //! - A cancel of an id no watch has gets no reply on either (`Cancel` fails, nothing is
@@ -51,15 +51,14 @@
 //!   unsynced (none is here: every watch starts at the current revision).
 //! - A duplicate id gets `created`+`canceled` with id -1 and etcd's reason on both.
 //!
-//! ## Known differences, excluded (each behind a constant; `true` asserts etcd's
-//! behaviour and fails)
-//! - [`PIPELINED_CANCELS_WITH_CREATES`]: proxy bugs 1-5 with cancels pipelined among
-//!   creates, and the order of cached cancels' replies.
-//! - [`CANCEL_MINUS_ONE`]: proxy bug 7, a cancel of a watch created with id -1.
-//! - [`PROGRESS_WITHOUT_WATCHES`]: on 3.5+, the proxy answers a progress request on a
-//!   stream without watches (as 3.4 does); etcd drops it.
+//! ## Differences, each behind a constant (`true` asserts etcd's behaviour)
+//! - [`PIPELINED_CANCELS_WITH_CREATES`], [`CANCEL_MINUS_ONE`],
+//!   [`PROGRESS_WITHOUT_WATCHES`]: proxy bugs 1-5 and 7 (cancels pipelined among
+//!   creates, the order of cancels' replies, a cancel of id -1) and the progress request
+//!   on a stream without watches on 3.5+. Fixed in 2026-12: `true`, asserted.
 //! - [`QUIET_CACHED_PREFIX_ON_UNTRUSTED_ETCD`]: on etcd < 3.4.31 (Debian's 3.4.23),
-//!   progress requests while the newest writes are outside the cached prefix.
+//!   progress requests while the newest writes are outside the cached prefix. A known
+//!   difference (etcd#15220: the cache cannot prove progress it is not told), excluded.
 
 mod raw;
 mod support;
@@ -98,7 +97,7 @@ const SENTINEL_ID: i64 = 1000;
 /// under the cached prefix that no watch sees, so the prefix is never quiet when asked.
 /// `true`: the test asserts etcd's behaviour there too (and fails on 3.4.23).
 const QUIET_CACHED_PREFIX_ON_UNTRUSTED_ETCD: bool = false;
-/// **Known proxy bugs, excluded.** A cancel pipelined with creates (sent before their
+/// **Proxy bugs, fixed (2026-12), asserted.** A cancel pipelined with creates (sent before their
 /// replies came) is not answered as etcd answers it: (1) a create after it with the
 /// canceled watch's id is refused as a duplicate (etcd creates it: it removes a watch
 /// when it reads the cancel); (2) a create after it with id 0 on a forwarded key skips the
@@ -114,17 +113,17 @@ const QUIET_CACHED_PREFIX_ON_UNTRUSTED_ETCD: bool = false;
 /// the cancels' replies as a sorted list. `true`: every request in one pipelined batch, in
 /// the generated order, all control replies in order: the test asserts etcd's behaviour
 /// there too (and fails).
-const PIPELINED_CANCELS_WITH_CREATES: bool = false;
-/// **Known proxy bug, excluded.** (7) The cancel of a watch the client created with id -1
+const PIPELINED_CANCELS_WITH_CREATES: bool = true;
+/// **Proxy bug, fixed (2026-12), asserted.** (7) The cancel of a watch the client created with id -1
 /// gets no `canceled` reply through the proxy (etcd sends `id=-1 canceled`): etcd's reply
 /// to the forwarded cancel looks like a progress answer (id -1, no events, not created).
 /// `false`: no cancel of -1 is generated (creates with -1 still are). `true`: it is.
-const CANCEL_MINUS_ONE: bool = false;
-/// **Known difference, excluded.** etcd 3.5 and later drop a `WatchProgressRequest` on a
+const CANCEL_MINUS_ONE: bool = true;
+/// **Difference, fixed (2026-12), asserted.** etcd 3.5 and later drop a `WatchProgressRequest` on a
 /// stream that has no watch (`progressIfSync` answers through one of the stream's
 /// watches); 3.4 answers it, and so does the proxy on every version. `false`: on 3.5 and
 /// later the generator drops the progress requests before a sequence's first create.
-const PROGRESS_WITHOUT_WATCHES: bool = false;
+const PROGRESS_WITHOUT_WATCHES: bool = true;
 /// Where the writes that keep the cached prefix from being quiet go: under `/app/`, below
 /// every case's namespace (`/app/c<N>/`).
 const WAKE_ROOT: &str = "/app/!s/";

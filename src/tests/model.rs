@@ -180,8 +180,12 @@ struct Watch {
 struct Stream {
     name: usize,
     stream: WatchStream,
-    /// Live watches by id: as the stream's own id map (added, final response not read).
+    /// Live watches by id: as the stream's own id map (added, not canceled, final
+    /// response not read).
     watches: BTreeMap<i64, Watch>,
+    /// Canceled watches whose `canceled` is not read yet, in the order of the cancels
+    /// (their ids are free, as etcd frees them at the cancel).
+    canceling: Vec<(i64, Watch)>,
     /// The stream's next id to try for a watch without a chosen id.
     next_id: i64,
     /// The highest header revision read.

@@ -90,6 +90,47 @@ async fn chosen_watch_ids_are_honoured_and_duplicates_refused() {
     assert_eq!(resp(&mut s).await.watch_id(), 0);
 }
 
+/// As etcd: a cancel frees its id at once (a watch added next may take it, and the
+/// next automatic id may be it), nothing of the canceled watch is sent after the
+/// cancel, and the replies (`created`, `canceled`) keep the order of the requests,
+/// also when nothing was read in between.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_frees_its_id_at_once_and_replies_keep_the_requests_order() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch_stream();
+    let id = |n| Some(WatchOptions::new().with_watch_id(n));
+    s.watch(k("a"), id(1)).await.unwrap();
+    s.watch(k("b"), id(2)).await.unwrap();
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    settle().await;
+    s.cancel(2).await.unwrap();
+    s.cancel(1).await.unwrap();
+    s.watch(k("c"), id(1)).await.unwrap();
+    s.watch(k("d"), None).await.unwrap();
+    let mut replies = Vec::new();
+    for _ in 0..6 {
+        let r = resp(&mut s).await;
+        replies.push((r.watch_id(), r.created(), r.canceled(), r.events().len()));
+    }
+    assert_eq!(
+        replies,
+        [
+            (1, true, false, 0),
+            (2, true, false, 0),
+            (2, false, true, 0),
+            (1, false, true, 0),
+            (1, true, false, 0),
+            (0, true, false, 0),
+        ],
+        "the event of watch 1, not read before its cancel, is not sent"
+    );
+    assert!(now(&mut s).is_none());
+    assert_eq!(h.cache.watcher_count(), 2);
+    h.watch.events(vec![put(&k("c"), "1", 12, 12, 1)]);
+    let r = resp(&mut s).await;
+    assert_eq!((r.watch_id(), r.events().len()), (1, 1), "the new watch 1");
+}
+
 #[tokio::test(start_paused = true)]
 async fn responses_carry_the_upstream_identity_in_their_header() {
     let h = ready(config(), &["3.5.13"], &[], 10).await;
@@ -214,6 +255,7 @@ async fn split_streams_add_watches_from_another_task() {
     settle().await;
     h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
     settle().await;
+    assert_pending!(reader.poll(), "the event is read");
     tx.cancel(0).await.unwrap();
     settle().await;
     assert_pending!(reader.poll(), "still open while the sender lives");

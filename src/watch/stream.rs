@@ -45,8 +45,8 @@ pub(super) struct Control {
 
 #[derive(Default)]
 struct ControlInner {
-    /// Added by the sender, not yet taken by the response half.
-    incoming: Vec<Subscription>,
+    /// Added and canceled by the sender, in order, not yet taken by the response half.
+    incoming: Vec<Incoming>,
     /// Watch ids in use on the stream, with their registry ids.
     ids: Ids,
     /// The next id to try for a watch that did not choose one.
@@ -55,6 +55,32 @@ struct ControlInner {
     progress_requests: VecDeque<ProgressRequest>,
     /// The request half was dropped (only after a split).
     sender_gone: bool,
+}
+
+/// What the sender hands the response half, in the order of the requests.
+enum Incoming {
+    /// A watch, registered.
+    Watch(Subscription),
+    /// A cancel of the watch `watch_id` (registry id `sub_id`): its id is free already.
+    Cancel { watch_id: i64, sub_id: SubId },
+}
+
+impl Incoming {
+    fn watch_id(&self) -> Option<i64> {
+        match self {
+            Incoming::Watch(sub) => Some(sub.watch_id),
+            Incoming::Cancel { .. } => None,
+        }
+    }
+}
+
+/// A reply to a request on the stream, sent in the order of the requests (etcd sends
+/// its `created` and `canceled` replies on one control channel, in order; a client maps
+/// them to its requests by that order).
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Created { watch_id: i64, revision: i64 },
+    Canceled { watch_id: i64 },
 }
 
 /// Watch ids in use on a stream, with their registry ids (0 while registering): a
@@ -117,9 +143,13 @@ impl Ids {
 }
 
 impl Control {
-    /// Frees the id of a watch that has ended.
-    pub(super) fn forget(&self, watch_id: i64) {
-        self.inner.lock().ids.remove(watch_id);
+    /// Frees the id of a watch that has ended, unless a cancel freed it already and a
+    /// new watch took it.
+    pub(super) fn forget(&self, watch_id: i64, sub_id: SubId) {
+        let mut inner = self.inner.lock();
+        if inner.ids.get(watch_id) == Some(sub_id) {
+            inner.ids.remove(watch_id);
+        }
     }
 
     /// Tells the response half that there is news.
@@ -163,7 +193,11 @@ impl WatchRequestSender {
         options: Option<WatchOptions>,
     ) -> Result<()> {
         let sub = self.register(key.into(), options).await?;
-        self.control.inner.lock().incoming.push(sub);
+        self.control
+            .inner
+            .lock()
+            .incoming
+            .push(Incoming::Watch(sub));
         self.control.notify();
         Ok(())
     }
@@ -222,18 +256,32 @@ impl WatchRequestSender {
         Ok(sub)
     }
 
-    /// Cancels the watch `watch_id`: what it was delivered stays, then a `canceled`
-    /// response ends it. An id not in use is ignored, as etcd ignores it.
+    /// Cancels the watch `watch_id`, as etcd cancels one: its id is free at once (a
+    /// watch added next may take it), it gets no more events, and its `canceled`
+    /// response follows the replies to the requests made before this one (the `created`
+    /// responses of earlier watches, the `canceled` of earlier cancels), in order. An id
+    /// not in use is ignored, as etcd ignores it.
     ///
     /// # Errors
     /// None today; the `Result` mirrors etcd-client.
     pub async fn cancel(&mut self, watch_id: i64) -> Result<()> {
-        let sub_id = self.control.inner.lock().ids.get(watch_id);
-        if let Some(sub_id) = sub_id.filter(|&id| id != 0) {
-            self.control
-                .shared
-                .subscribers
-                .unsubscribe(sub_id, End::Cancelled);
+        let sub_id = {
+            let mut inner = self.control.inner.lock();
+            let sub_id = inner.ids.get(watch_id);
+            if let Some(sub_id) = sub_id {
+                inner.ids.remove(watch_id);
+                inner.incoming.push(Incoming::Cancel { watch_id, sub_id });
+            }
+            sub_id
+        };
+        if let Some(sub_id) = sub_id {
+            self.control.notify();
+            if sub_id != 0 {
+                self.control
+                    .shared
+                    .subscribers
+                    .unsubscribe(sub_id, End::Cancelled);
+            }
         }
         Ok(())
     }
@@ -293,9 +341,9 @@ pub struct WatchResponseStream {
     /// registered (so the cache asks etcd for progress), and a change of the cache's
     /// revision or the request's deadline wakes the stream.
     progress_wait: Option<Box<StreamProgressWait>>,
-    /// The oldest `created` response (watch id, revision) not sent yet; later ones
-    /// wait in [`Multi::created`].
-    created_first: Option<(i64, i64)>,
+    /// The oldest reply (`created`, `canceled`) not sent yet; later ones wait in
+    /// [`Multi::replies`].
+    first_reply: Option<Reply>,
     /// While no watch is left on a split stream: a change of the cache's status (its
     /// close) wakes the stream.
     close_wait: Option<Changed>,
@@ -313,10 +361,9 @@ type StreamProgressWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
 struct Multi {
     /// The watches other than the solo one, polled as they are woken.
     watches: SelectAll<Subscription>,
-    /// `created` responses after [`WatchResponseStream::created_first`], in the order
-    /// their watches were added (etcd answers creates in order; a client maps them to
-    /// its requests by that order).
-    created: VecDeque<(i64, i64)>,
+    /// Replies after [`WatchResponseStream::first_reply`], in the order of their
+    /// requests.
+    replies: VecDeque<Reply>,
 }
 
 impl std::fmt::Debug for WatchResponseStream {
@@ -359,23 +406,36 @@ impl WatchResponseStream {
 
     /// Ids of the watches whose `created` response has not been sent yet.
     fn pending_created(&self) -> impl Iterator<Item = i64> + '_ {
-        let later = self.multi.iter().flat_map(|m| m.created.iter());
-        self.created_first.iter().chain(later).map(|c| c.0)
+        let later = self.multi.iter().flat_map(|m| m.replies.iter());
+        self.first_reply
+            .iter()
+            .chain(later)
+            .filter_map(|r| match r {
+                Reply::Created { watch_id, .. } => Some(*watch_id),
+                Reply::Canceled { .. } => None,
+            })
     }
 
-    /// Takes a newly registered watch: its `created` response goes out next (after
-    /// those of the watches added before it), then its items.
-    fn add(&mut self, sub: Subscription) {
-        let created = (sub.watch_id, sub.created_revision());
-        let later_created = self.multi.as_ref().is_some_and(|m| !m.created.is_empty());
-        if self.created_first.is_none() && !later_created {
-            self.created_first = Some(created);
+    /// Queues a reply after those not sent yet.
+    fn reply(&mut self, reply: Reply) {
+        let later = self.multi.as_ref().is_some_and(|m| !m.replies.is_empty());
+        if self.first_reply.is_none() && !later {
+            self.first_reply = Some(reply);
         } else {
             self.multi
                 .get_or_insert_with(Box::default)
-                .created
-                .push_back(created);
+                .replies
+                .push_back(reply);
         }
+    }
+
+    /// Takes a newly registered watch: its `created` response goes out next (after
+    /// the replies to the requests before it), then its items.
+    fn add(&mut self, sub: Subscription) {
+        self.reply(Reply::Created {
+            watch_id: sub.watch_id,
+            revision: sub.created_revision(),
+        });
         if self.len() == 0 {
             self.solo = Some(sub);
         } else {
@@ -386,11 +446,50 @@ impl WatchResponseStream {
         }
     }
 
-    /// The oldest `created` response not sent yet.
-    fn next_created(&mut self) -> Option<(i64, i64)> {
-        self.created_first
+    /// Ends the watch a cancel named (if it has not ended by itself meanwhile: then its
+    /// `canceled` response went out already): nothing more of it is sent but its
+    /// `canceled`, in its turn.
+    fn cancel(&mut self, watch_id: i64, sub_id: SubId) {
+        let named = |w: &Subscription| w.watch_id == watch_id && w.sub_id == sub_id;
+        let found = if self.solo.as_ref().is_some_and(named) {
+            self.solo.take().map(|mut w| w.cancel()).is_some()
+        } else {
+            self.multi
+                .as_mut()
+                .and_then(|m| m.watches.iter_mut().find(|w| named(w)))
+                .map(|w| w.cancel())
+                .is_some()
+        };
+        if found {
+            self.reply(Reply::Canceled { watch_id });
+        }
+    }
+
+    /// Takes what the sender handed over (watches, cancels, progress requests), in
+    /// order, if there is news.
+    fn take_news(&mut self) {
+        if !self.control.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut inner = self.control.inner.lock();
+        let incoming = std::mem::take(&mut inner.incoming);
+        self.sender_gone = inner.sender_gone;
+        self.progress_requests
+            .extend(inner.progress_requests.drain(..));
+        drop(inner);
+        for item in incoming {
+            match item {
+                Incoming::Watch(sub) => self.add(sub),
+                Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
+            }
+        }
+    }
+
+    /// The oldest reply not sent yet.
+    fn next_reply(&mut self) -> Option<Reply> {
+        self.first_reply
             .take()
-            .or_else(|| self.multi.as_mut()?.created.pop_front())
+            .or_else(|| self.multi.as_mut()?.replies.pop_front())
     }
 
     /// The next item of any watch, if one is ready.
@@ -466,20 +565,17 @@ impl Stream for WatchResponseStream {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         this.control.waker.register(cx.waker());
-        if this.control.dirty.swap(false, Ordering::AcqRel) {
-            let mut inner = this.control.inner.lock();
-            let incoming = std::mem::take(&mut inner.incoming);
-            this.sender_gone = inner.sender_gone;
-            this.progress_requests
-                .extend(inner.progress_requests.drain(..));
-            drop(inner);
-            for sub in incoming {
-                this.add(sub);
+        this.take_news();
+        match this.next_reply() {
+            Some(Reply::Created { watch_id, revision }) => {
+                let h = this.header(revision);
+                return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
             }
-        }
-        if let Some((watch_id, revision)) = this.next_created() {
-            let h = this.header(revision);
-            return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
+            Some(Reply::Canceled { watch_id }) => {
+                let h = this.header(this.control.shared.revision());
+                return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0, ""))));
+            }
+            None => {}
         }
         let sender_gone = this.sender_gone;
         while let Poll::Ready(Some((watch_id, item))) = this.poll_watches(cx) {
@@ -601,7 +697,7 @@ impl WatchStream {
                 end_when_empty: true,
                 reported: 0,
                 progress_wait: None,
-                created_first: None,
+                first_reply: None,
                 close_wait: None,
                 sender_gone: false,
                 progress_requests: VecDeque::new(),
@@ -618,8 +714,10 @@ impl WatchStream {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<()> {
-        // Both halves are here: hand the watch to the response half directly.
+        // Both halves are here: hand the watch to the response half directly, after the
+        // cancels before it.
         let sub = self.sender.register(key.into(), options).await?;
+        self.responses.take_news();
         self.responses.add(sub);
         Ok(())
     }
@@ -679,7 +777,7 @@ impl WatchStream {
                     .lock()
                     .incoming
                     .iter()
-                    .map(|w| w.watch_id),
+                    .filter_map(Incoming::watch_id),
             )
             .min()
             .unwrap_or(0)

@@ -156,12 +156,19 @@ impl Subscription {
         }
         self.progress_timer = None;
         if let Some(control) = self.control.take().and_then(|c| c.upgrade()) {
-            control.forget(self.watch_id);
+            control.forget(self.watch_id, self.sub_id);
         }
     }
 
     fn ended(&self) -> bool {
         self.control.is_none()
+    }
+
+    /// Ends the watch for a cancel: what its mailbox still holds is not sent (etcd
+    /// sends nothing of a canceled watch after its `canceled`), and it yields nothing
+    /// more (its stream sends the `canceled`).
+    pub(super) fn cancel(&mut self) {
+        self.finish(EndReason::Canceled);
     }
 }
 

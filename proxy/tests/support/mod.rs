@@ -174,7 +174,13 @@ impl Proxy {
     pub fn log_tail(&self) -> String {
         let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        lines[lines.len().saturating_sub(
+            std::env::var("PROXY_LOG_TAIL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(40),
+        )..]
+            .join("\n")
     }
 }
 

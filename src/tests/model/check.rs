@@ -25,9 +25,10 @@ impl Model {
             ));
         }
         let open = self.live_watches();
-        if self.cache.watcher_count() != open {
+        let uncanceled = self.uncanceled_watches();
+        if !(uncanceled..=open).contains(&self.cache.watcher_count()) {
             return Err(format!(
-                "{} open watches, the model has {open}",
+                "{} open watches, the model has {open}, {uncanceled} of them not canceled",
                 self.cache.watcher_count()
             ));
         }
@@ -115,6 +116,23 @@ impl Model {
                 w.covered = w.covered.max(rev);
             }
             line = format!("s{}: stream progress at {rev}", s.name);
+        } else if let Some(at) = s.canceling.iter().position(|(i, _)| *i == id) {
+            // A canceled watch: its `created` if it was not read, then its `canceled`;
+            // nothing else (etcd sends nothing of it after the cancel).
+            let w = &mut s.canceling[at].1;
+            if !w.created && resp.created() {
+                let want = prev.max(w.created_rev);
+                if rev != want {
+                    return Err(format!("{}: created at {rev}, want {want}", w.label));
+                }
+                w.created = true;
+                line = format!("{}: created at {rev} (canceled)", w.label);
+            } else if w.created && resp.canceled() && resp.compact_revision() == 0 {
+                line = format!("{}: canceled", w.label);
+                s.canceling.remove(at);
+            } else {
+                return Err(format!("{}: {resp:?} after its cancel", w.label));
+            }
         } else {
             let Some(w) = s.watches.get_mut(&id) else {
                 return Err(format!(

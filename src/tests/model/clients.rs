@@ -5,6 +5,13 @@ use super::*;
 
 impl Model {
     pub(super) fn live_watches(&self) -> usize {
+        let streams = self.streams.iter();
+        streams.map(|s| s.watches.len() + s.canceling.len()).sum()
+    }
+
+    /// Live watches whose cancel was not asked: a canceled watch's slot is freed when
+    /// its stream takes the cancel (at its next poll), before its `canceled` is read.
+    pub(super) fn uncanceled_watches(&self) -> usize {
         self.streams.iter().map(|s| s.watches.len()).sum()
     }
 
@@ -146,6 +153,7 @@ impl Model {
                     name,
                     stream,
                     watches: BTreeMap::new(),
+                    canceling: Vec::new(),
                     // The first auto id (0) was given to this watch.
                     next_id: if chosen == 0 { 1 } else { 0 },
                     reported: 0,
@@ -275,8 +283,9 @@ impl Model {
         bounded("cancel", s.stream.cancel(id))
             .await?
             .map_err(|e| format!("cancel: {e}"))?;
-        if let Some(w) = s.watches.get_mut(&id) {
+        if let Some(mut w) = s.watches.remove(&id) {
             w.cancel_requested = true;
+            s.canceling.push((id, w));
         }
         self.stats.cancels += 1;
         let name = s.name;
