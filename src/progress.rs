@@ -54,7 +54,7 @@ impl ProgressRequestor {
         self.fresh.load(Ordering::Acquire)
     }
 
-    /// Counts one `RequestProgress` sent: it serves every read waiting now.
+    /// Counts one `RequestProgress` about to be sent: it serves every read waiting now.
     pub(crate) fn record_sent(&self) {
         self.fresh.store(false, Ordering::Release);
         self.sent.fetch_add(1, Ordering::Relaxed);

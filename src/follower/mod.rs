@@ -447,10 +447,13 @@ impl Follower {
                         // The reads finished while the timer ran.
                         continue;
                     }
+                    // Counted first: a read that starts waiting while it is sent needs
+                    // the next one (counted after, its freshness would be cleared and
+                    // it would wait a whole interval).
+                    shared.progress.record_sent();
                     if let Err(e) = watch.request_progress().await {
                         return SessionEnd::Broken(e);
                     }
-                    shared.progress.record_sent();
                     shared.metrics.progress_requested();
                     self.last_request = Some(Instant::now());
                     self.outstanding = true;
