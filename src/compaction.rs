@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::history::History;
 use crate::key_range::KeyRange;
 use crate::shared::Shared;
 use crate::upstream::Upstream;
@@ -145,6 +146,13 @@ impl Compaction {
             }
         }
     }
+}
+
+/// The compact revision a refusal below etcd's compaction at `floor` reports: the lowest
+/// revision both etcd and the cache's window serve (the window's floor where that is
+/// higher, for a revision below both).
+pub(crate) fn reported(floor: i64, history: &RwLock<History>) -> i64 {
+    floor.max(history.read().floor())
 }
 
 /// Brings the known floor up to date every [`CHECK_INTERVAL`] while the cache serves:

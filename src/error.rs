@@ -495,6 +495,10 @@ pub(crate) const INVALID_AUTH_TOKEN: &str = "invalid auth token";
 pub(crate) const AUTH_OLD_REVISION: &str = "revision of auth store is old";
 /// etcd's cancel reason for a watch outside the user's permissions.
 pub(crate) const PERMISSION_DENIED: &str = "permission denied";
+/// etcd's `mvcc.ErrCompacted`, as its message ends: a read at a compacted revision.
+pub(crate) const COMPACTED_REVISION: &str = "required revision has been compacted";
+/// etcd's `mvcc.ErrFutureRev`: a read at a revision etcd has not reached.
+pub(crate) const FUTURE_REVISION: &str = "required revision is a future revision";
 
 /// Whether etcd refused a call for its token (see [`INVALID_AUTH_TOKEN`],
 /// [`AUTH_OLD_REVISION`]): authenticating again and retrying can succeed.

@@ -68,22 +68,10 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
     ))
 }
 
-/// Whether reads and watches at past revisions follow etcd's compaction.
-pub(crate) fn follows_compaction(shared: &Shared) -> bool {
-    shared.config.follow_etcd_compaction
-}
-
-/// The refusal of a read at `revision`, which etcd compacted up to `floor`: etcd's
-/// compact revision, or the cache's window floor where that is higher (the lowest
-/// revision both serve).
-pub(crate) fn compacted(shared: &Shared, revision: i64, floor: i64) -> Error {
-    let window = shared.history.read().floor();
+/// The refusal of a read below etcd's compaction at `floor`.
+fn compacted(shared: &Shared, floor: i64) -> Error {
     Error::Compacted {
-        compact_revision: if revision + 1 < window {
-            floor.max(window)
-        } else {
-            floor
-        },
+        compact_revision: crate::compaction::reported(floor, &shared.history),
     }
 }
 
@@ -211,11 +199,9 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     // the call, so it passes the same barrier as a read of the latest revision.
     // So is what the cache knows of etcd's compaction (kept current in the background).
     if opts.serializable() && request.revision <= shared.revision() {
-        if let Some(floor) = follows_compaction(shared)
-            .then(|| shared.compaction.known_below(request.revision))
-            .flatten()
-        {
-            return Err(compacted(shared, request.revision, floor));
+        let known = shared.compaction.known_below(request.revision);
+        if let Some(floor) = known.filter(|_| shared.config.follow_etcd_compaction) {
+            return Err(compacted(shared, floor));
         }
         return read_local(shared, &request, 0);
     }
@@ -226,7 +212,7 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     // far the cluster is, and, at a past revision, whether etcd compacted it (beside
     // it, so the read waits one round trip).
     let check = async {
-        if follows_compaction(shared) && request.revision > 0 {
+        if shared.config.follow_etcd_compaction && request.revision > 0 {
             shared.etcd_compacted(request.revision).await
         } else {
             Ok(None)
@@ -234,7 +220,7 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     };
     let (current, compaction) = tokio::join!(shared.cluster_revision_now(), check);
     let current = match (current, compaction) {
-        (_, Ok(Some(floor))) => return Err(compacted(shared, request.revision, floor)),
+        (_, Ok(Some(floor))) => return Err(compacted(shared, floor)),
         (Ok(current), Ok(None)) => current,
         // etcd could not be asked one of them: etcd answers the read itself.
         (Err(e), _) | (_, Err(e)) => return fallback(shared, &request, e).await,

@@ -11,7 +11,8 @@ use futures_util::future::BoxFuture;
 
 use super::{Header, RangeResponse, Upstream, UpstreamWatch, WatchMsg};
 use crate::error::{
-    token_refused, Error, Result, AUTH_OLD_REVISION, INVALID_AUTH_TOKEN, PERMISSION_DENIED,
+    token_refused, Error, Result, AUTH_OLD_REVISION, COMPACTED_REVISION, FUTURE_REVISION,
+    INVALID_AUTH_TOKEN, PERMISSION_DENIED,
 };
 use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType, KeyValue};
@@ -284,10 +285,6 @@ impl EtcdUpstream {
 /// How long a watch from a compacted revision may take to be told etcd's compact
 /// revision (etcd answers at once; this only bounds a connection that hangs).
 const COMPACT_WATCH_LIMIT: Duration = Duration::from_secs(5);
-/// etcd's `mvcc.ErrCompacted`, as its message ends.
-const COMPACTED_REVISION: &str = "required revision has been compacted";
-/// etcd's `mvcc.ErrFutureRev`.
-const FUTURE_REVISION: &str = "required revision is a future revision";
 
 impl UpstreamWatch for EtcdWatch {
     fn message(&mut self) -> BoxFuture<'_, Result<Option<WatchMsg>>> {

@@ -261,7 +261,7 @@ async fn register(
     };
     // From a past revision: refused as etcd refuses one it compacted. A failed check
     // leaves what is known (the window still bounds what is replayed).
-    if request.start_revision > 0 && crate::read::follows_compaction(shared) {
+    if request.start_revision > 0 && shared.config.follow_etcd_compaction {
         let floor = match shared.etcd_compacted(request.start_revision).await {
             Ok(floor) => floor,
             Err(e) => {
@@ -271,12 +271,7 @@ async fn register(
         };
         if let Some(floor) = floor {
             shared.metrics.watch_opened(started.elapsed());
-            let window = shared.history.read().floor();
-            let floor = if request.start_revision < window {
-                floor.max(window)
-            } else {
-                floor
-            };
+            let floor = crate::compaction::reported(floor, &shared.history);
             return Ok(subscription::Registration {
                 request,
                 registered: crate::subscribers::Registered::Compacted { floor },

@@ -451,16 +451,15 @@ impl WatchResponseStream {
     /// `canceled`, in its turn.
     fn cancel(&mut self, watch_id: i64, sub_id: SubId) {
         let named = |w: &Subscription| w.watch_id == watch_id && w.sub_id == sub_id;
-        let found = if self.solo.as_ref().is_some_and(named) {
-            self.solo.take().map(|mut w| w.cancel()).is_some()
+        let live = if self.solo.as_ref().is_some_and(named) {
+            self.solo.take().is_some_and(|mut w| w.cancel())
         } else {
             self.multi
                 .as_mut()
                 .and_then(|m| m.watches.iter_mut().find(|w| named(w)))
-                .map(|w| w.cancel())
-                .is_some()
+                .is_some_and(|w| w.cancel())
         };
-        if found {
+        if live {
             self.reply(Reply::Canceled { watch_id });
         }
     }

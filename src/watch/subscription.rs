@@ -166,9 +166,12 @@ impl Subscription {
 
     /// Ends the watch for a cancel: what its mailbox still holds is not sent (etcd
     /// sends nothing of a canceled watch after its `canceled`), and it yields nothing
-    /// more (its stream sends the `canceled`).
-    pub(super) fn cancel(&mut self) {
+    /// more (its stream sends the `canceled`). False if it had ended already (its last
+    /// response, a compaction's, went out before the cancel was taken).
+    pub(super) fn cancel(&mut self) -> bool {
+        let live = !self.ended();
         self.finish(EndReason::Canceled);
+        live
     }
 }
 
