@@ -17,7 +17,9 @@ use tokio::task::JoinHandle;
 use crate::config::{CacheBuilder, Config};
 use crate::error::{Error, Result};
 use crate::read::{GetOptions, GetResponse};
-use crate::shared::{CacheStats, CacheStatus, Shared, StatusStream};
+use crate::shared::Shared;
+use crate::stats::CacheStats;
+use crate::status::{CacheStatus, StatusStream};
 use crate::upstream::etcd::EtcdUpstream;
 use crate::upstream::Upstream;
 use crate::watch::{WatchOptions, WatchScope, WatchStream};
@@ -75,9 +77,10 @@ impl Cache {
     /// Starts the cache on any upstream (the etcd client, or the fake one in tests).
     pub(crate) fn start(config: Config, upstream: Arc<dyn Upstream>) -> Result<Cache> {
         config.validate()?;
-        let shared = Shared::new(config, upstream);
+        let (shared, publisher) = Shared::new(config, upstream);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let task = tokio::spawn(crate::follower::run(shared.clone(), shutdown_rx));
+        let follower = crate::follower::run(shared.clone(), publisher, shutdown_rx);
+        let task = tokio::spawn(follower);
         Ok(Cache {
             handle: Arc::new(Handle {
                 shutdown,
@@ -102,7 +105,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub async fn wait_ready(&self) -> Result<()> {
-        self.shared.wait_ready().await
+        self.shared.view.wait_ready().await
     }
 
     /// [`wait_ready`](Self::wait_ready) with a time limit.
@@ -152,7 +155,7 @@ impl Cache {
     /// # }
     /// ```
     pub fn status(&self) -> CacheStatus {
-        self.shared.status().state
+        self.shared.view.status().state
     }
 
     /// The status now, then every change of it (see [`StatusStream`]): a health
@@ -170,7 +173,7 @@ impl Cache {
     /// # }
     /// ```
     pub fn status_stream(&self) -> StatusStream {
-        self.shared.status_stream()
+        self.shared.view.status_stream()
     }
 
     /// The etcd server version of each member, as last probed (`unreachable:<url>`
@@ -197,7 +200,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn is_ready(&self) -> bool {
-        self.shared.is_ready()
+        self.shared.view.is_ready()
     }
 
     /// Newest revision applied (0 before the first snapshot).
@@ -208,7 +211,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn revision(&self) -> i64 {
-        self.shared.revision()
+        self.shared.view.revision()
     }
 
     /// Whether etcd has compacted `revision`: `Some(etcd's compact revision)` when etcd
@@ -231,9 +234,9 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub async fn compacted(&self, revision: i64) -> Result<Option<i64>> {
-        let status = self.shared.status();
+        let status = self.shared.view.status();
         if status.closed() {
-            return Err(Shared::closed_error(&status));
+            return Err(status.closed_error());
         }
         self.shared.etcd_compacted(revision).await
     }
@@ -447,7 +450,7 @@ impl Cache {
             Some(task) => {
                 let _ = task.await;
             }
-            None => self.shared.wait_closed().await,
+            None => self.shared.view.wait_closed().await,
         }
     }
 }

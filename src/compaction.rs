@@ -9,7 +9,7 @@
 //! one is not compacted none is; if it is, a watch from it learns etcd's compact
 //! revision, which answers each caller. What is learned raises the known floor
 //! ([`Compaction::known_below`]), which serializable reads use without a round trip;
-//! [`keep_current`] checks every [`CHECK_INTERVAL`] so that it is never older than
+//! The follower's `keep_compaction_current` checks every [`CHECK_INTERVAL`] so that it is never older than
 //! that, and a resume etcd refused as compacted raises it too.
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -22,7 +22,6 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result};
 use crate::history::History;
 use crate::key_range::KeyRange;
-use crate::shared::Shared;
 use crate::upstream::Upstream;
 
 /// How often the known floor is brought up to date in the background.
@@ -153,32 +152,6 @@ impl Compaction {
 /// higher, for a revision below both).
 pub(crate) fn reported(floor: i64, history: &RwLock<History>) -> i64 {
     floor.max(history.read().floor())
-}
-
-/// Brings the known floor up to date every [`CHECK_INTERVAL`] while the cache serves:
-/// checks the lowest revision that is not known compacted and that the cache could
-/// still answer from its window. Runs until dropped (the follower's background task).
-pub(crate) async fn keep_current(shared: Arc<Shared>) {
-    let limit = shared.config.consistent_read_timeout;
-    loop {
-        tokio::time::sleep(CHECK_INTERVAL).await;
-        if !shared.is_ready() {
-            continue;
-        }
-        let at = shared
-            .history
-            .read()
-            .floor()
-            .max(shared.compaction.known())
-            .max(1);
-        if let Err(e) = shared
-            .compaction
-            .check(&shared.upstream, &shared.range, at, limit)
-            .await
-        {
-            tracing::debug!(error = %e, "compaction check failed");
-        }
-    }
 }
 
 #[cfg(test)]

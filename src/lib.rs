@@ -172,8 +172,10 @@ mod compaction;
 mod follower;
 mod read;
 mod shared;
+mod status;
 mod subscribers;
 mod upstream;
+mod view;
 mod watch;
 
 // The pieces they share.
@@ -186,6 +188,7 @@ mod kv;
 mod metrics;
 mod progress;
 mod range_request;
+mod stats;
 mod store;
 
 #[cfg(test)]
@@ -213,7 +216,8 @@ pub use error::{Error, Result};
 pub use kv::{Event, EventType, KeyValue};
 pub use range_request::{SortOrder, SortTarget};
 pub use read::{GetOptions, GetResponse};
-pub use shared::{CacheStats, CacheStatus, StatusStream};
+pub use stats::CacheStats;
+pub use status::{CacheStatus, StatusStream};
 pub use watch::{
     ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream, WatchScope, WatchStream,

@@ -2,7 +2,9 @@
 //! revision, the follower sends `RequestProgress` upstream. One request serves every
 //! read that was waiting when it was sent; nothing is sent when nothing waits.
 //!
-//! When to send, decided by the follower from what is recorded here:
+//! The readers' side is [`ProgressRequestor`] (shared; a read registers with a
+//! [`ProgressWait`] for as long as it waits); the follower's is [`RequestSchedule`], which
+//! decides when the next request goes out:
 //! - at once, when a read started waiting since the last request was sent (it is
 //!   *fresh*) and no request is outstanding: that read needs an answer sent after it
 //!   asked, and one round trip gives it;
@@ -11,8 +13,11 @@
 //!   help it sooner), and an unanswered request may have been lost (etcd#17507).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Shared between readers (who register) and the follower (who sends).
 #[derive(Debug, Default)]
@@ -26,22 +31,12 @@ pub(crate) struct ProgressRequestor {
 }
 
 impl ProgressRequestor {
-    /// Registers a waiting read until the guard is dropped.
-    pub(crate) fn wait(&self) -> WaitGuard<'_> {
-        self.enter();
-        WaitGuard(self)
-    }
-
-    /// Registers a waiting read; [`leave`](Self::leave) unregisters it.
-    pub(crate) fn enter(&self) {
+    /// Registers a waiting read until the [`ProgressWait`] is dropped.
+    pub(crate) fn wait(self: &Arc<Self>) -> ProgressWait {
         self.waiting.fetch_add(1, Ordering::AcqRel);
         self.fresh.store(true, Ordering::Release);
         self.wake.notify_one();
-    }
-
-    /// Unregisters a read registered with [`enter`](Self::enter).
-    pub(crate) fn leave(&self) {
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        ProgressWait(self.clone())
     }
 
     /// Number of reads waiting.
@@ -66,12 +61,53 @@ impl ProgressRequestor {
     }
 }
 
-/// A registered waiting read.
-pub(crate) struct WaitGuard<'a>(&'a ProgressRequestor);
+/// A registered waiting read (a read, a watch from now, a stream-wide progress
+/// request): the follower asks etcd for progress while any is registered.
+pub(crate) struct ProgressWait(Arc<ProgressRequestor>);
 
-impl Drop for WaitGuard<'_> {
+impl Drop for ProgressWait {
     fn drop(&mut self) {
-        self.0.leave();
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The follower's side: when it last sent a `RequestProgress` and whether that one is
+/// still unanswered, from which [`next`](Self::next) tells when the next may go out.
+#[derive(Debug, Default)]
+pub(crate) struct RequestSchedule {
+    last_sent: Option<Instant>,
+    outstanding: bool,
+}
+
+impl RequestSchedule {
+    /// When the next `RequestProgress` may go out, if one is wanted: at once for a
+    /// fresh read with nothing outstanding, else one `interval` after the last. None
+    /// while no read waits or while progress answers are not `trusted`.
+    pub(crate) fn next(
+        &self,
+        requestor: &ProgressRequestor,
+        trusted: bool,
+        interval: Duration,
+    ) -> Option<Instant> {
+        if requestor.waiting() == 0 || !trusted {
+            return None;
+        }
+        match self.last_sent {
+            None => Some(Instant::now()),
+            Some(_) if requestor.fresh() && !self.outstanding => Some(Instant::now()),
+            Some(sent) => Some(sent + interval),
+        }
+    }
+
+    /// One was sent just now.
+    pub(crate) fn sent(&mut self) {
+        self.last_sent = Some(Instant::now());
+        self.outstanding = true;
+    }
+
+    /// The answer came, or the stream it was sent on is gone.
+    pub(crate) fn answered(&mut self) {
+        self.outstanding = false;
     }
 }
 
@@ -81,7 +117,7 @@ mod tests {
 
     #[test]
     fn guards_count_waiters_and_sends_clear_freshness() {
-        let p = ProgressRequestor::default();
+        let p = Arc::new(ProgressRequestor::default());
         assert_eq!(p.waiting(), 0);
         assert!(!p.fresh());
         let a = p.wait();
@@ -95,5 +131,39 @@ mod tests {
         drop((a, b, c));
         assert_eq!(p.waiting(), 0);
         assert_eq!(p.sent(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_schedule_sends_at_once_for_a_fresh_read_and_else_once_an_interval() {
+        let p = Arc::new(ProgressRequestor::default());
+        let mut s = RequestSchedule::default();
+        let interval = Duration::from_millis(100);
+        assert_eq!(s.next(&p, true, interval), None, "nothing waits");
+        let a = p.wait();
+        assert_eq!(s.next(&p, false, interval), None, "answers not trusted");
+        assert_eq!(s.next(&p, true, interval), Some(Instant::now()), "first");
+        p.record_sent();
+        s.sent();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(
+            s.next(&p, true, interval),
+            Some(sent + interval),
+            "answered by it"
+        );
+        let b = p.wait();
+        assert_eq!(
+            s.next(&p, true, interval),
+            Some(sent + interval),
+            "a fresh read waits for the outstanding one"
+        );
+        s.answered();
+        assert_eq!(
+            s.next(&p, true, interval),
+            Some(Instant::now()),
+            "fresh, answered"
+        );
+        drop((a, b));
+        assert_eq!(s.next(&p, true, interval), None);
     }
 }

@@ -12,12 +12,20 @@ use crate::error::{Error, Result};
 use crate::history::Batch;
 use crate::kv::{EventType, KeyValue};
 use crate::shared::Shared;
+use crate::status::CacheStatus;
 use crate::store::{KvMap, Store};
-use crate::subscribers::Dispatcher;
+use crate::subscribers::mailbox::End;
+use crate::subscribers::LockedIndex;
+use crate::view::Publisher;
 
-/// The follower's writing half.
+/// The follower's writing half: the only owner of the store and of the view's
+/// publisher. Dropped when the follower ends (also by a panic), it ends every stream
+/// and closes the view, so that no waiter and no stream is left hanging; after a
+/// panic the streams end with [`Error::Internal`], so that a consumer can tell the
+/// cache died.
 pub(super) struct Writer {
     shared: Arc<Shared>,
+    publisher: Publisher,
     store: Store,
     /// Newest revision applied (as published).
     applied: i64,
@@ -26,13 +34,19 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, publisher: Publisher) -> Self {
         Writer {
             shared,
+            publisher,
             store: Store::default(),
             applied: 0,
             wakers: Vec::new(),
         }
+    }
+
+    /// Moves the cache to `state` (see [`Publisher::set_state`]).
+    pub(super) fn set_state(&self, state: CacheStatus) {
+        self.publisher.set_state(state);
     }
 
     /// Newest revision applied.
@@ -46,7 +60,7 @@ impl Writer {
     /// with the same `mod_revision`: any put or delete in between would have changed it.
     /// (An absent key proves nothing: it may have been created and deleted in the gap.)
     pub(super) fn install(&mut self, map: KvMap, revision: i64) {
-        let first = !self.shared.status().loaded;
+        let first = !self.shared.view.status().loaded;
         let revision = revision.max(self.applied);
         let shared = self.shared.clone();
         let mut index = shared.subscribers.lock();
@@ -71,7 +85,7 @@ impl Writer {
         shared.history.write().reset(revision);
         self.publish(&mut index, revision);
         drop(index);
-        shared.set_loaded();
+        self.publisher.set_loaded();
     }
 
     /// Replaces the store with a list made at the applied revision itself (a repair
@@ -178,7 +192,7 @@ impl Writer {
 
     /// Publishes the snapshot at `revision`. Takes the index lock as proof that no
     /// dispatch or registration runs meanwhile.
-    fn publish(&mut self, _index: &mut Dispatcher<'_>, revision: i64) {
+    fn publish(&mut self, _index: &mut LockedIndex<'_>, revision: i64) {
         self.applied = revision;
         let snapshot = self.store.snapshot(revision);
         #[cfg(feature = "metrics")]
@@ -195,6 +209,21 @@ impl Writer {
             shared.metrics.watchers(shared.subscribers.watchers());
             shared.metrics.lagging(shared.subscribers.lagging(), false);
         }
-        self.shared.publish(snapshot);
+        self.publisher.publish(snapshot);
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let error = Arc::new(Error::Internal {
+                reason: "the follower task panicked; the cache is closed".into(),
+            });
+            self.shared.subscribers.end_all(End::Failed(error.clone()));
+            self.publisher.set_state(CacheStatus::Failed { error });
+        } else {
+            self.shared.subscribers.end_all(End::Closed);
+            self.publisher.set_state(CacheStatus::Closed);
+        }
     }
 }

@@ -5,6 +5,9 @@
 //! re-list at the cache's own revision, so that every subscriber continues (nothing was
 //! missed at that revision; only the store was wrong), or at the latest revision if
 //! etcd compacted that one (then subscribers behind get the compaction signal).
+//!
+//! Beside it, [`keep_compaction_current`] keeps what the cache knows of etcd's own
+//! compaction fresh (see [`compaction`](crate::compaction)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +45,10 @@ pub(super) enum Outcome {
 pub(super) async fn run(shared: Arc<Shared>, period: Duration, repair: Arc<Notify>) {
     loop {
         tokio::time::sleep(period).await;
-        if !shared.is_ready() {
+        if !shared.view.is_ready() {
             continue;
         }
-        let snapshot = shared.snapshot();
+        let snapshot = shared.view.snapshot();
         match check(&shared, &snapshot).await {
             Ok(Outcome::Match { keys }) => {
                 shared.counters.consistency_checked(false);
@@ -128,4 +131,31 @@ pub(super) async fn check(shared: &Shared, snapshot: &Snapshot) -> Result<Outcom
     } else {
         Outcome::Mismatch { differing, total }
     })
+}
+
+/// Brings the known compaction floor up to date every
+/// [`CHECK_INTERVAL`](crate::compaction::CHECK_INTERVAL) while the cache serves:
+/// checks the lowest revision that is not known compacted and that the cache could
+/// still answer from its window. Runs until dropped (the follower's background task).
+pub(super) async fn keep_compaction_current(shared: Arc<Shared>) {
+    let limit = shared.config.consistent_read_timeout;
+    loop {
+        tokio::time::sleep(crate::compaction::CHECK_INTERVAL).await;
+        if !shared.view.is_ready() {
+            continue;
+        }
+        let at = shared
+            .history
+            .read()
+            .floor()
+            .max(shared.compaction.known())
+            .max(1);
+        if let Err(e) = shared
+            .compaction
+            .check(&shared.upstream, &shared.range, at, limit)
+            .await
+        {
+            tracing::debug!(error = %e, "compaction check failed");
+        }
+    }
 }

@@ -7,12 +7,11 @@ use imbl::OrdSet;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::bounded;
 use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
 use crate::shared::Shared;
 use crate::store::{Entry, KvMap};
-use crate::upstream::RangeResponse;
+use crate::upstream::{bounded, RangeResponse};
 
 /// A spawned page request that is cancelled if the list is abandoned.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
@@ -45,11 +44,15 @@ pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> 
     let mut revision = at;
     let mut pages = 0;
     while let Some(mut task) = pending.take() {
-        let page: RangeResponse = bounded(&shared.config, "a page of the list", async {
-            (&mut task.0)
-                .await
-                .map_err(|e| Error::transport(format!("the list task failed: {e}")))?
-        })
+        let page: RangeResponse = bounded(
+            shared.config.upstream_idle_timeout,
+            "a page of the list",
+            async {
+                (&mut task.0)
+                    .await
+                    .map_err(|e| Error::transport(format!("the list task failed: {e}")))?
+            },
+        )
         .await?;
         pages += 1;
         if revision == 0 {
@@ -72,7 +75,7 @@ pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> 
             map.insert(Entry(kv));
         }
     }
-    shared.metrics.listed(pages, !shared.status().loaded);
+    shared.metrics.listed(pages, !shared.view.status().loaded);
     shared.counters.listed();
     info!(revision, keys = map.len(), elapsed = ?started.elapsed(), "listed prefix");
     Ok((map, revision))

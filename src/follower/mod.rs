@@ -21,7 +21,6 @@ mod check;
 mod list;
 mod versions;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,14 +30,16 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
-use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::Cause;
-use crate::shared::{CacheStatus, Shared};
+use crate::progress::RequestSchedule;
+use crate::shared::Shared;
+use crate::status::CacheStatus;
 use crate::subscribers::mailbox::End;
-use crate::upstream::{UpstreamWatch, WatchMsg};
+use crate::upstream::{bounded, UpstreamWatch, WatchMsg};
+use crate::view::Publisher;
 use apply::Writer;
-use versions::VersionProbe;
+use versions::ServerVersions;
 
 /// A re-list sooner than this after the previous one backs off first.
 const RELIST_QUIET: Duration = Duration::from_secs(1);
@@ -46,8 +47,8 @@ const RELIST_QUIET: Duration = Duration::from_secs(1);
 /// Upstream messages already received that are applied before consumers are woken.
 const DRAIN_READY: usize = 64;
 
-/// How long a liveness probe of a silent upstream may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the liveness check of a silent upstream may take.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A session that stayed up this long resets the reconnect backoff (at least; the
 /// configured longest backoff if that is longer). A session that breaks sooner (a
@@ -63,21 +64,6 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 /// is any broken connection, and a cache that was answered once never counts them.
 const CLOSED_AT_CONNECT_LIMIT: u32 = 5;
 
-/// An upstream call that must answer within `upstream_idle_timeout`: a connection that
-/// died without a reset must not stall the cache forever.
-pub(super) async fn bounded<T>(
-    config: &Config,
-    what: &str,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    let limit = config.upstream_idle_timeout;
-    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-        Err(Error::transport(format!(
-            "etcd did not answer {what} within {limit:?} (upstream_idle_timeout)"
-        )))
-    })
-}
-
 /// Why a session ended.
 enum SessionEnd {
     Shutdown,
@@ -89,29 +75,12 @@ enum SessionEnd {
     Broken(Error),
 }
 
-/// Ends every stream and marks the cache closed when the task ends, also by a panic,
-/// so that no waiter and no stream is left hanging. After a panic the streams end with
-/// [`Error::Internal`], so that a consumer can tell the cache died.
-struct CloseOnExit(Arc<Shared>);
-
-impl Drop for CloseOnExit {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let error = Arc::new(Error::Internal {
-                reason: "the follower task panicked; the cache is closed".into(),
-            });
-            self.0.subscribers.end_all(End::Failed(error.clone()));
-            self.0.set_state(CacheStatus::Failed { error });
-        } else {
-            self.0.subscribers.end_all(End::Closed);
-            self.0.set_state(CacheStatus::Closed);
-        }
-    }
-}
-
 /// Runs until shutdown, or until etcd refuses the cache for good.
-pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
-    let _close = CloseOnExit(shared.clone());
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    publisher: Publisher,
+    shutdown: watch::Receiver<bool>,
+) {
     let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
     let span = info_span!("etcd_cache", prefix = %prefix);
     let repair = Arc::new(tokio::sync::Notify::new());
@@ -122,18 +91,17 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
     });
     let _compaction = shared.config.follow_etcd_compaction.then(|| {
         AbortOnDrop(tokio::spawn(
-            crate::compaction::keep_current(shared.clone()).instrument(span.clone()),
+            check::keep_compaction_current(shared.clone()).instrument(span.clone()),
         ))
     });
     Follower {
-        writer: Writer::new(shared.clone()),
-        versions: VersionProbe::start(shared.clone(), span.clone()),
+        writer: Writer::new(shared.clone(), publisher),
+        versions: ServerVersions::start(shared.clone(), span.clone()),
         shared,
         need_list: true,
         repair,
         shutdown,
-        last_request: None,
-        outstanding: false,
+        schedule: RequestSchedule::default(),
         answered: false,
     }
     .run()
@@ -153,15 +121,13 @@ impl Drop for AbortOnDrop {
 struct Follower {
     shared: Arc<Shared>,
     writer: Writer,
-    versions: VersionProbe,
+    versions: ServerVersions,
     need_list: bool,
     /// Notified by the consistency check on a mismatch.
     repair: Arc<tokio::sync::Notify>,
     shutdown: watch::Receiver<bool>,
-    /// When the last `RequestProgress` was sent.
-    last_request: Option<Instant>,
-    /// A `RequestProgress` is unanswered.
-    outstanding: bool,
+    /// When the next `RequestProgress` goes out.
+    schedule: RequestSchedule,
     /// etcd answered the cache once (a list page or a watch creation).
     answered: bool,
 }
@@ -211,7 +177,7 @@ impl Follower {
                         compact_revision, "resume revision compacted; re-listing"
                     );
                     // Behind a gap: the data cannot be vouched for until the re-list.
-                    self.shared
+                    self.writer
                         .set_state(CacheStatus::Relisting { compact_revision });
                     self.need_list = true;
                     // Re-listing again right after a re-list (compaction outruns the
@@ -228,7 +194,7 @@ impl Follower {
                     error!(error = %e, "etcd refused the cache; it stops (retrying would not help)");
                     let error = Arc::new(e);
                     self.shared.subscribers.end_all(End::Failed(error.clone()));
-                    self.shared.set_state(CacheStatus::Failed { error });
+                    self.writer.set_state(CacheStatus::Failed { error });
                     break;
                 }
                 SessionEnd::Broken(e) => {
@@ -247,7 +213,7 @@ impl Follower {
                         ?delay,
                         "upstream disconnected; reconnecting"
                     );
-                    self.shared.set_state(CacheStatus::Reconnecting {
+                    self.writer.set_state(CacheStatus::Reconnecting {
                         error: Arc::new(e),
                         attempts,
                     });
@@ -268,7 +234,7 @@ impl Follower {
     /// the latest one, as after a compaction gap.
     async fn repair(&mut self) {
         let revision = self.writer.applied();
-        self.shared.set_state(CacheStatus::Relisting {
+        self.writer.set_state(CacheStatus::Relisting {
             compact_revision: 0,
         });
         match list::list(&self.shared, revision).await {
@@ -329,7 +295,7 @@ impl Follower {
         }
         let start = self.writer.applied() + 1;
         let mut watch = match bounded(
-            config,
+            config.upstream_idle_timeout,
             "the watch request",
             upstream.watch(self.shared.range.clone(), start),
         )
@@ -339,7 +305,13 @@ impl Follower {
             Err(e) => return SessionEnd::Broken(e),
         };
         // Wait for the watch to be confirmed: etcd sends that first.
-        match bounded(config, "the watch creation", watch.message()).await {
+        match bounded(
+            config.upstream_idle_timeout,
+            "the watch creation",
+            watch.message(),
+        )
+        .await
+        {
             Ok(Some(WatchMsg::Created)) => {
                 self.answered = true;
                 self.shared.counters.set_identity(watch.header());
@@ -375,36 +347,27 @@ impl Follower {
             start_revision = start,
             "upstream watch confirmed"
         );
-        self.shared.set_state(CacheStatus::Ready);
+        self.writer.set_state(CacheStatus::Ready);
         let end = self.follow(watch.as_mut()).await;
         self.writer.wake_consumers();
         end
     }
 
-    /// When the next `RequestProgress` may go out, if one is wanted (see `progress`).
-    fn next_request(&self) -> Option<Instant> {
-        let progress = &self.shared.progress;
-        if progress.waiting() == 0 || !self.shared.counters.progress_trusted() {
-            return None;
-        }
-        let interval = self.shared.config.progress_request_interval;
-        match self.last_request {
-            None => Some(Instant::now()),
-            Some(_) if progress.fresh() && !self.outstanding => Some(Instant::now()),
-            Some(sent) => Some(sent + interval),
-        }
-    }
-
     async fn follow(&mut self, watch: &mut dyn UpstreamWatch) -> SessionEnd {
         let idle = self.shared.config.upstream_idle_timeout;
-        self.outstanding = false;
+        // A request sent on an earlier stream is not answered on this one.
+        self.schedule.answered();
         let mut last_heard = Instant::now();
         let shared = self.shared.clone();
         let mut trust_changes = self.versions.subscribe();
         loop {
             // Consumers are woken once per burst of upstream messages, not per revision.
             self.writer.wake_consumers();
-            let next_request = self.next_request();
+            let next_request = self.schedule.next(
+                &shared.progress,
+                shared.counters.progress_trusted(),
+                shared.config.progress_request_interval,
+            );
             tokio::select! {
                 biased;
                 msg = watch.message() => {
@@ -428,8 +391,8 @@ impl Follower {
                 _ = tokio::time::sleep_until(last_heard + idle) => {
                     // A silent stream may be a quiet prefix or a dead connection that
                     // nothing reported (no keep-alive): one cheap unary call tells.
-                    let probe = shared.upstream.current_revision(shared.range.clone());
-                    match tokio::time::timeout(idle.min(PROBE_TIMEOUT), probe).await {
+                    let check = shared.upstream.current_revision(shared.range.clone());
+                    match tokio::time::timeout(idle.min(LIVENESS_TIMEOUT), check).await {
                         Ok(Ok(revision)) => {
                             last_heard = Instant::now();
                             shared.counters.heard();
@@ -437,8 +400,8 @@ impl Follower {
                         }
                         Ok(Err(e)) => return SessionEnd::Broken(e),
                         Err(_) => return SessionEnd::Broken(Error::transport(format!(
-                            "the upstream watch was silent for {idle:?} (upstream_idle_timeout) and a liveness probe did not answer within {:?}",
-                            idle.min(PROBE_TIMEOUT)
+                            "the upstream watch was silent for {idle:?} (upstream_idle_timeout) and a liveness check did not answer within {:?}",
+                            idle.min(LIVENESS_TIMEOUT)
                         ))),
                     }
                 }
@@ -455,8 +418,7 @@ impl Follower {
                         return SessionEnd::Broken(e);
                     }
                     shared.metrics.progress_requested();
-                    self.last_request = Some(Instant::now());
-                    self.outstanding = true;
+                    self.schedule.sent();
                 }
                 _ = shared.progress.wake.notified() => {
                     // A read started waiting: look again.
@@ -486,7 +448,7 @@ impl Follower {
             })) => {
                 self.shared.counters.saw_cluster_revision(revision);
                 if requested {
-                    self.outstanding = false;
+                    self.schedule.answered();
                 }
                 let used = !requested || self.shared.counters.progress_trusted();
                 if requested {

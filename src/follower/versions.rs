@@ -30,14 +30,14 @@ const RETRY: Duration = Duration::from_secs(1);
 const PROBE_LIMIT: Duration = Duration::from_secs(10);
 
 /// The background probe and what the follower sees of it.
-pub(super) struct VersionProbe {
+pub(super) struct ServerVersions {
     shared: Arc<Shared>,
     recheck: Arc<Notify>,
     trust: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
-impl VersionProbe {
+impl ServerVersions {
     /// Starts probing (for [`ProgressTrust::Auto`]); the other settings fix the trust.
     pub(super) fn start(shared: Arc<Shared>, span: tracing::Span) -> Self {
         let fixed = match shared.config.progress_trust {
@@ -52,7 +52,7 @@ impl VersionProbe {
             let probe = probe_loop(shared.clone(), recheck.clone(), trust.clone());
             tokio::spawn(tracing::Instrument::instrument(probe, span))
         });
-        VersionProbe {
+        ServerVersions {
             shared,
             recheck,
             trust,
@@ -75,7 +75,7 @@ impl VersionProbe {
     }
 }
 
-impl Drop for VersionProbe {
+impl Drop for ServerVersions {
     fn drop(&mut self) {
         if let Some(task) = &self.task {
             task.abort();

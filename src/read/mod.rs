@@ -29,7 +29,7 @@ pub use options::{GetOptions, GetResponse};
 fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<GetResponse> {
     // etcd >= 3.7 answers keys-only reads without leases: so does the cache that follows it.
     let drop_lease = shared.counters.keys_only_without_lease();
-    let snap = shared.snapshot();
+    let snap = shared.view.snapshot();
     let header = shared.header(snap.revision.max(known));
     let revision = request.revision;
     if revision == 0 || revision == snap.revision {
@@ -77,11 +77,11 @@ fn compacted(shared: &Shared, floor: i64) -> Error {
 
 /// Answers `request` by etcd itself.
 async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
-    if shared.is_closed() {
-        return Err(Shared::closed_error(&shared.status()));
+    if shared.view.is_closed() {
+        return Err(shared.view.status().closed_error());
     }
     shared.counters.read_from_etcd();
-    tracing::debug!(revision = shared.revision(), "read answered by etcd");
+    tracing::debug!(revision = shared.view.revision(), "read answered by etcd");
     // Linearizable at etcd: a serializable read there could reach a member that has
     // not applied the revision yet.
     let request = RangeRequest {
@@ -117,7 +117,7 @@ async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result
 /// answers cannot be trusted the cache cannot prove it will get there (a quiet prefix
 /// is only advanced by events or the periodic notification), so etcd answers at once.
 async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result<GetResponse> {
-    if shared.revision() < need {
+    if shared.view.revision() < need {
         let can_wait = shared.counters.progress_trusted()
             || shared.config.read_fallback == ReadFallback::Error;
         if !can_wait {
@@ -143,7 +143,7 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
     // lookup in the current snapshot, without building a range or a span.
     if opts.is_plain_serializable_get(key) && shared.range.contains(key) {
         let request = opts.shaping()?;
-        let answered = shared.with_serving_snapshot(|snap| {
+        let answered = shared.view.with_serving_snapshot(|snap| {
             GetResponse::new(
                 snap.revision,
                 shared.header(snap.revision),
@@ -180,13 +180,14 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
 async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
     let request = opts.request(key)?;
     request.range.check_within(&shared.range)?;
-    let status = shared.status();
+    let status = shared.view.status();
     if status.closed() {
-        return Err(Shared::closed_error(&status));
+        return Err(status.closed_error());
     }
     if !status.loaded {
         if opts.serializable() {
             shared
+                .view
                 .wait_loaded(shared.config.consistent_read_timeout)
                 .await?;
         } else {
@@ -198,14 +199,14 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     // etcd's (after a ReadIndex) it must be at least every revision committed before
     // the call, so it passes the same barrier as a read of the latest revision.
     // So is what the cache knows of etcd's compaction (kept current in the background).
-    if opts.serializable() && request.revision <= shared.revision() {
+    if opts.serializable() && request.revision <= shared.view.revision() {
         let known = shared.compaction.known_below(request.revision);
         if let Some(floor) = known.filter(|_| shared.config.follow_etcd_compaction) {
             return Err(compacted(shared, floor));
         }
         return read_local(shared, &request, 0);
     }
-    if !opts.serializable() && !shared.is_ready() {
+    if !opts.serializable() && !shared.view.is_ready() {
         return fallback(shared, &request, Error::NotReady).await;
     }
     // A consistent read, or a read at a revision the cache has not applied: learn how

@@ -20,8 +20,10 @@ use slab::Slab;
 
 use super::filter::Filter;
 use super::mailbox::{LagCount, Mailbox, Pushed};
-use super::SubId;
 use crate::history::Batch;
+
+/// Identifies one subscriber, unique within a cache.
+pub(crate) type SubId = u64;
 
 type GroupId = usize;
 

@@ -8,7 +8,7 @@
 //! calls it:
 //! - the producer (the follower's `Writer::apply`), per revision: *append* the batch to
 //!   the history (`History::push`, under the history write lock, evicting beyond the
-//!   window), then *dispatch* it (`Dispatcher::dispatch`: the filter's selection and
+//!   window), then *dispatch* it (`LockedIndex::dispatch`: the filter's selection and
 //!   `Mailbox::push`, under the mailbox lock; a full queue makes the subscriber
 //!   lagging); after the last revision of a message, *publish* its revision;
 //! - the registration (`Subscribers::register`, under the index lock, so between two

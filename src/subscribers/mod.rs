@@ -31,11 +31,9 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use crate::error::{Error, Result};
 use crate::history::{Batch, History};
 use filter::Filter;
+pub(crate) use index::SubId;
 use index::{DispatchStats, Index};
 use mailbox::{End, LagCount, Mailbox, CATCH_UP_SCAN};
-
-/// Identifies one subscriber, unique within a cache.
-pub(crate) type SubId = u64;
 
 /// The registry. Lock order: the index, then the history, then a mailbox.
 pub(crate) struct Subscribers {
@@ -189,8 +187,8 @@ impl Subscribers {
     }
 
     /// The index, locked for the follower's dispatch of one upstream message.
-    pub(crate) fn lock(&self) -> Dispatcher<'_> {
-        Dispatcher {
+    pub(crate) fn lock(&self) -> LockedIndex<'_> {
+        LockedIndex {
             index: self.index.lock(),
             lag: &self.lag,
         }
@@ -198,12 +196,12 @@ impl Subscribers {
 }
 
 /// The index locked by the follower: dispatch, wakers, culling after a gap.
-pub(crate) struct Dispatcher<'a> {
+pub(crate) struct LockedIndex<'a> {
     index: MutexGuard<'a, Index>,
     lag: &'a LagCount,
 }
 
-impl Dispatcher<'_> {
+impl LockedIndex<'_> {
     /// Pushes `batch` to every matching subscriber.
     pub(crate) fn dispatch(&mut self, batch: &Batch) -> DispatchStats {
         self.index.dispatch(batch, self.lag)

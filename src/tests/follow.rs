@@ -652,24 +652,24 @@ async fn relist_compacts_lagging_subscribers() {
     assert!(next(&mut slow).await.unwrap().is_none());
 }
 
-/// A silent upstream is probed after `upstream_idle_timeout`; a probe that never answers
+/// A silent upstream gets a liveness check after `upstream_idle_timeout`; a check that never answers
 /// (a dead connection without a reset) makes the cache reconnect, and not before.
 #[tokio::test(start_paused = true)]
-async fn silent_dead_upstream_is_detected_by_the_idle_probe() {
+async fn silent_dead_upstream_is_detected_by_the_liveness_check() {
     let cfg = Config {
         upstream_idle_timeout: Duration::from_secs(30),
         ..config()
     };
     let mut h = ready(cfg, &["3.4.23"], &[], 10).await;
-    // A quiet but healthy upstream: probes answer, nothing is reconnected.
+    // A quiet but healthy upstream: checks answer, nothing is reconnected.
     tokio::time::advance(Duration::from_secs(95)).await;
     settle().await;
     assert!(h.cache.is_ready());
     assert!(
         h.watches.try_recv().is_err(),
-        "no reconnect while probes answer"
+        "no reconnect while checks answer"
     );
-    // The connection dies silently: the next probe times out and the cache reconnects.
+    // The connection dies silently: the next check times out and the cache reconnects.
     h.up.set_stalled(true);
     tokio::time::advance(Duration::from_secs(31)).await;
     settle().await;

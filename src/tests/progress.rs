@@ -212,7 +212,7 @@ async fn consistent_get_fast_path_on_trusted_server() {
     let mut get = task::spawn(h.cache.get(key_a(), None));
     assert_pending!(get.poll());
     settle().await;
-    // The revision probe has answered; the read now waits for the cache.
+    // The barrier read has answered; the read now waits for the cache.
     assert_pending!(get.poll());
     settle().await;
     assert_pending!(get.poll());
@@ -260,7 +260,7 @@ async fn consistent_get_at_an_older_revision_waits_for_the_cluster_revision() {
     assert_pending!(get.poll());
     settle().await;
     assert_pending!(get.poll(), "waits for the cluster's revision, 15");
-    assert_eq!(calls(), before + 1, "one revision probe");
+    assert_eq!(calls(), before + 1, "one barrier read");
     h.watch.progress(15, true);
     settle().await;
     let r = assert_ready!(get.poll()).unwrap();
@@ -381,7 +381,7 @@ async fn consistent_get_times_out_with_error_fallback() {
         let mut get = task::spawn(h.cache.get(key_a(), None));
         assert_pending!(get.poll());
         settle().await;
-        // The revision probe has answered; the read now waits for the cache.
+        // The barrier read has answered; the read now waits for the cache.
         assert_pending!(get.poll());
         settle().await;
         advance(Duration::from_millis(999)).await;
@@ -553,15 +553,15 @@ async fn waiting_read_requests_progress_on_the_resumed_watch() {
     assert_ready!(w.poll()).unwrap();
 }
 
-/// Revision probes are shared by the callers that wait at the same time (one round trip
-/// for many consistent reads), but a caller never uses a probe sent before it asked: a
-/// read that starts while a probe is in flight waits for the next one.
+/// Barrier reads are shared by the callers that wait at the same time (one round trip
+/// for many consistent reads), but a caller never uses one sent before it asked: a
+/// read that starts while one is in flight waits for the next one.
 #[tokio::test(start_paused = true)]
-async fn revision_probes_are_shared_but_never_older_than_the_caller() {
+async fn revision_barrier_reads_are_shared_but_never_older_than_the_caller() {
     let h = ready(config(), &["3.4.23"], &[("/app/a", "a0")], 10).await;
     let calls = || h.up.current_calls.load(std::sync::atomic::Ordering::SeqCst);
     let before = calls();
-    // 50 reads at once: one probe.
+    // 50 reads at once: one barrier read.
     let reads: Vec<_> = (0..50)
         .map(|_| task::spawn(h.cache.get(key_a(), None)))
         .collect();
@@ -574,10 +574,14 @@ async fn revision_probes_are_shared_but_never_older_than_the_caller() {
         let resp = assert_ready!(r.poll()).unwrap();
         assert_eq!(resp.revision(), 10);
     }
-    assert_eq!(calls() - before, 1, "one probe served 50 concurrent reads");
+    assert_eq!(
+        calls() - before,
+        1,
+        "one barrier read served 50 concurrent reads"
+    );
 
-    // A probe in flight (stalled); a write completes; a second read starts. It must not
-    // take the first probe's answer, which may predate the write.
+    // A barrier read in flight (stalled); a write completes; a second read starts. It must not
+    // take the first one's answer, which may predate the write.
     h.up.set_stalled(true);
     let mut first = task::spawn(h.cache.get(key_a(), None));
     assert_pending!(first.poll());
@@ -587,15 +591,19 @@ async fn revision_probes_are_shared_but_never_older_than_the_caller() {
     let mut second = task::spawn(h.cache.get(key_a(), None));
     assert_pending!(second.poll());
     settle().await;
-    assert_eq!(calls(), in_flight, "no second probe while one is in flight");
+    assert_eq!(
+        calls(),
+        in_flight,
+        "no second barrier read while one is in flight"
+    );
     h.up.set_stalled(false);
     settle().await;
     assert_eq!(
         calls(),
         in_flight + 1,
-        "the second read gets a probe of its own"
+        "the second read gets a barrier read of its own"
     );
-    // Both see revision 11 (etcd answered both probes after the write), and since the
+    // Both see revision 11 (etcd answered both barrier reads after the write), and since the
     // cache is behind on an untrusted server, etcd answers them.
     let r1 = assert_ready!(first.poll()).unwrap();
     let r2 = assert_ready!(second.poll()).unwrap();

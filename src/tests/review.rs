@@ -13,7 +13,7 @@ use tokio_test::{assert_pending, task};
 
 use super::*;
 use crate::read::GetOptions;
-use crate::shared::CacheStatus;
+use crate::status::CacheStatus;
 use crate::upstream::fake::put;
 
 /// A slow subscriber on one key, whose only missed revision is still in the window,
@@ -48,7 +48,7 @@ async fn slow_sparse_subscriber_is_not_compacted_while_its_revisions_are_in_the_
 #[tokio::test(start_paused = true)]
 async fn a_hung_revision_probe_does_not_block_consistent_reads_or_watches() {
     let h = ready(config(), &["3.5.13"], &[(&k("a"), "1")], 10).await;
-    h.up.hang_next_probes(1);
+    h.up.hang_next_barrier_reads(1);
     let t0 = Instant::now();
     let r = within(h.cache.get(k("a"), None)).await.unwrap();
     assert_eq!(r.kvs().len(), 1);
@@ -62,7 +62,7 @@ async fn a_hung_revision_probe_does_not_block_consistent_reads_or_watches() {
         within(h.cache.get(k("a"), None)).await.unwrap();
         assert!(t.elapsed() < Duration::from_secs(1));
     }
-    h.up.hang_next_probes(1);
+    h.up.hang_next_barrier_reads(1);
     h.up.set_current_revision(12);
     let t = Instant::now();
     let mut w = h.cache.watch(k("a"), None).await.unwrap();

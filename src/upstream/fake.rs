@@ -75,8 +75,8 @@ pub(crate) struct FakeUpstream {
     stalled: watch::Sender<bool>,
     /// The channel the next watch reads from, made in advance by `preset_watch`.
     preset: Mutex<Option<mpsc::UnboundedReceiver<Result<WatchMsg>>>>,
-    /// The next this many revision probes never answer.
-    hung_probes: AtomicUsize,
+    /// The next this many barrier reads never answer.
+    hung_barrier_reads: AtomicUsize,
     /// How long `versions` takes.
     versions_delay: Mutex<std::time::Duration>,
     /// Every list fails with this gRPC code (a permanent failure), while set.
@@ -226,7 +226,7 @@ impl FakeUpstream {
             fallback_keys: Mutex::new(Vec::new()),
             stalled: watch::Sender::new(false),
             preset: Mutex::new(None),
-            hung_probes: AtomicUsize::new(0),
+            hung_barrier_reads: AtomicUsize::new(0),
             versions_delay: Mutex::new(std::time::Duration::ZERO),
             list_refusal: Mutex::new(None),
             list_closes: Default::default(),
@@ -273,9 +273,9 @@ impl FakeUpstream {
         self.compact_revision.fetch_max(revision, Ordering::SeqCst);
     }
 
-    /// The next `n` revision probes never answer (a half-open connection).
-    pub(crate) fn hang_next_probes(&self, n: usize) {
-        self.hung_probes.store(n, Ordering::SeqCst);
+    /// The next `n` barrier reads never answer (a half-open connection).
+    pub(crate) fn hang_next_barrier_reads(&self, n: usize) {
+        self.hung_barrier_reads.store(n, Ordering::SeqCst);
     }
 
     /// `versions` takes this long (black-holed members).
@@ -293,7 +293,7 @@ impl FakeUpstream {
         self.list_closes.store(closes, Ordering::SeqCst);
     }
 
-    /// While set, unary calls (the current-revision probe) never answer.
+    /// While set, unary calls (the revision barrier's reads) never answer.
     pub(crate) fn set_stalled(&self, stalled: bool) {
         self.stalled.send_replace(stalled);
     }
@@ -446,14 +446,14 @@ impl Upstream for FakeUpstream {
         self.current_calls.fetch_add(1, Ordering::SeqCst);
         let mut stalled = self.stalled.subscribe();
         let hung = self
-            .hung_probes
+            .hung_barrier_reads
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         Box::pin(async move {
             if hung {
                 std::future::pending::<()>().await;
             }
-            // While stalled (a black-holed connection) the probe does not answer; when
+            // While stalled (a black-holed connection) the barrier read does not answer; when
             // released it answers with the revision etcd has then.
             let _ = stalled.wait_for(|s| !*s).await;
             Ok(self.current_revision.load(Ordering::SeqCst))

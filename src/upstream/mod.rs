@@ -1,27 +1,41 @@
 //! The one seam to etcd. The [`Upstream`] trait speaks only the crate's own types, so
-//! the follower, the read path and the probes can be driven by the [`fake`] upstream in
+//! the follower, the read path and the barrier can be driven by the [`fake`] upstream in
 //! unit tests and benchmarks. Every conversion from and to `etcd_client` types lives in
 //! [`etcd`].
 //!
 //! - [`etcd`]: the production upstream over an `etcd_client::Client`;
-//! - [`probe`]: the shared linearizable revision probe (consistent reads, watches from
+//! - [`barrier`]: the shared linearizable revision barrier (consistent reads, watches from
 //!   now);
 //! - [`fake`]: an in-memory upstream whose every answer a test scripts.
 
 pub(crate) mod etcd;
 #[cfg(any(test, feature = "unstable-bench-internals"))]
 pub(crate) mod fake;
-// `map_or(true, ..)` in probe.rs predates the MSRV of 1.88 (`Option::is_none_or` is
+// `map_or(true, ..)` in barrier.rs predates the MSRV of 1.88 (`Option::is_none_or` is
 // 1.82); it becomes `is_none_or` with the next change to that file.
 #[allow(clippy::unnecessary_map_or)]
-pub(crate) mod probe;
+pub(crate) mod barrier;
 
 use futures_util::future::BoxFuture;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
 use crate::kv::{EventType, KeyValue};
 use crate::range_request::{RangeRequest, RangeResult};
+
+/// An upstream call that must answer within `limit` (`upstream_idle_timeout`): a
+/// connection that died without a reset must not stall the cache forever.
+pub(crate) async fn bounded<T>(
+    limit: std::time::Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(Error::transport(format!(
+            "etcd did not answer {what} within {limit:?} (upstream_idle_timeout)"
+        )))
+    })
+}
 
 /// One message of the upstream watch, in the crate's terms.
 #[derive(Debug)]

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use super::{WatchOptions, WatchStream};
+use super::options::WatchOptions;
+use super::stream::WatchStream;
 use crate::error::Result;
 use crate::shared::Shared;
 use crate::subscribers::Scope;

@@ -17,22 +17,22 @@ use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::time::{Duration, Instant, Sleep};
 
+use super::options::{Request, WatchOptions};
+use super::register::register;
 use super::response::WatchResponse;
-use super::subscription::{Item, Subscription};
-use super::{register, Request, WatchOptions};
+use super::subscription::{Item, Subscription, Tagged};
 use crate::error::{Error, Result};
-use crate::shared::{ProgressWait, Shared};
+use crate::progress::ProgressWait;
+use crate::shared::Shared;
 use crate::subscribers::mailbox::End;
 use crate::subscribers::{Scope, SubId};
-
-/// A future that resolves when the cache publishes a change.
-type Changed = Pin<Box<dyn Future<Output = ()> + Send>>;
+use crate::view::Changed;
 
 /// The watch id of a response to a stream-wide progress request, as etcd's.
 const STREAM_WATCH_ID: i64 = -1;
 
 /// What the two halves of a stream share.
-pub(super) struct Control {
+struct Control {
     shared: Arc<Shared>,
     scope: Option<Arc<Scope>>,
     inner: Mutex<ControlInner>,
@@ -52,7 +52,7 @@ struct ControlInner {
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
     /// Stream-wide progress requests not answered yet.
-    progress_requests: VecDeque<ProgressRequest>,
+    progress_requests: VecDeque<UnansweredRequest>,
     /// The request half was dropped (only after a split).
     sender_gone: bool,
 }
@@ -145,7 +145,7 @@ impl Ids {
 impl Control {
     /// Frees the id of a watch that has ended, unless a cancel freed it already and a
     /// new watch took it.
-    pub(super) fn forget(&self, watch_id: i64, sub_id: SubId) {
+    fn forget(&self, watch_id: i64, sub_id: SubId) {
         let mut inner = self.inner.lock();
         if inner.ids.get(watch_id) == Some(sub_id) {
             inner.ids.remove(watch_id);
@@ -163,7 +163,7 @@ impl Control {
 /// cluster's revision when it was asked, as etcd answers with its current one), or,
 /// once `deadline` has passed, at what the cache can prove.
 #[derive(Debug, Clone, Copy)]
-struct ProgressRequest {
+struct UnansweredRequest {
     at_least: i64,
     deadline: Instant,
 }
@@ -244,12 +244,7 @@ impl WatchRequestSender {
                 return Err(e);
             }
         };
-        let sub = Subscription::new(
-            control.shared.clone(),
-            registration,
-            watch_id,
-            Arc::downgrade(control),
-        );
+        let sub = Subscription::new(control.shared.clone(), registration, watch_id);
         span.record("revision", sub.created_revision());
         span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
         control.inner.lock().ids.insert(watch_id, sub.sub_id);
@@ -304,7 +299,7 @@ impl WatchRequestSender {
             .inner
             .lock()
             .progress_requests
-            .push_back(ProgressRequest { at_least, deadline });
+            .push_back(UnansweredRequest { at_least, deadline });
         self.control.notify();
         Ok(())
     }
@@ -340,7 +335,7 @@ pub struct WatchResponseStream {
     /// While a stream-wide progress request waits for the cache: the wait is
     /// registered (so the cache asks etcd for progress), and a change of the cache's
     /// revision or the request's deadline wakes the stream.
-    progress_wait: Option<Box<StreamProgressWait>>,
+    progress_wait: Option<Box<AnswerWait>>,
     /// The oldest reply (`created`, `canceled`) not sent yet; later ones wait in
     /// [`Multi::replies`].
     first_reply: Option<Reply>,
@@ -349,12 +344,12 @@ pub struct WatchResponseStream {
     close_wait: Option<Changed>,
     /// Copied from the control block when it has news.
     sender_gone: bool,
-    progress_requests: VecDeque<ProgressRequest>,
+    progress_requests: VecDeque<UnansweredRequest>,
 }
 
 /// A stream-wide progress request's wait: registered with the cache (so that it asks
 /// etcd for progress), woken by a change of the cache's revision or the deadline.
-type StreamProgressWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
+type AnswerWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
 
 /// The part of a [`WatchResponseStream`] that only a stream with several watches uses.
 #[derive(Default)]
@@ -492,7 +487,7 @@ impl WatchResponseStream {
     }
 
     /// The next item of any watch, if one is ready.
-    fn poll_watches(&mut self, cx: &mut Context<'_>) -> Poll<Option<(i64, Item)>> {
+    fn poll_watches(&mut self, cx: &mut Context<'_>) -> Poll<Option<Tagged>> {
         self.solo_first = !self.solo_first;
         for solo_turn in [self.solo_first, !self.solo_first] {
             if solo_turn {
@@ -524,7 +519,7 @@ impl WatchResponseStream {
             revision = revision.min(watch.provable()?);
         }
         Some(if revision == i64::MAX {
-            self.control.shared.revision()
+            self.control.shared.view.revision()
         } else {
             revision
         })
@@ -550,7 +545,7 @@ impl WatchResponseStream {
                 compact_revision,
                 reason,
             } => {
-                let h = self.header(self.control.shared.revision());
+                let h = self.header(self.control.shared.view.revision());
                 WatchResponse::new_canceled(h, watch_id, compact_revision, reason)
             }
             Item::Failed(source) => return Some(Err(Error::Failed { source })),
@@ -571,13 +566,23 @@ impl Stream for WatchResponseStream {
                 return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
             }
             Some(Reply::Canceled { watch_id }) => {
-                let h = this.header(this.control.shared.revision());
+                let h = this.header(this.control.shared.view.revision());
                 return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0, ""))));
             }
             None => {}
         }
         let sender_gone = this.sender_gone;
-        while let Poll::Ready(Some((watch_id, item))) = this.poll_watches(cx) {
+        while let Poll::Ready(Some(next)) = this.poll_watches(cx) {
+            let Tagged {
+                watch_id,
+                sub_id,
+                item,
+            } = next;
+            if item.is_last() {
+                // The watch has ended: its id is free (unless a cancel freed it
+                // already and a new watch took it).
+                this.control.forget(watch_id, sub_id);
+            }
             if let Some(resp) = this.respond(item, watch_id) {
                 return Poll::Ready(Some(resp));
             }
@@ -599,13 +604,13 @@ impl Stream for WatchResponseStream {
                     let shared = &this.control.shared;
                     let wait = this.progress_wait.get_or_insert_with(|| {
                         Box::new((
-                            ProgressWait::new(shared.clone()),
-                            shared.changed(),
+                            shared.progress.wait(),
+                            shared.view.changed(),
                             Box::pin(tokio::time::sleep_until(request.deadline)),
                         ))
                     });
                     if wait.1.as_mut().poll(cx).is_ready() {
-                        wait.1 = shared.changed();
+                        wait.1 = shared.view.changed();
                         cx.waker().wake_by_ref();
                     }
                     if wait.2.as_mut().poll(cx).is_ready() {
@@ -619,10 +624,10 @@ impl Stream for WatchResponseStream {
         }
         let shared = &this.control.shared;
         if this.len() == 0 && this.progress_requests.is_empty() {
-            if this.end_when_empty || sender_gone || shared.is_closed() {
+            if this.end_when_empty || sender_gone || shared.view.is_closed() {
                 return Poll::Ready(None);
             }
-            let wait = this.close_wait.get_or_insert_with(|| shared.changed());
+            let wait = this.close_wait.get_or_insert_with(|| shared.view.changed());
             if wait.as_mut().poll(cx).is_ready() {
                 this.close_wait = None;
                 cx.waker().wake_by_ref();

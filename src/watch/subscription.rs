@@ -3,14 +3,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
 use tokio::time::{Instant, Sleep};
 
-use super::stream::Control;
-use super::Request;
+use super::register::Registration;
 use crate::error::Error;
 use crate::kv::Event;
 use crate::metrics::EndReason;
@@ -21,15 +20,6 @@ use crate::subscribers::{Registered, Slot, SubId};
 
 /// etcd's reason for a watch canceled behind compaction (`mvcc.ErrCompacted`).
 pub(super) const COMPACTED_REASON: &str = "mvcc: required revision has been compacted";
-
-/// A registered watch, before its stream gives it an id.
-pub(super) struct Registration {
-    pub(super) request: Request,
-    pub(super) registered: Registered,
-    pub(super) slot: Slot,
-    /// The cache's revision just after registration.
-    pub(super) revision: i64,
-}
 
 /// What one watch yields, before its stream turns it into a response.
 #[derive(Debug)]
@@ -52,6 +42,22 @@ pub(super) enum Item {
     Failed(Arc<Error>),
 }
 
+impl Item {
+    /// True for a watch's last item: after it the watch has ended and its id may be
+    /// freed.
+    pub(super) fn is_last(&self) -> bool {
+        matches!(self, Item::Canceled { .. } | Item::Failed(_))
+    }
+}
+
+/// An item with the ids of the watch it belongs to (its stream frees the ids after a
+/// last item).
+pub(super) struct Tagged {
+    pub(super) watch_id: i64,
+    pub(super) sub_id: SubId,
+    pub(super) item: Item,
+}
+
 /// One watch and the items it still owes; a `Stream` that ends after its last item.
 pub(super) struct Subscription {
     shared: Arc<Shared>,
@@ -69,18 +75,13 @@ pub(super) struct Subscription {
     floor: i64,
     progress_timer: Option<Pin<Box<Sleep>>>,
     progress_due: bool,
-    /// Its stream's control block, told once the watch has ended (to free the id);
-    /// `None` once it has ended.
-    control: Option<Weak<Control>>,
+    /// Out of the index, its slot freed (its stream frees its id when it takes the
+    /// last item: see [`Item::is_last`]).
+    ended: bool,
 }
 
 impl Subscription {
-    pub(super) fn new(
-        shared: Arc<Shared>,
-        registration: Registration,
-        watch_id: i64,
-        control: Weak<Control>,
-    ) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, registration: Registration, watch_id: i64) -> Self {
         let Registration {
             request,
             registered,
@@ -117,7 +118,7 @@ impl Subscription {
             floor: created,
             progress_timer,
             progress_due: false,
-            control: Some(control),
+            ended: false,
         }
     }
 
@@ -135,15 +136,16 @@ impl Subscription {
         let revision = self
             .mailbox
             .as_ref()?
-            .idle_revision(|| self.shared.revision())?;
+            .idle_revision(|| self.shared.view.revision())?;
         Some(revision.max(self.floor))
     }
 
-    /// Ends the watch: out of the index, its slot and its id freed.
+    /// Ends the watch: out of the index, its slot freed.
     fn finish(&mut self, reason: EndReason) {
-        if self.ended() {
+        if self.ended {
             return;
         }
+        self.ended = true;
         self.shared.metrics.watch_ended(reason);
         tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
         if self.mailbox.take().is_some() {
@@ -155,13 +157,6 @@ impl Subscription {
             slot.forget(self.sub_id);
         }
         self.progress_timer = None;
-        if let Some(control) = self.control.take().and_then(|c| c.upgrade()) {
-            control.forget(self.watch_id, self.sub_id);
-        }
-    }
-
-    fn ended(&self) -> bool {
-        self.control.is_none()
     }
 
     /// Ends the watch for a cancel: what its mailbox still holds is not sent (etcd
@@ -169,28 +164,33 @@ impl Subscription {
     /// more (its stream sends the `canceled`). False if it had ended already (its last
     /// response, a compaction's, went out before the cancel was taken).
     pub(super) fn cancel(&mut self) -> bool {
-        let live = !self.ended();
+        let live = !self.ended;
         self.finish(EndReason::Canceled);
         live
     }
 }
 
 impl Stream for Subscription {
-    /// The watch's id and its next item.
-    type Item = (i64, Item);
+    /// The watch's next item, with its ids.
+    type Item = Tagged;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<(i64, Item)>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Tagged>> {
         let this = self.get_mut();
-        let watch_id = this.watch_id;
-        this.poll_item(cx)
-            .map(|item| item.map(|item| (watch_id, item)))
+        let (watch_id, sub_id) = (this.watch_id, this.sub_id);
+        this.poll_item(cx).map(|item| {
+            item.map(|item| Tagged {
+                watch_id,
+                sub_id,
+                item,
+            })
+        })
     }
 }
 
 impl Subscription {
     fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self;
-        if this.ended() {
+        if this.ended {
             return Poll::Ready(None);
         }
         if let Some(compact_revision) = this.compacted.take() {
@@ -211,7 +211,7 @@ impl Subscription {
                 &shared.history,
                 &this.filter,
                 shared.subscribers.lag(),
-                || shared.revision(),
+                || shared.view.revision(),
             );
             shared.metrics.replayed(shared.subscribers.lag());
             let item = match polled {

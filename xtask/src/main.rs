@@ -9,6 +9,7 @@
 #[path = "../../testkit/src/etcd_versions.rs"]
 mod etcd_versions;
 
+mod cycles;
 mod etcd_bins;
 mod msrv;
 mod prereqs;
@@ -30,7 +31,7 @@ Commands:
         (Debian's etcd; or the ETCD_VERSION you set):
           `cargo test --workspace --all-targets` (unit, integration against real etcd
           processes; benches and examples are built), `cargo test --workspace --doc`,
-          `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
+          `cargo xtask cycles`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
           --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
           no-feature `cargo check`; `cargo package -p etcd-cache --locked` (builds the
           packaged crate; `--allow-dirty` added, with a note, only when git reports
@@ -80,6 +81,11 @@ Commands:
         `cargo metadata --format-version 1 --locked`) of a workspace crate declares a higher
         rust-version than the crate's, and that README.md states the root crate's
         (`Rust 1.x`). Prints the highest, also with dev-dependencies.
+  cycles
+        Lists import circles among the files of src/ and proxy/src/, counted from every
+        path (crate::, super::, self::, a child module's name; inline paths and brace
+        groups too, not only `use` lines); fails if there is one. `test` runs it with the
+        lints.
   prereqs [--check]
         Only checks (and, as root, installs) the system prerequisites; --check never installs
         and exits with 1 when a required one is missing.
@@ -121,6 +127,7 @@ fn main() {
         "etcd-bins" => etcd_bins::command(&rest),
         "test" => test_cmd::test(rest),
         "msrv" => msrv::command(&rest),
+        "cycles" => cycles::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
         "soak" => soak(rest),

@@ -31,7 +31,7 @@ pub struct Step {
 pub enum StepKind {
     /// `cargo <args> [-- test-args]`.
     CargoTest(Vec<String>),
-    /// `cargo fmt --check` and `cargo clippy`.
+    /// `cargo xtask cycles`, `cargo fmt --check` and `cargo clippy`.
     Lints,
     /// `cargo package -p etcd-cache`: the published crate holds what it should and
     /// builds on its own.
@@ -428,6 +428,11 @@ fn package() -> i32 {
 /// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
 /// the toolchain has those components; a toolchain without them only gets a note.
 fn lints() -> i32 {
+    // No import circle among the files of src/ and proxy/src/ (`cargo xtask cycles`).
+    eprintln!("xtask test: == lints: cycles");
+    if crate::cycles::command(&[]) != 0 {
+        return 1;
+    }
     // clippy builds every feature at once (unstable-bench-internals, metrics, tls, unstable-test-hooks);
     // the unit tests of the metrics feature run on their own (the default build leaves it
     // off), and the crate must build with no feature.

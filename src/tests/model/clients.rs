@@ -106,7 +106,7 @@ impl Model {
         }
         // What the model expects.
         let position = match start_opt {
-            // From now: after the cluster's revision while connected (one probe), else
+            // From now: after the cluster's revision while connected (one barrier read), else
             // after the cache's.
             0 if connected => t.applied.max(t.etcd_rev),
             0 => t.applied,

@@ -1,15 +1,15 @@
-//! The revision probe: one linearizable round trip that learns the cluster's current
+//! The revision barrier: one linearizable round trip that learns the cluster's current
 //! revision, shared by every caller that is waiting for one (group commit).
 //!
-//! A probe answers for a caller only if it was *sent after the caller asked*: then its
+//! A barrier read answers for a caller only if it was *sent after the caller asked*: then its
 //! revision is at least that of every write that completed before the call. So callers
-//! queue; a prober task takes the whole queue, sends one probe, answers everyone in it,
+//! queue; a reader task takes the whole queue, sends one barrier read, answers everyone in it,
 //! and repeats while callers keep arriving. Many concurrent consistent reads or
-//! `watch()` calls cost etcd one probe per round trip instead of one each.
+//! `watch()` calls cost etcd one barrier read per round trip instead of one each.
 //!
-//! A probe that hangs (a half-open connection to one endpoint) must not hold anyone
-//! up: each probe is bounded by the caller's limit, and a caller whose probe has not
-//! answered within [`HEDGE`] asks again, with a new probe sent at once beside the slow
+//! A barrier read that hangs (a half-open connection to one endpoint) must not hold anyone
+//! up: each barrier read is bounded by the caller's limit, and a caller whose barrier read has not
+//! answered within [`HEDGE`] asks again, with a new barrier read sent at once beside the slow
 //! one (which the client may send to another endpoint).
 
 use std::sync::Arc;
@@ -23,31 +23,31 @@ use super::Upstream;
 use crate::error::{Error, Result};
 use crate::key_range::KeyRange;
 
-/// How long a probe may be outstanding before a caller stops waiting for it and
-/// a new probe is sent.
+/// How long a barrier read may be outstanding before a caller stops waiting for it and
+/// a new barrier read is sent.
 pub(crate) const HEDGE: Duration = Duration::from_millis(250);
 
-/// Callers waiting for the next probe, and the probes in flight.
+/// Callers waiting for the next barrier read, and the barrier reads in flight.
 #[derive(Default)]
-pub(crate) struct RevisionProbe {
-    state: Mutex<ProbeState>,
+pub(crate) struct RevisionBarrier {
+    state: Mutex<BarrierState>,
 }
 
 #[derive(Default)]
-struct ProbeState {
+struct BarrierState {
     waiting: Vec<oneshot::Sender<Option<i64>>>,
     /// Prober tasks running.
-    probers: usize,
-    /// When the newest probe was sent.
+    readers: usize,
+    /// When the newest barrier read was sent.
     newest: Option<Instant>,
 }
 
-impl RevisionProbe {
-    /// The cluster's current revision, from a probe sent after this call, within
+impl RevisionBarrier {
+    /// The cluster's current revision, from a barrier read sent after this call, within
     /// `limit`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] after `limit`; etcd's own error if the probe fails.
+    /// [`Error::Timeout`] after `limit`; etcd's own error if the barrier read fails.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped caller's answer is discarded.
@@ -65,8 +65,8 @@ impl RevisionProbe {
                 st.waiting.retain(|t| !t.is_closed());
                 st.waiting.push(tx);
                 let stale = st.newest.map_or(true, |t| t.elapsed() >= HEDGE);
-                if st.probers == 0 || stale {
-                    st.probers += 1;
+                if st.readers == 0 || stale {
+                    st.readers += 1;
                     st.newest = Some(Instant::now());
                     true
                 } else {
@@ -79,7 +79,7 @@ impl RevisionProbe {
             let wait_until = deadline.min(Instant::now() + HEDGE);
             match tokio::time::timeout_at(wait_until, rx).await {
                 Ok(Ok(Some(revision))) => return Ok(revision),
-                // The shared probe failed: ask on our own, so that the caller gets
+                // The shared barrier read failed: ask on our own, so that the caller gets
                 // etcd's own error.
                 Ok(Ok(None)) | Ok(Err(_)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -90,7 +90,7 @@ impl RevisionProbe {
                 Err(_) if Instant::now() >= deadline => {
                     return Err(Error::timeout("etcd to report its revision", limit))
                 }
-                // Slow: ask again, with a fresh probe.
+                // Slow: ask again, with a fresh barrier read.
                 Err(_) => {}
             }
         }
@@ -102,7 +102,7 @@ impl RevisionProbe {
                 let mut st = self.state.lock();
                 st.waiting.retain(|t| !t.is_closed());
                 if st.waiting.is_empty() {
-                    st.probers -= 1;
+                    st.readers -= 1;
                     return;
                 }
                 st.newest = Some(Instant::now());
