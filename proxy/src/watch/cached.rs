@@ -155,3 +155,12 @@ impl Watches {
         }
     }
 }
+
+/// The cache side's next response (never, without a cache side: the stream opened when
+/// there was no cache to serve from).
+pub(crate) async fn next(watches: &mut Option<Watches>) -> Option<WatchResponse> {
+    match watches {
+        Some(w) => w.next().await,
+        None => futures::future::pending().await,
+    }
+}

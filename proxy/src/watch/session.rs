@@ -16,7 +16,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::cached::{ConnScope, NotTaken, Watches};
+use super::cached::{self, ConnScope, NotTaken, Watches};
 use super::forwarded::{take_one, Forwarded};
 use super::progress::{Item, Out, Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
@@ -169,7 +169,7 @@ impl Session {
                 _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
                 _ = tx.closed() => return,
                 req = requests.recv(), if inbound_open => Step::Request(req.map(|(r, _permit)| r)),
-                reply = next_reply(&mut self.watches), if has_room => Step::Reply(reply),
+                reply = cached::next(&mut self.watches), if has_room => Step::Reply(reply),
                 resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
                 permit = tx.reserve(), if !has_room => {
                     drop(permit);
@@ -781,14 +781,6 @@ impl Session {
     /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
     fn took_cache_cancel(&mut self, watch_id: i64) -> bool {
         take_one(&mut self.cache_cancels, watch_id)
-    }
-}
-
-/// The cache side's next response (never, without a cache side).
-async fn next_reply(watches: &mut Option<Watches>) -> Option<etcd_cache::WatchResponse> {
-    match watches {
-        Some(w) => w.next().await,
-        None => futures::future::pending().await,
     }
 }
 
