@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::forward::forward;
+use crate::forward_macros::forward;
 
 /// `forward!`, then: etcd's auth state moved, so decisions are dropped (and for auth
 /// on/off, learned again).
@@ -26,19 +26,19 @@ macro_rules! forward_changing {
             Self: 'async_trait,
         {
             Box::pin(async move {
-                let md = req.metadata().clone();
-                let resp = $crate::forward::call_upstream!(
-                    &self.st.up,
-                    &md,
+                let metadata = req.metadata().clone();
+                let resp = $crate::forward_macros::call_upstream!(
+                    &self.state.upstream,
+                    &metadata,
                     req.into_inner(),
                     $client.$method
                 )
                 .await
                 .map($crate::upstream::fresh)?;
                 if $learn {
-                    let _ = self.st.authz.learn().await;
+                    let _ = self.state.authz.learn().await;
                 }
-                self.st.authz.invalidate();
+                self.state.authz.invalidate();
                 Ok(resp)
             })
         }
@@ -49,12 +49,12 @@ use crate::state::State;
 
 /// etcd's Auth service, forwarded.
 pub(crate) struct AuthService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl AuthService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        AuthService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        AuthService { state }
     }
 }
 

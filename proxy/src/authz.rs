@@ -48,6 +48,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
 use crate::pb::etcdserverpb::{AuthStatusRequest, RangeRequest};
+use crate::status::is_auth_refusal;
 use crate::upstream::{Upstream, TOKEN};
 
 /// Tokens whose decisions are kept at most.
@@ -59,23 +60,6 @@ pub(crate) const RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(2);
 /// On etcd without `AuthStatus` (3.4), how often open cached watches are checked again
 /// (each check is one ask per distinct token and range with open watches).
 pub(crate) const WATCH_RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(10);
-
-/// Whether etcd refused a call for its caller's authority (no user, a bad or old
-/// token, no permission), as opposed to failing to answer.
-pub(crate) fn is_auth_refusal(s: &Status) -> bool {
-    let m = s.message();
-    matches!(
-        s.code(),
-        Code::InvalidArgument
-            | Code::PermissionDenied
-            | Code::Unauthenticated
-            | Code::FailedPrecondition
-    ) && (m.contains("user name is empty")
-        || m.contains("permission denied")
-        || m.contains("invalid auth token")
-        || m.contains("revision of auth store is old")
-        || m.contains("user name not found"))
-}
 
 /// etcd's answer to a caller, as kept.
 #[derive(Clone, Debug)]
@@ -112,7 +96,7 @@ type Ask = Shared<BoxFuture<'static, Result<Verdict, (Code, String)>>>;
 
 /// The decisions, the asks in flight and etcd's auth state.
 pub(crate) struct Authz {
-    up: Arc<Upstream>,
+    upstream: Arc<Upstream>,
     decisions: Mutex<HashMap<Bytes, TokenDecisions>>,
     asking: Mutex<HashMap<AskKey, Ask>>,
     /// etcd's auth revision (`AuthStatus`), 0 when unknown.
@@ -125,9 +109,9 @@ pub(crate) struct Authz {
 
 impl Authz {
     /// Decisions living at most half of `token_ttl`.
-    pub(crate) fn new(up: Arc<Upstream>, token_ttl: Duration) -> Arc<Authz> {
+    pub(crate) fn new(upstream: Arc<Upstream>, token_ttl: Duration) -> Arc<Authz> {
         Arc::new(Authz {
-            up,
+            upstream,
             decisions: Mutex::new(HashMap::new()),
             asking: Mutex::new(HashMap::new()),
             revision: AtomicU64::new(0),
@@ -144,7 +128,7 @@ impl Authz {
 
     /// Whether etcd's auth is on (as last learned).
     pub(crate) fn enabled(&self) -> bool {
-        self.up.auth_enabled()
+        self.upstream.auth_enabled()
     }
 
     /// Forgets every decision (etcd's auth state moved) and tells the Watch streams.
@@ -159,14 +143,14 @@ impl Authz {
         self.decisions.lock().clear();
     }
 
-    /// Whether the caller of `md` may read `[key, end)` (etcd's keyspace; empty end: one
+    /// Whether the caller of `metadata` may read `[key, end)` (etcd's keyspace; empty end: one
     /// key, `"\0"`: from key on) as etcd would decide it now.
     ///
     /// # Errors
     /// etcd's refusal, as etcd gave it; or why etcd could not be asked.
     pub(crate) async fn check(
         &self,
-        md: &MetadataMap,
+        metadata: &MetadataMap,
         key: &[u8],
         end: &[u8],
     ) -> Result<(), Status> {
@@ -175,7 +159,7 @@ impl Authz {
         }
         // No token and an empty one are different callers to etcd ("user name is
         // empty" and "invalid auth token"): the kept key says which.
-        let token = match md.get(TOKEN) {
+        let token = match metadata.get(TOKEN) {
             Some(t) => Bytes::from([b"+", t.as_bytes()].concat()),
             None => Bytes::from_static(b"-"),
         };
@@ -255,11 +239,11 @@ impl Authz {
 
     /// One ask to etcd with the caller's token (shared by identical concurrent asks).
     fn ask(&self, (token, key, end): AskKey) -> Ask {
-        let up = self.up.clone();
+        let upstream = self.upstream.clone();
         crate::metrics::get().auth_ask();
         tracing::debug!(key = ?key, end = ?end, "asking etcd for a caller's permission");
         async move {
-            let mut md = MetadataMap::new();
+            let mut metadata = MetadataMap::new();
             if let Some(token) = token.strip_prefix(b"+") {
                 let v = AsciiMetadataValue::try_from(token).map_err(|_| {
                     (
@@ -267,7 +251,7 @@ impl Authz {
                         "etcdserver: invalid auth token".to_string(),
                     )
                 })?;
-                md.insert(TOKEN, v);
+                metadata.insert(TOKEN, v);
             }
             let req = RangeRequest {
                 key,
@@ -277,9 +261,9 @@ impl Authz {
                 count_only: true,
                 ..Default::default()
             };
-            let up2 = up.clone();
-            let answer = up
-                .call("range", &md, req, move |q| {
+            let up2 = upstream.clone();
+            let answer = upstream
+                .call("range", &metadata, req, move |q| {
                     let mut c = up2.kv();
                     async move { c.range(q).await }
                 })
@@ -303,8 +287,8 @@ impl Authz {
     /// Why etcd did not answer.
     pub(crate) async fn learn(&self) -> Result<bool, Status> {
         let (on, revision) = self.probe().await?;
-        let was = self.up.auth_enabled();
-        self.up.set_auth_enabled(on);
+        let was = self.upstream.auth_enabled();
+        self.upstream.set_auth_enabled(on);
         let old = self.revision.swap(revision, Ordering::AcqRel);
         if was != on {
             tracing::info!(
@@ -323,10 +307,10 @@ impl Authz {
     /// `(auth on, auth revision)`: `AuthStatus` where etcd has it (>= 3.5), else a
     /// Range without a token (etcd answers `user name is empty` while auth is on).
     async fn probe(&self) -> Result<(bool, u64), Status> {
-        let up = &self.up;
-        let status = up
+        let upstream = &self.upstream;
+        let status = upstream
             .own_call(AuthStatusRequest {}, |q| {
-                let mut c = up.auth();
+                let mut c = upstream.auth();
                 async move { c.auth_status(q).await }
             })
             .await;
@@ -349,14 +333,14 @@ impl Authz {
             count_only: true,
             ..Default::default()
         };
-        let answer = up.kv().range(tonic::Request::new(req)).await;
+        let answer = upstream.kv().range(tonic::Request::new(req)).await;
         match answer {
-            Ok(_) if up.cert_identity().is_some() => {
+            Ok(_) if upstream.cert_identity().is_some() => {
                 // Over the proxy's certificate the CN is the caller: an allowed Range
                 // says nothing. Admin calls are refused to a non-root user with auth on.
-                let list = up
+                let list = upstream
                     .own_call(crate::pb::etcdserverpb::AuthRoleListRequest {}, |q| {
-                        let mut c = up.auth();
+                        let mut c = upstream.auth();
                         async move { c.role_list(q).await }
                     })
                     .await;
@@ -430,44 +414,29 @@ fn covers(start: &[u8], stop: &[u8], key: &[u8], end: &[u8]) -> bool {
     }
 }
 
-/// The CN of the first certificate in a PEM file, if it has one.
-pub(crate) fn certificate_cn(pem: &[u8]) -> crate::error::Result<Option<String>> {
-    use x509_parser::prelude::*;
-    let bad = |why: String| crate::error::Error::Certificate(why);
-    let (_, pem) = parse_x509_pem(pem).map_err(|e| bad(e.to_string()))?;
-    let cert = pem.parse_x509().map_err(|e| bad(e.to_string()))?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .map(str::to_string)
-        .filter(|cn| !cn.is_empty());
-    Ok(cn)
-}
-
 /// Refuses to start when the proxy's own etcd identity (`--user`, or the CN of `--cert`)
 /// has etcd's root role, unless `--allow-root-upstream`: that identity feeds the cache,
 /// so it needs read on the cached prefix and nothing else.
 pub(crate) async fn check_upstream_identity(
-    up: &Upstream,
+    upstream: &Upstream,
     config: &crate::config::Config,
 ) -> crate::error::Result<()> {
     use crate::error::Error;
-    let names: Vec<(String, &str)> = up
+    let names: Vec<(String, &str)> = upstream
         .user()
         .map(|u| (u.to_string(), "--user"))
         .into_iter()
         .chain(
-            up.cert_identity()
+            upstream
+                .cert_identity()
                 .map(|cn| (cn.to_string(), "the CN of --cert")),
         )
         .collect();
     for (name, what) in names {
         let req = crate::pb::etcdserverpb::AuthUserGetRequest { name: name.clone() };
-        let answer = up
+        let answer = upstream
             .own_call(req, |q| {
-                let mut c = up.auth();
+                let mut c = upstream.auth();
                 async move { c.user_get(q).await }
             })
             .await;

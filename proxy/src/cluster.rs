@@ -8,18 +8,18 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::forward::{call_upstream, forward};
+use crate::forward_macros::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 
 /// etcd's Cluster service.
 pub(crate) struct ClusterService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl ClusterService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        ClusterService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        ClusterService { state }
     }
 }
 
@@ -56,19 +56,19 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        let Some(url) = self.st.advertised_url.clone() else {
-            let md = req.metadata().clone();
-            let up = &self.st.up;
-            return call_upstream!(up, &md, req.into_inner(), cluster.member_list)
+        let Some(url) = self.state.advertised_url.clone() else {
+            let metadata = req.metadata().clone();
+            let upstream = &self.state.upstream;
+            return call_upstream!(upstream, &metadata, req.into_inner(), cluster.member_list)
                 .await
                 .map(crate::upstream::fresh);
         };
-        if self.st.authz.enabled() {
+        if self.state.authz.enabled() {
             // etcd refuses a MemberList it would refuse the caller (3.6 asks for a
             // user): etcd decides, the proxy answers with itself.
-            let md = req.metadata().clone();
-            let up = &self.st.up;
-            call_upstream!(up, &md, req.into_inner(), cluster.member_list).await?;
+            let metadata = req.metadata().clone();
+            let upstream = &self.state.upstream;
+            call_upstream!(upstream, &metadata, req.into_inner(), cluster.member_list).await?;
         }
         let name = std::env::var("HOSTNAME")
             .ok()
@@ -82,7 +82,7 @@ impl cluster_server::Cluster for ClusterService {
             is_learner: false,
         };
         Ok(Response::new(MemberListResponse {
-            header: Some(self.st.up.header(self.st.revision())),
+            header: Some(self.state.upstream.header(self.state.revision())),
             members: vec![member],
         }))
     }

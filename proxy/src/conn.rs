@@ -18,7 +18,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
-use crate::watch::ConnScope;
+use crate::watch::cached::ConnScope;
 
 /// How long to pause accepting after an accept error (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);

@@ -7,32 +7,32 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::forward::call_upstream;
+use crate::forward_macros::call_upstream;
 use crate::pb::v3electionpb::*;
 use crate::state::State;
 use crate::upstream::fresh;
 
 /// etcd's Election service.
 pub(crate) struct ElectionService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl ElectionService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        ElectionService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        ElectionService { state }
     }
 
     fn leader_in(&self, l: &mut Option<LeaderKey>) {
         if let Some(l) = l.as_mut() {
-            l.name = self.st.ns.key(&l.name);
-            l.key = self.st.ns.key(&l.key);
+            l.name = self.state.namespace.key(&l.name);
+            l.key = self.state.namespace.key(&l.key);
         }
     }
 
     fn leader_out(&self, l: &mut Option<LeaderKey>) {
         if let Some(l) = l.as_mut() {
-            l.name = self.st.ns.strip(std::mem::take(&mut l.name));
-            l.key = self.st.ns.strip(std::mem::take(&mut l.key));
+            l.name = self.state.namespace.strip(std::mem::take(&mut l.name));
+            l.key = self.state.namespace.strip(std::mem::take(&mut l.key));
         }
     }
 }
@@ -45,11 +45,11 @@ impl election_server::Election for ElectionService {
         &self,
         req: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        r.name = self.st.ns.key(&r.name);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, election.campaign)
+        r.name = self.state.namespace.key(&r.name);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, election.campaign)
             .await?
             .into_inner();
         self.leader_out(&mut resp.leader);
@@ -60,11 +60,11 @@ impl election_server::Election for ElectionService {
         &self,
         req: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         self.leader_in(&mut r.leader);
-        let up = &self.st.up;
-        call_upstream!(up, &md, r, election.proclaim)
+        let upstream = &self.state.upstream;
+        call_upstream!(upstream, &metadata, r, election.proclaim)
             .await
             .map(fresh)
     }
@@ -73,15 +73,15 @@ impl election_server::Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        r.name = self.st.ns.key(&r.name);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, election.leader)
+        r.name = self.state.namespace.key(&r.name);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, election.leader)
             .await?
             .into_inner();
         if let Some(kv) = resp.kv.as_mut() {
-            self.st.ns.kv_out(kv);
+            self.state.namespace.kv_out(kv);
         }
         Ok(Response::new(resp))
     }
@@ -92,18 +92,18 @@ impl election_server::Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<ObserveStream>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        r.name = self.st.ns.key(&r.name);
-        let up = &self.st.up;
-        let stream = call_upstream!(up, &md, r, election.observe)
+        r.name = self.state.namespace.key(&r.name);
+        let upstream = &self.state.upstream;
+        let stream = call_upstream!(upstream, &metadata, r, election.observe)
             .await?
             .into_inner();
-        let ns = self.st.ns.clone();
+        let namespace = self.state.namespace.clone();
         let stream = stream.map(move |r| {
             r.map(|mut r| {
                 if let Some(kv) = r.kv.as_mut() {
-                    ns.kv_out(kv);
+                    namespace.kv_out(kv);
                 }
                 r
             })
@@ -115,10 +115,12 @@ impl election_server::Election for ElectionService {
         &self,
         req: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         self.leader_in(&mut r.leader);
-        let up = &self.st.up;
-        call_upstream!(up, &md, r, election.resign).await.map(fresh)
+        let upstream = &self.state.upstream;
+        call_upstream!(upstream, &metadata, r, election.resign)
+            .await
+            .map(fresh)
     }
 }

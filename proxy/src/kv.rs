@@ -8,7 +8,7 @@ use futures::{Stream, StreamExt};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::forward::call_upstream;
+use crate::forward_macros::call_upstream;
 use crate::metrics::Served;
 use crate::pb::etcdserverpb::{
     kv_server::Kv, request_op, CompactionRequest, CompactionResponse, DeleteRangeRequest,
@@ -20,12 +20,12 @@ use crate::status;
 
 /// etcd's KV service.
 pub(crate) struct KvService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl KvService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        KvService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        KvService { state }
     }
 
     /// Answers an etcd-space range from `cache`; `Err(None)`: forward it.
@@ -64,11 +64,15 @@ impl KvService {
         let header_revision = resp.header().map_or(0, |h| h.revision());
         let revision = cache.revision().max(resp.revision()).max(header_revision);
         Ok(RangeResponse {
-            header: Some(self.st.up.header_from_cache(resp.header(), revision)),
+            header: Some(
+                self.state
+                    .upstream
+                    .header_from_cache(resp.header(), revision),
+            ),
             kvs: resp
                 .kvs()
                 .iter()
-                .map(|kv| self.st.ns.kv_from_cache(kv))
+                .map(|kv| self.state.namespace.kv_from_cache(kv))
                 .collect(),
             more: resp.more(),
             count: resp.count(),
@@ -80,21 +84,24 @@ impl KvService {
     /// range (`authz.rs`); a refusal is etcd's own.
     async fn range_inner(
         &self,
-        md: &MetadataMap,
+        metadata: &MetadataMap,
         r: &mut RangeRequest,
     ) -> Result<Option<RangeResponse>, Status> {
         check_range(r)?;
-        self.st.ns.range_in(r);
+        self.state.namespace.range_in(r);
         // etcd answers a read at a revision it compacted, not the cache's window.
         let mut cache = self
-            .st
+            .state
             .cache()
-            .filter(|_| self.st.in_cache(&r.key, &r.range_end));
-        if cache.is_some() && self.st.compacted(r.revision).await {
+            .filter(|_| self.state.in_cache(&r.key, &r.range_end));
+        if cache.is_some() && self.state.compacted(r.revision).await {
             cache = None;
         }
         if let Some(cache) = cache {
-            self.st.authz.check(md, &r.key, &r.range_end).await?;
+            self.state
+                .authz
+                .check(metadata, &r.key, &r.range_end)
+                .await?;
             match self.cached_range(&cache, r).await {
                 Ok(resp) => {
                     crate::metrics::get().range(Served::Cache);
@@ -158,15 +165,17 @@ type RangeStream =
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        if let Some(resp) = self.range_inner(&md, &mut r).await? {
+        if let Some(resp) = self.range_inner(&metadata, &mut r).await? {
             return Ok(Response::new(resp));
         }
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, kv.range).await?.into_inner();
-        up.observe(resp.header.as_ref());
-        self.st.ns.range_out(&mut resp);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, kv.range)
+            .await?
+            .into_inner();
+        upstream.observe(resp.header.as_ref());
+        self.state.namespace.range_out(&mut resp);
         Ok(Response::new(resp))
     }
 
@@ -176,23 +185,23 @@ impl Kv for KvService {
         &self,
         req: Request<RangeRequest>,
     ) -> Result<Response<RangeStream>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        if let Some(resp) = self.range_inner(&md, &mut r).await? {
+        if let Some(resp) = self.range_inner(&metadata, &mut r).await? {
             let one = RangeStreamResponse {
                 range_response: Some(resp),
             };
             return Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))));
         }
-        let up = &self.st.up;
-        let stream = call_upstream!(up, &md, r, kv.range_stream)
+        let upstream = &self.state.upstream;
+        let stream = call_upstream!(upstream, &metadata, r, kv.range_stream)
             .await?
             .into_inner();
-        let ns = self.st.ns.clone();
+        let namespace = self.state.namespace.clone();
         let stream = stream.map(move |chunk| {
             chunk.map(|mut c| {
                 if let Some(r) = c.range_response.as_mut() {
-                    ns.range_out(r);
+                    namespace.range_out(r);
                 }
                 c
             })
@@ -201,17 +210,19 @@ impl Kv for KvService {
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         if r.key.is_empty() {
             return Err(status::empty_key());
         }
-        self.st.ns.put_in(&mut r);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, kv.put).await?.into_inner();
-        up.observe(resp.header.as_ref());
+        self.state.namespace.put_in(&mut r);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, kv.put)
+            .await?
+            .into_inner();
+        upstream.observe(resp.header.as_ref());
         if let Some(kv) = resp.prev_kv.as_mut() {
-            self.st.ns.kv_out(kv);
+            self.state.namespace.kv_out(kv);
         }
         Ok(Response::new(resp))
     }
@@ -220,32 +231,34 @@ impl Kv for KvService {
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         if r.key.is_empty() {
             return Err(status::empty_key());
         }
-        self.st.ns.delete_in(&mut r);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, kv.delete_range)
+        self.state.namespace.delete_in(&mut r);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, kv.delete_range)
             .await?
             .into_inner();
-        up.observe(resp.header.as_ref());
+        upstream.observe(resp.header.as_ref());
         resp.prev_kvs
             .iter_mut()
-            .for_each(|kv| self.st.ns.kv_out(kv));
+            .for_each(|kv| self.state.namespace.kv_out(kv));
         Ok(Response::new(resp))
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut t = req.into_inner();
         check_txn(&t)?;
-        self.st.ns.txn_in(&mut t);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, t, kv.txn).await?.into_inner();
-        up.observe(resp.header.as_ref());
-        self.st.ns.txn_out(&mut resp);
+        self.state.namespace.txn_in(&mut t);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, t, kv.txn)
+            .await?
+            .into_inner();
+        upstream.observe(resp.header.as_ref());
+        self.state.namespace.txn_out(&mut resp);
         Ok(Response::new(resp))
     }
 
@@ -253,9 +266,9 @@ impl Kv for KvService {
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        let md = req.metadata().clone();
-        let up = &self.st.up;
-        let resp = call_upstream!(up, &md, req.into_inner(), kv.compact).await?;
+        let metadata = req.metadata().clone();
+        let upstream = &self.state.upstream;
+        let resp = call_upstream!(upstream, &metadata, req.into_inner(), kv.compact).await?;
         Ok(crate::upstream::fresh(resp))
     }
 }

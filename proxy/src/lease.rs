@@ -17,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::forward::{call_upstream, forward};
+use crate::forward_macros::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 use crate::status;
@@ -39,11 +39,11 @@ pub(crate) struct KeepAlives {
 }
 
 impl KeepAlives {
-    /// Starts the coalescer of the callers of `md` (their token, or none); it stops
+    /// Starts the coalescer of the callers of `metadata` (their token, or none); it stops
     /// when every handle is dropped.
-    pub(crate) fn start(up: Arc<Upstream>, md: MetadataMap) -> Self {
+    pub(crate) fn start(upstream: Arc<Upstream>, metadata: MetadataMap) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(coalesce(up, md, rx));
+        tokio::spawn(coalesce(upstream, metadata, rx));
         KeepAlives { tx }
     }
 
@@ -69,8 +69,8 @@ struct UpstreamStream {
 }
 
 async fn coalesce(
-    up: Arc<Upstream>,
-    md: MetadataMap,
+    upstream: Arc<Upstream>,
+    metadata: MetadataMap,
     mut asks: mpsc::UnboundedReceiver<(i64, oneshot::Sender<Answer>)>,
 ) {
     let mut inflight: HashMap<i64, InFlight> = HashMap::new();
@@ -89,7 +89,7 @@ async fn coalesce(
                 }
                 entry.sent = Some(Instant::now());
                 if stream.is_none() {
-                    match open(&up, &md, id).await {
+                    match open(&upstream, &metadata, id).await {
                         Ok(s) => stream = Some(s),
                         Err(e) => fail_all(&mut inflight, &e),
                     }
@@ -103,7 +103,7 @@ async fn coalesce(
             }
             resp = next(&mut stream) => match resp {
                 Some(Ok(r)) => {
-                    up.observe(r.header.as_ref());
+                    upstream.observe(r.header.as_ref());
                     if let Some(f) = inflight.remove(&r.id) {
                         for w in f.waiters {
                             let _ = w.send(Ok(r));
@@ -134,13 +134,17 @@ async fn next(
 
 /// Opens the upstream stream with a first keep-alive already queued (etcd sends its
 /// response headers with its first answer, so the call resolves only after one).
-async fn open(up: &Upstream, md: &MetadataMap, first: i64) -> Result<UpstreamStream, Status> {
+async fn open(
+    upstream: &Upstream,
+    metadata: &MetadataMap,
+    first: i64,
+) -> Result<UpstreamStream, Status> {
     let (tx, rx) = mpsc::channel(UPSTREAM_QUEUE);
     tx.try_send(LeaseKeepAliveRequest { id: first })
         .expect("an empty queue has room");
     // The callers' token, never the proxy's.
-    let req = up.caller_request("lease_keep_alive", md, ReceiverStream::new(rx))?;
-    let rx = up.lease().lease_keep_alive(req).await?.into_inner();
+    let req = upstream.caller_request("lease_keep_alive", metadata, ReceiverStream::new(rx))?;
+    let rx = upstream.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })
 }
 
@@ -154,7 +158,7 @@ fn fail_all(inflight: &mut HashMap<i64, InFlight>, e: &Status) {
 
 /// etcd's Lease service.
 pub(crate) struct LeaseService {
-    st: Arc<State>,
+    state: Arc<State>,
     /// One coalescer per token (none: the key `-`), while a client stream uses it.
     keep_alives: parking_lot::Mutex<HashMap<Vec<u8>, mpsc::WeakUnboundedSender<Ask>>>,
 }
@@ -162,17 +166,17 @@ pub(crate) struct LeaseService {
 type Ask = (i64, oneshot::Sender<Answer>);
 
 impl LeaseService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
+    pub(crate) fn new(state: Arc<State>) -> Self {
         LeaseService {
-            st,
+            state,
             keep_alives: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
-    /// The coalescer of the callers with the token of `md`.
-    fn keep_alives(&self, md: &MetadataMap) -> KeepAlives {
-        let md = crate::upstream::passed(md);
-        let key = match md.get(crate::upstream::TOKEN) {
+    /// The coalescer of the callers with the token of `metadata`.
+    fn keep_alives(&self, metadata: &MetadataMap) -> KeepAlives {
+        let metadata = crate::upstream::passed(metadata);
+        let key = match metadata.get(crate::upstream::TOKEN) {
             Some(t) => [b"+", t.as_bytes()].concat(),
             None => b"-".to_vec(),
         };
@@ -182,7 +186,7 @@ impl LeaseService {
         }
         // Coalescers whose clients are all gone have stopped: forget them.
         map.retain(|_, w| w.strong_count() > 0);
-        let k = KeepAlives::start(self.st.up.clone(), md);
+        let k = KeepAlives::start(self.state.upstream.clone(), metadata);
         map.insert(key, k.tx.downgrade());
         k
     }
@@ -200,17 +204,22 @@ impl lease_server::Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let md = req.metadata().clone();
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, req.into_inner(), lease.lease_time_to_live)
-            .await?
-            .into_inner();
+        let metadata = req.metadata().clone();
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(
+            upstream,
+            &metadata,
+            req.into_inner(),
+            lease.lease_time_to_live
+        )
+        .await?
+        .into_inner();
         // Keys outside the namespace are not the client's to see.
-        let ns = &self.st.ns;
+        let namespace = &self.state.namespace;
         resp.keys = std::mem::take(&mut resp.keys)
             .into_iter()
-            .filter(|k| ns.contains(k))
-            .map(|k| ns.strip(k))
+            .filter(|k| namespace.contains(k))
+            .map(|k| namespace.strip(k))
             .collect();
         Ok(Response::new(resp))
     }
@@ -223,7 +232,7 @@ impl lease_server::Lease for LeaseService {
     ) -> Result<Response<KeepAliveStream>, Status> {
         let keep_alives = self.keep_alives(req.metadata());
         let mut inbound = req.into_inner();
-        let mut shutdown = self.st.shutdown.clone();
+        let mut shutdown = self.state.shutdown.clone();
         let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
         tokio::spawn(async move {
             let mut pending = FuturesUnordered::new();

@@ -5,31 +5,33 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::forward::call_upstream;
+use crate::forward_macros::call_upstream;
 use crate::pb::v3lockpb::*;
 use crate::state::State;
 use crate::upstream::fresh;
 
 /// etcd's Lock service.
 pub(crate) struct LockService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl LockService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        LockService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        LockService { state }
     }
 }
 
 #[tonic::async_trait]
 impl lock_server::Lock for LockService {
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        r.name = self.st.ns.key(&r.name);
-        let up = &self.st.up;
-        let mut resp = call_upstream!(up, &md, r, lock.lock).await?.into_inner();
-        resp.key = self.st.ns.strip(std::mem::take(&mut resp.key));
+        r.name = self.state.namespace.key(&r.name);
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, &metadata, r, lock.lock)
+            .await?
+            .into_inner();
+        resp.key = self.state.namespace.strip(std::mem::take(&mut resp.key));
         Ok(Response::new(resp))
     }
 
@@ -37,10 +39,12 @@ impl lock_server::Lock for LockService {
         &self,
         req: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let md = req.metadata().clone();
+        let metadata = req.metadata().clone();
         let mut r = req.into_inner();
-        r.key = self.st.ns.key(&r.key);
-        let up = &self.st.up;
-        call_upstream!(up, &md, r, lock.unlock).await.map(fresh)
+        r.key = self.state.namespace.key(&r.key);
+        let upstream = &self.state.upstream;
+        call_upstream!(upstream, &metadata, r, lock.unlock)
+            .await
+            .map(fresh)
     }
 }

@@ -4,12 +4,13 @@
 //! watch for every client); everything else is forwarded to etcd. See `docs/PROXY.md`.
 //!
 //! One file per etcd service, each a thin adapter over the cache or a forwarding
-//! client: `kv`, `watch_service` (over `watch`, the seam to the cache's watch API, and
-//! `forwarded`, the watches etcd serves), `lease`, `cluster`, `maintenance`, `auth`,
-//! `election`, `lock`. Shared pieces: `config` (flags), `upstream` (the seam to etcd:
-//! a client's call carries the client's token only), `authz` (what the cache serves goes
-//! only to callers etcd allows), `cache_slot` (the cache, built for etcd's auth state),
-//! `forward` (macros for pass-through methods), `namespace`, `state`, `conn`
+//! client: `kv`, `watch` (a folder: the per-stream session, the cache-served and the
+//! etcd-forwarded sides, the progress machine, the responses; its `mod.rs` maps them),
+//! `lease`, `cluster`, `maintenance`, `auth`, `election`, `lock`. Shared pieces: `config`
+//! (flags), `upstream` (the seam to etcd: a client's call carries the client's token
+//! only), `authz` (what the cache serves goes only to callers etcd allows), `cache_slot`
+//! (the cache, built for etcd's auth state), `forward_macros` (`forward!`, a unary
+//! method passed to etcd as it is, and `call_upstream!`), `namespace`, `state`, `conn`
 //! (per-connection info), `layers` (tower layers), `metrics` (the proxy's metrics and
 //! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
 //! `pb` (the generated code), `server` (start-up and shutdown).
@@ -22,8 +23,7 @@ mod config;
 mod conn;
 mod election;
 mod error;
-mod forward;
-mod forwarded;
+mod forward_macros;
 mod kv;
 mod layers;
 mod lease;
@@ -32,14 +32,12 @@ mod maintenance;
 mod metrics;
 mod namespace;
 mod pb;
-mod progress;
 mod server;
 mod server_tls;
 mod state;
 mod status;
 mod upstream;
 mod watch;
-mod watch_service;
 
 use clap::Parser;
 

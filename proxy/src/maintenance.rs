@@ -8,18 +8,18 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::forward::{call_upstream, forward};
+use crate::forward_macros::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
 
 /// etcd's Maintenance service.
 pub(crate) struct MaintenanceService {
-    st: Arc<State>,
+    state: Arc<State>,
 }
 
 impl MaintenanceService {
-    pub(crate) fn new(st: Arc<State>) -> Self {
-        MaintenanceService { st }
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        MaintenanceService { state }
     }
 }
 
@@ -51,9 +51,9 @@ impl maintenance_server::Maintenance for MaintenanceService {
         &self,
         req: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
-        let md = req.metadata().clone();
-        let up = &self.st.up;
-        let stream = call_upstream!(up, &md, req.into_inner(), maintenance.snapshot)
+        let metadata = req.metadata().clone();
+        let upstream = &self.state.upstream;
+        let stream = call_upstream!(upstream, &metadata, req.into_inner(), maintenance.snapshot)
             .await?
             .into_inner();
         Ok(Response::new(Box::pin(stream)))

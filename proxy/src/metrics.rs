@@ -163,9 +163,9 @@ pub(crate) enum Served {
     Etcd,
 }
 
-/// Why the proxy refused a watch create.
+/// The `reason` label of a refused watch create (`watch::responses::Refusal::kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum RefusalKind {
     /// `--max-watches-per-connection`.
     ConnectionLimit,
     /// `--max-watches`.
@@ -174,21 +174,6 @@ pub(crate) enum Refusal {
     Invalid,
     /// etcd refused a forwarded create.
     Etcd,
-}
-
-impl Refusal {
-    /// The refusal a cancel reason the proxy gives stands for.
-    pub(crate) fn of(reason: &str) -> Refusal {
-        if reason.starts_with("ETCD_WATCH_LIMIT") {
-            if reason.ends_with("per connection") {
-                Refusal::ConnectionLimit
-            } else {
-                Refusal::ProxyLimit
-            }
-        } else {
-            Refusal::Invalid
-        }
-    }
 }
 
 /// Every handle of the proxy's own metrics, registered once.
@@ -284,12 +269,13 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn watch_refused(&self, why: Refusal) {
+    /// A watch create was refused, for `why`.
+    pub(crate) fn watch_refused(&self, why: RefusalKind) {
         match why {
-            Refusal::ConnectionLimit => self.refused_connection.increment(1),
-            Refusal::ProxyLimit => self.refused_proxy.increment(1),
-            Refusal::Invalid => self.refused_invalid.increment(1),
-            Refusal::Etcd => self.refused_etcd.increment(1),
+            RefusalKind::ConnectionLimit => self.refused_connection.increment(1),
+            RefusalKind::ProxyLimit => self.refused_proxy.increment(1),
+            RefusalKind::Invalid => self.refused_invalid.increment(1),
+            RefusalKind::Etcd => self.refused_etcd.increment(1),
         }
     }
 
@@ -593,17 +579,5 @@ mod tests {
         assert_eq!(code_name(Some(&v("14"))), "Unavailable");
         assert_eq!(code_name(Some(&v("99"))), "Unknown");
         assert_eq!(code_name(None), "Unknown");
-        assert_eq!(
-            Refusal::of("ETCD_WATCH_LIMIT: at most 3 watches are allowed per connection"),
-            Refusal::ConnectionLimit
-        );
-        assert_eq!(
-            Refusal::of("ETCD_WATCH_LIMIT: at most 3 watches are allowed on this proxy"),
-            Refusal::ProxyLimit
-        );
-        assert_eq!(
-            Refusal::of("mvcc: watcher range is empty"),
-            Refusal::Invalid
-        );
     }
 }

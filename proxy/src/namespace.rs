@@ -189,14 +189,23 @@ mod tests {
 
     #[test]
     fn ranges_map_as_etcds_namespace() {
-        let ns = Namespace::new(b(b"/t/"));
-        assert_eq!(ns.range(&b(b"k"), &b(b"")), (b(b"/t/k"), b(b"")));
-        assert_eq!(ns.range(&b(b"a"), &b(b"c")), (b(b"/t/a"), b(b"/t/c")));
+        let namespace = Namespace::new(b(b"/t/"));
+        assert_eq!(namespace.range(&b(b"k"), &b(b"")), (b(b"/t/k"), b(b"")));
+        assert_eq!(
+            namespace.range(&b(b"a"), &b(b"c")),
+            (b(b"/t/a"), b(b"/t/c"))
+        );
         // From a key to the end of the keyspace: to the end of the namespace.
-        assert_eq!(ns.range(&b(b"a"), &b(b"\0")), (b(b"/t/a"), b(b"/t0")));
+        assert_eq!(
+            namespace.range(&b(b"a"), &b(b"\0")),
+            (b(b"/t/a"), b(b"/t0"))
+        );
         // All keys ("\0", "\0"): the whole namespace.
-        assert_eq!(ns.range(&b(b"\0"), &b(b"\0")), (b(b"/t/\0"), b(b"/t0")));
-        assert_eq!(ns.strip(b(b"/t/k")), b(b"k"));
+        assert_eq!(
+            namespace.range(&b(b"\0"), &b(b"\0")),
+            (b(b"/t/\0"), b(b"/t0"))
+        );
+        assert_eq!(namespace.strip(b(b"/t/k")), b(b"k"));
         let none = Namespace::default();
         assert_eq!(none.range(&b(b"a"), &b(b"\0")), (b(b"a"), b(b"\0")));
     }

@@ -35,7 +35,7 @@ use crate::pb::v3electionpb::election_server::ElectionServer;
 use crate::pb::v3lockpb::lock_server::LockServer;
 use crate::state::{Limits, State};
 use crate::upstream::{self, Upstream};
-use crate::watch_service::WatchService;
+use crate::watch::WatchService;
 
 /// Pause between attempts to reach etcd at start-up.
 const CONNECT_RETRY: Duration = Duration::from_secs(1);
@@ -60,7 +60,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     };
     // The TLS served to clients: files read and checked before anything reaches etcd.
     let tls = crate::server_tls::server_config(&config)?;
-    let ns = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
+    let namespace = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
     let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
     tracing::info!(
         endpoints = ?config.endpoint_urls(),
@@ -99,12 +99,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         }
     }
 
-    let up = Upstream::new(&config)?;
-    let authz = Authz::new(up.clone(), config.auth_token_ttl);
+    let upstream = Upstream::new(&config)?;
+    let authz = Authz::new(upstream.clone(), config.auth_token_ttl);
     // A learner refuses what the cache and the auth checks need (Watch, linearizable
     // reads, AuthStatus): until etcd promotes it, every call is forwarded and etcd
     // answers it (as grpc-proxy forwards it); the cache starts once it is a voter.
-    let learner = up.status().await.is_ok_and(|s| s.is_learner);
+    let learner = upstream.status().await.is_ok_and(|s| s.is_learner);
     let slot = CacheSlot::empty();
     let _followed = if learner {
         tracing::warn!(
@@ -112,17 +112,17 @@ pub(crate) async fn run(config: Config) -> Result<()> {
              (it refuses watches and linearizable reads) until it is promoted; the cache \
              starts then"
         );
-        let (config, up, authz, slot, prefix) = (
+        let (config, upstream, authz, slot, prefix) = (
             config.clone(),
-            up.clone(),
+            upstream.clone(),
             authz.clone(),
             slot.clone(),
             cache_prefix.clone(),
         );
         AbortOnDrop(tokio::spawn(async move {
-            wait_promoted(&up, config.auth_check_interval).await;
+            wait_promoted(&upstream, config.auth_check_interval).await;
             tracing::info!("the etcd member was promoted: starting the cache");
-            match follow(&config, &up, &authz, &slot, prefix).await {
+            match follow(&config, &upstream, &authz, &slot, prefix).await {
                 // Keeps the tasks `follow` started until the server stops.
                 Ok(tasks) => {
                     let _tasks = tasks;
@@ -135,7 +135,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
             }
         }))
     } else {
-        let tasks = follow(&config, &up, &authz, &slot, cache_prefix.clone()).await?;
+        let tasks = follow(&config, &upstream, &authz, &slot, cache_prefix.clone()).await?;
         if let Some(cache) = slot.get() {
             // A cache that etcd refuses (the proxy's user may not read the prefix) is a
             // start-up error, not an endless retry.
@@ -150,7 +150,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
                 ),
             }
         }
-        if let Err(e) = up.status().await {
+        if let Err(e) = upstream.status().await {
             tracing::warn!(error = %e, "Status toward etcd failed");
         }
         AbortOnDrop(tokio::spawn(async move {
@@ -165,12 +165,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         max_request_bytes: config.max_request_bytes,
         watch_send_queue: config.watch_send_queue,
     };
-    let st = State::new(
+    let state = State::new(
         slot.clone(),
         &cache_prefix,
-        up,
+        upstream,
         authz.clone(),
-        ns,
+        namespace,
         limits,
         config.advertise_client_url.clone(),
         shutdown_rx.clone(),
@@ -205,17 +205,20 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         .layer(CallsLayer {
             in_flight: in_flight.clone(),
         })
-        .add_service(limited!(KvServer, KvService::new(st.clone())))
-        .add_service(limited!(WatchServer, WatchService::new(st.clone())))
-        .add_service(limited!(LeaseServer, LeaseService::new(st.clone())))
-        .add_service(limited!(ClusterServer, ClusterService::new(st.clone())))
+        .add_service(limited!(KvServer, KvService::new(state.clone())))
+        .add_service(limited!(WatchServer, WatchService::new(state.clone())))
+        .add_service(limited!(LeaseServer, LeaseService::new(state.clone())))
+        .add_service(limited!(ClusterServer, ClusterService::new(state.clone())))
         .add_service(limited!(
             MaintenanceServer,
-            MaintenanceService::new(st.clone())
+            MaintenanceService::new(state.clone())
         ))
-        .add_service(limited!(AuthServer, AuthService::new(st.clone())))
-        .add_service(limited!(ElectionServer, ElectionService::new(st.clone())))
-        .add_service(limited!(LockServer, LockService::new(st.clone())))
+        .add_service(limited!(AuthServer, AuthService::new(state.clone())))
+        .add_service(limited!(
+            ElectionServer,
+            ElectionService::new(state.clone())
+        ))
+        .add_service(limited!(LockServer, LockService::new(state.clone())))
         .add_service(health_service);
 
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
@@ -262,7 +265,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
 /// when dropped).
 async fn follow(
     config: &Config,
-    up: &Arc<Upstream>,
+    upstream: &Arc<Upstream>,
     authz: &Arc<Authz>,
     slot: &Arc<CacheSlot>,
     cache_prefix: Vec<u8>,
@@ -300,24 +303,27 @@ async fn follow(
         if auth_on { "on" } else { "off" }
     );
     if auth_on {
-        up.authenticate().await.map_err(|s| Error::Authenticate {
-            user: config.credentials().map(|c| c.0).unwrap_or_default(),
-            status: s,
-        })?;
+        upstream
+            .authenticate()
+            .await
+            .map_err(|s| Error::Authenticate {
+                user: config.credentials().map(|c| c.0).unwrap_or_default(),
+                status: s,
+            })?;
     }
-    crate::authz::check_upstream_identity(up, config).await?;
+    crate::authz::check_upstream_identity(upstream, config).await?;
     let auth_poll = AbortOnDrop(authz.spawn_poll(config.auth_check_interval));
     let supervisor = AbortOnDrop(slot.start(config, authz.clone(), cache_prefix).await?);
-    let identity = AbortOnDrop(up.spawn_identity_refresh());
+    let identity = AbortOnDrop(upstream.spawn_identity_refresh());
     Ok(vec![auth_poll, supervisor, identity])
 }
 
 /// Returns once the member behind `up` is no longer a learner (Status, every
 /// `interval`); a Status that fails is asked again.
-async fn wait_promoted(up: &Upstream, interval: Duration) {
+async fn wait_promoted(upstream: &Upstream, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
-        if up.status().await.is_ok_and(|s| !s.is_learner) {
+        if upstream.status().await.is_ok_and(|s| !s.is_learner) {
             return;
         }
     }

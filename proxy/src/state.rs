@@ -26,10 +26,10 @@ pub(crate) struct Limits {
 /// Shared by every service of one proxy.
 pub(crate) struct State {
     slot: Arc<CacheSlot>,
-    pub(crate) up: Arc<Upstream>,
+    pub(crate) upstream: Arc<Upstream>,
     /// Who may be served what from memory.
     pub(crate) authz: Arc<Authz>,
-    pub(crate) ns: Namespace,
+    pub(crate) namespace: Namespace,
     /// The cache's range in etcd's keyspace; `end == "\0"`: no upper bound.
     cached_start: Bytes,
     cached_end: Bytes,
@@ -46,9 +46,9 @@ impl State {
     pub(crate) fn new(
         slot: Arc<CacheSlot>,
         cache_prefix: &[u8],
-        up: Arc<Upstream>,
+        upstream: Arc<Upstream>,
         authz: Arc<Authz>,
-        ns: Namespace,
+        namespace: Namespace,
         limits: Limits,
         advertised_url: Option<String>,
         shutdown: tokio::sync::watch::Receiver<bool>,
@@ -57,9 +57,9 @@ impl State {
         let cached_end = prefix_end(cache_prefix);
         Arc::new(State {
             slot,
-            up,
+            upstream,
             authz,
-            ns,
+            namespace,
             cached_start,
             cached_end,
             limits,

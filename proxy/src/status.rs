@@ -1,7 +1,33 @@
-//! The gRPC errors etcd answers with (`api/v3rpc/rpctypes/error.go`), and the mapping of
-//! the cache's errors onto them.
+//! The gRPC errors etcd answers with (`api/v3rpc/rpctypes/error.go`) and the texts of
+//! its watch refusals, whether an answer of etcd's is a refusal of the caller's
+//! authority, and the mapping of the cache's errors onto them: the proxy's one home for
+//! etcd's words.
 
 use tonic::{Code, Status};
+
+/// etcd's `mvcc.ErrEmptyWatcherRange`.
+pub(crate) const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
+/// etcd's `mvcc.ErrWatcherDuplicateID`.
+pub(crate) const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// `rpctypes.ErrGRPCCompacted`: what etcd >= 3.5 answers a watch from a negative revision.
+pub(crate) const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+
+/// Whether etcd refused a call for its caller's authority (no user, a bad or old
+/// token, no permission), as opposed to failing to answer.
+pub(crate) fn is_auth_refusal(s: &Status) -> bool {
+    let m = s.message();
+    matches!(
+        s.code(),
+        Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+    ) && (m.contains("user name is empty")
+        || m.contains("permission denied")
+        || m.contains("invalid auth token")
+        || m.contains("revision of auth store is old")
+        || m.contains("user name not found"))
+}
 
 /// The cancel reason etcd gives a watch create it does not permit: the refusal's
 /// gRPC error as Go prints it (`rpc error: code = PermissionDenied desc = etcdserver:
@@ -62,7 +88,7 @@ pub(crate) fn from_cache_read(e: &etcd_cache::Error) -> Option<Status> {
     match e {
         // The cache's own round trip (its revision probe) was refused for the proxy's
         // identity: etcd answers the caller itself.
-        Error::Upstream(u) if crate::authz::is_auth_refusal(&from_upstream(u)) => None,
+        Error::Upstream(u) if is_auth_refusal(&from_upstream(u)) => None,
         Error::Upstream(u) => Some(from_upstream(u)),
         Error::Closed => Some(shutting_down()),
         _ => None,

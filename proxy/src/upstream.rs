@@ -95,13 +95,13 @@ pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpo
 /// The metadata of a client's call that is passed on to etcd (its token and
 /// `hasleader`), nothing else.
 pub(crate) fn passed(from: &MetadataMap) -> MetadataMap {
-    let mut md = MetadataMap::new();
+    let mut metadata = MetadataMap::new();
     for key in PASSED {
         if let Some(v) = from.get(*key) {
-            md.insert(*key, v.clone());
+            metadata.insert(*key, v.clone());
         }
     }
-    md
+    metadata
 }
 
 impl Upstream {
@@ -118,7 +118,7 @@ impl Upstream {
         }
         let channel = Channel::balance_list(endpoints.into_iter());
         let cert_identity = match &config.cert {
-            Some(path) if config.upstream_tls() => crate::authz::certificate_cn(&read(path)?)?,
+            Some(path) if config.upstream_tls() => certificate_cn(&read(path)?)?,
             _ => None,
         };
         Ok(Arc::new(Upstream {
@@ -168,10 +168,10 @@ impl Upstream {
     /// without one: the proxy never lends its own authority.
     pub(crate) fn request<T>(&self, from: &MetadataMap, msg: T) -> Request<T> {
         let mut req = Request::new(msg);
-        let md = req.metadata_mut();
+        let metadata = req.metadata_mut();
         for key in PASSED {
             if let Some(v) = from.get(*key) {
-                md.insert(*key, v.clone());
+                metadata.insert(*key, v.clone());
             }
         }
         req
@@ -346,8 +346,10 @@ impl Upstream {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(IDENTITY_REFRESH).await;
-                let Some(up) = weak.upgrade() else { return };
-                if let Err(e) = up.status().await {
+                let Some(upstream) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(e) = upstream.status().await {
                     tracing::debug!(error = %e, "identity refresh failed");
                 }
             }
@@ -386,4 +388,21 @@ pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, Str
         out.push((url, v));
     }
     out
+}
+
+/// The CN of the first certificate in a PEM file, if it has one.
+/// (The identity etcd takes as the caller of a call without a token: see `authz.rs`.)
+fn certificate_cn(pem: &[u8]) -> Result<Option<String>> {
+    use x509_parser::prelude::*;
+    let bad = |why: String| Error::Certificate(why);
+    let (_, pem) = parse_x509_pem(pem).map_err(|e| bad(e.to_string()))?;
+    let cert = pem.parse_x509().map_err(|e| bad(e.to_string()))?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string)
+        .filter(|cn| !cn.is_empty());
+    Ok(cn)
 }

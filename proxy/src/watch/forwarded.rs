@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
-use crate::forward::call_upstream;
+use crate::forward_macros::call_upstream;
 use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, RangeRequest, WatchCancelRequest, WatchCreateRequest,
@@ -38,9 +38,9 @@ const QUEUE: usize = 64;
 
 /// The forwarded watches of one client stream.
 pub(crate) struct Forwarded {
-    up: Arc<Upstream>,
+    upstream: Arc<Upstream>,
     /// The client's metadata (token, `hasleader`), passed on.
-    md: MetadataMap,
+    metadata: MetadataMap,
     tx: Option<mpsc::Sender<WatchRequest>>,
     rx: Option<Streaming<WatchResponse>>,
     ids: HashSet<i64>,
@@ -60,10 +60,10 @@ pub(crate) struct Forwarded {
 }
 
 impl Forwarded {
-    pub(crate) fn new(up: Arc<Upstream>, md: MetadataMap) -> Self {
+    pub(crate) fn new(upstream: Arc<Upstream>, metadata: MetadataMap) -> Self {
         Forwarded {
-            up,
-            md,
+            upstream,
+            metadata,
             tx: None,
             rx: None,
             ids: HashSet::new(),
@@ -165,10 +165,10 @@ impl Forwarded {
         // its first answer.
         let (tx, rx) = mpsc::channel(QUEUE);
         tx.try_send(req).expect("an empty queue has room");
-        let call = self
-            .up
-            .caller_request("watch", &self.md, ReceiverStream::new(rx))?;
-        let stream = self.up.watch().watch(call).await?.into_inner();
+        let call =
+            self.upstream
+                .caller_request("watch", &self.metadata, ReceiverStream::new(rx))?;
+        let stream = self.upstream.watch().watch(call).await?.into_inner();
         self.tx = Some(tx);
         self.rx = Some(stream);
         Ok(())
@@ -194,8 +194,7 @@ impl Forwarded {
                 revision: kv.mod_revision - 1,
                 ..Default::default()
             };
-            let up = &self.up;
-            match call_upstream!(up, &self.md, req, kv.range).await {
+            match call_upstream!(&self.upstream, &self.metadata, req, kv.range).await {
                 Ok(r) => {
                     tracing::debug!(
                         watch_id = resp.watch_id,
@@ -244,7 +243,7 @@ impl Forwarded {
                     self.prev_kv.remove(&r.watch_id);
                     self.open.sub();
                 }
-                self.up.observe(r.header.as_ref());
+                self.upstream.observe(r.header.as_ref());
                 Ok(r)
             }
             Ok(None) => Err(Status::unavailable("watch stream to etcd ended")),

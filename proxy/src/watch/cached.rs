@@ -1,52 +1,35 @@
-//! The seam between the Watch service and the cache: [`Watches`] is one cache
-//! `WatchStream` per gRPC Watch stream (split into its request and response halves), so
-//! ids, `created` / `canceled` responses and stream-level progress are the cache's, which
-//! gives them as etcd does. This module only maps the requests in and the refusals out;
-//! nothing else in the proxy calls the cache's watch API.
+//! The cache-served side of a Watch stream, and the seam to the cache's watch API:
+//! [`Watches`] is one cache `WatchStream` per gRPC Watch stream (split into its request
+//! and response halves), so ids, `created` / `canceled` responses and stream-level
+//! progress are the cache's, which gives them as etcd does. This module only maps the
+//! requests in (etcd's create request straight into `WatchOptions`) and the cache's
+//! refusals out (a [`Refusal`]); nothing else in the proxy calls the cache's watch API.
 //!
 //! The per-connection cap is a `WatchScope` shared by a connection's Watch streams (see
 //! [`ConnScope`]).
 
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
 use etcd_cache::{
     Cache, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
     WatchScope,
 };
 
-/// etcd's `mvcc.ErrEmptyWatcherRange`.
-pub(crate) const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
-/// etcd's `mvcc.ErrWatcherDuplicateID`.
-pub(crate) const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+use super::responses::Refusal;
+use crate::pb::etcdserverpb::{watch_create_request::FilterType, WatchCreateRequest};
 
 /// The watch budget of one client connection (`--max-watches-per-connection`), made on
 /// the connection's first Watch stream and shared by all of them.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ConnScope(Arc<OnceLock<WatchScope>>);
 
-/// A WatchCreateRequest in the cache's keyspace (namespace already applied; an empty key
-/// already replaced by `"\0"`, as etcd does).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Create {
-    pub(crate) key: Bytes,
-    /// Empty: one key; `"\0"`: every key from `key`.
-    pub(crate) range_end: Bytes,
-    pub(crate) start_revision: i64,
-    pub(crate) progress_notify: bool,
-    pub(crate) prev_kv: bool,
-    pub(crate) no_put: bool,
-    pub(crate) no_delete: bool,
-    /// 0: the next free id.
-    pub(crate) watch_id: i64,
-}
-
-/// Why a create was refused: the cancel reason etcd's clients read.
+/// Why the cache did not take a create.
 #[derive(Debug)]
-pub(crate) struct Refused {
-    pub(crate) reason: String,
+pub(crate) enum NotTaken {
     /// The cache has no snapshot yet (just started): etcd can serve the watch instead.
-    pub(crate) not_ready: bool,
+    NotReady,
+    /// Refused, as etcd would refuse it, or for the proxy's limits.
+    Refused(Refusal),
 }
 
 /// The watches of one gRPC Watch stream.
@@ -85,48 +68,50 @@ impl Watches {
         self.cache.revision()
     }
 
-    /// Adds a watch; its `created` response (with its id) comes from
+    /// Adds the watch `request` asks for, on `[key, range_end)` (the cache's keyspace:
+    /// namespace applied, an empty key already `"\0"`, the range well formed) with id
+    /// `watch_id` (0: the next free one). Its `created` response (with its id) comes from
     /// [`next`](Self::next), before any of its events.
     ///
     /// # Errors
-    /// The cancel reason etcd would give (empty range, duplicate id), the
-    /// per-connection cap, or what the cache refused.
-    pub(crate) async fn create(&mut self, c: Create) -> Result<(), Refused> {
-        let end = c.range_end.as_ref();
-        if !end.is_empty() && end != b"\0" && c.key.as_ref() >= end {
-            return Err(Refused {
-                reason: EMPTY_RANGE.into(),
-                not_ready: false,
-            });
-        }
+    /// [`NotTaken::NotReady`] before the cache's first list; else the cancel reason
+    /// etcd would give (empty range, duplicate id), the per-connection cap, or what the
+    /// cache refused.
+    pub(crate) async fn create(
+        &mut self,
+        request: &WatchCreateRequest,
+        key: &[u8],
+        range_end: &[u8],
+        watch_id: i64,
+    ) -> Result<(), NotTaken> {
         let mut opts = WatchOptions::new()
-            .with_start_revision(c.start_revision)
-            .with_watch_id(c.watch_id);
-        if !end.is_empty() {
-            opts = opts.with_range(end.to_vec());
+            .with_start_revision(request.start_revision)
+            .with_watch_id(watch_id);
+        if !range_end.is_empty() {
+            opts = opts.with_range(range_end.to_vec());
         }
-        if c.prev_kv {
+        if request.prev_kv {
             opts = opts.with_prev_key();
         }
-        if c.progress_notify {
+        if request.progress_notify {
             opts = opts.with_progress_notify();
         }
         let mut filters = Vec::new();
-        if c.no_put {
+        if request.filters.contains(&(FilterType::Noput as i32)) {
             filters.push(WatchFilterType::NoPut);
         }
-        if c.no_delete {
+        if request.filters.contains(&(FilterType::Nodelete as i32)) {
             filters.push(WatchFilterType::NoDelete);
         }
         if !filters.is_empty() {
             opts = opts.with_filters(filters);
         }
         self.sender
-            .watch(c.key.to_vec(), Some(opts))
+            .watch(key.to_vec(), Some(opts))
             .await
-            .map_err(|e| Refused {
-                reason: self.refusal(&e),
-                not_ready: matches!(e, etcd_cache::Error::NotReady),
+            .map_err(|e| match e {
+                etcd_cache::Error::NotReady => NotTaken::NotReady,
+                e => NotTaken::Refused(self.refusal(e)),
             })
     }
 
@@ -155,23 +140,27 @@ impl Watches {
         }
     }
 
-    /// The cancel reason for a watch the cache refused.
-    fn refusal(&self, e: &etcd_cache::Error) -> String {
+    /// Why the cache refused a watch.
+    fn refusal(&self, e: etcd_cache::Error) -> Refusal {
         use etcd_cache::Error;
         match e {
-            Error::InvalidRange { .. } => EMPTY_RANGE.into(),
-            Error::WatchIdInUse { .. } => DUPLICATE_ID.into(),
-            Error::WatchLimit { limit } if self.limit != 0 && *limit == self.limit => {
-                format!("ETCD_WATCH_LIMIT: at most {limit} watches are allowed per connection")
+            Error::InvalidRange { .. } => Refusal::EmptyRange,
+            Error::WatchIdInUse { .. } => Refusal::DuplicateId,
+            Error::WatchLimit { limit } if self.limit != 0 && limit == self.limit => {
+                Refusal::ConnectionLimit(limit)
             }
-            Error::WatchLimit { limit } => {
-                format!("ETCD_WATCH_LIMIT: at most {limit} watches are allowed on this proxy")
-            }
-            Error::OutOfRange { .. } => format!(
-                "etcd-cache-proxy: the key range is outside the cached prefix ({e}); \
-                 watches are served from the cache only"
-            ),
-            other => format!("etcd-cache-proxy: {other}"),
+            Error::WatchLimit { limit } => Refusal::ProxyLimit(limit),
+            e @ Error::OutOfRange { .. } => Refusal::OutsidePrefix(e),
+            other => Refusal::Cache(other),
         }
+    }
+}
+
+/// The cache side's next response (never, without a cache side: the stream opened when
+/// there was no cache to serve from).
+pub(crate) async fn next(watches: &mut Option<Watches>) -> Option<WatchResponse> {
+    match watches {
+        Some(w) => w.next().await,
+        None => futures::future::pending().await,
     }
 }

@@ -1,0 +1,418 @@
+//! What a Watch stream's client is sent, as etcd's messages: the cache's responses made
+//! etcd's (`from_cache`, keys moved out of the namespace), a forwarded response moved out
+//! of the namespace, the merging of a batch of the cache's replies into one response per
+//! watch ([`Merge`]), etcd's fragments, the stream-level progress answer, and the
+//! refusal of a create, whose reason travels as a [`Refusal`] from where it is decided
+//! until [`refused`] prints it. [`Outbound`] is the client's queue.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::metrics::RefusalKind;
+use crate::namespace::Namespace;
+use crate::pb::etcdserverpb::{ResponseHeader, WatchResponse};
+use crate::pb::mvccpb::{event::EventType, Event};
+use crate::status;
+use crate::upstream::Upstream;
+
+/// etcd's `clientv3.InvalidWatchID`.
+pub(crate) const INVALID_WATCH_ID: i64 = -1;
+/// Replies of the cache taken in one round of the session's `send_replies` at most.
+const BATCH_REPLIES: usize = 4096;
+/// A merged events response takes no more events once it is this big (encoded).
+const BATCH_BYTES: usize = 64 * 1024;
+/// A round of the session's `send_replies` takes no more replies once it holds this many
+/// bytes of events (a stream whose client does not read holds no more than this).
+const BATCH_TOTAL_BYTES: usize = 4 * 1024 * 1024;
+
+/// The client's half of a Watch stream: its bounded queue, and which of its watches
+/// asked for fragments.
+pub(crate) struct Outbound {
+    tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    /// Watches created with `fragment`.
+    fragment: HashSet<i64>,
+    /// Fragment threshold (etcd's --max-request-bytes).
+    max_request_bytes: usize,
+}
+
+impl Outbound {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+        max_request_bytes: usize,
+    ) -> Self {
+        Outbound {
+            tx,
+            fragment: HashSet::new(),
+            max_request_bytes,
+        }
+    }
+
+    /// The queue itself (for the session's `select!`: room, closed).
+    pub(crate) fn sender(&self) -> &mpsc::Sender<Result<WatchResponse, Status>> {
+        &self.tx
+    }
+
+    /// Whether watch `id` asked for fragments.
+    pub(crate) fn fragments(&self, id: i64) -> bool {
+        self.fragment.contains(&id)
+    }
+
+    /// Watch `id` asked for fragments.
+    pub(crate) fn add_fragment(&mut self, id: i64) {
+        self.fragment.insert(id);
+    }
+
+    /// Watch `id` ended.
+    pub(crate) fn forget(&mut self, id: i64) {
+        self.fragment.remove(&id);
+    }
+
+    /// Queues a response for the client (waits while the queue is full).
+    pub(crate) async fn send(&self, resp: WatchResponse) -> Result<(), ()> {
+        self.tx.send(Ok(resp)).await.map_err(drop)
+    }
+
+    /// Ends the stream with `status`.
+    pub(crate) async fn fail(&self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+
+    /// Sends a response of a watch, in fragments if it asked for them.
+    pub(crate) async fn emit(&self, resp: WatchResponse) -> Result<(), ()> {
+        if self.fragments(resp.watch_id) && resp.events.len() > 1 {
+            for part in fragments(resp, self.max_request_bytes) {
+                self.send(part).await?;
+            }
+            return Ok(());
+        }
+        self.send(resp).await
+    }
+}
+
+/// The cache's replies of one round, merged: the events of one watch in one response
+/// where they follow each other (etcd sends a watcher that is catching up many
+/// revisions in one response, `syncWatchers`, and a remote watcher pays per message more
+/// than per event). A watch's responses keep their order; responses of different
+/// watches may pass each other, as on etcd's streams.
+#[derive(Default)]
+pub(crate) struct Merge {
+    batch: Vec<WatchResponse>,
+    /// Per watch: the index in `batch` of its response still taking events, and its
+    /// encoded size.
+    open: HashMap<i64, (usize, usize)>,
+    /// Replies taken this round.
+    taken: usize,
+    /// Bytes of events taken this round.
+    total: usize,
+}
+
+impl Merge {
+    /// Whether the cache's reply `r` merges: events only, of a watch without fragments
+    /// (created, canceled and progress responses are not merged: the merged responses
+    /// before them go out first).
+    pub(crate) fn merges(r: &etcd_cache::WatchResponse, outbound: &Outbound) -> bool {
+        !r.created() && !r.canceled() && !r.events().is_empty() && !outbound.fragments(r.watch_id())
+    }
+
+    /// Counts a reply taken from the cache.
+    pub(crate) fn took(&mut self) {
+        self.taken += 1;
+    }
+
+    /// Adds an events response of the cache's (made etcd's).
+    pub(crate) fn push(&mut self, resp: WatchResponse) {
+        let id = resp.watch_id;
+        let size = resp.events.iter().map(Message::encoded_len).sum::<usize>();
+        self.total += size;
+        match self.open.get_mut(&id) {
+            Some((at, bytes)) if *bytes < BATCH_BYTES => {
+                let merged = &mut self.batch[*at];
+                merged.header = resp.header;
+                merged.events.extend(resp.events);
+                *bytes += size;
+            }
+            _ => {
+                self.open.insert(id, (self.batch.len(), size));
+                self.batch.push(resp);
+            }
+        }
+    }
+
+    /// Whether the round may take another reply: what is gathered waits for the client's
+    /// queue, at most [`BATCH_REPLIES`] replies and [`BATCH_TOTAL_BYTES`], so a client that
+    /// does not read holds up only that much (and its own stream).
+    pub(crate) fn has_room(&self) -> bool {
+        self.taken < BATCH_REPLIES && self.total < BATCH_TOTAL_BYTES
+    }
+
+    /// The merged responses so far, to be sent in order, with header revisions that do
+    /// not go down along them (a merged response carries its last event's header).
+    pub(crate) fn drain(&mut self) -> Vec<WatchResponse> {
+        self.open.clear();
+        let mut revision = 0;
+        let mut out = std::mem::take(&mut self.batch);
+        for resp in &mut out {
+            if let Some(h) = resp.header.as_mut() {
+                h.revision = h.revision.max(revision);
+                revision = h.revision;
+            }
+        }
+        out
+    }
+}
+
+/// The cache's response as etcd's message, its keys moved out of the namespace.
+pub(crate) fn from_cache(
+    r: &etcd_cache::WatchResponse,
+    upstream: &Upstream,
+    namespace: &Namespace,
+) -> WatchResponse {
+    WatchResponse {
+        header: Some(upstream.header_from_cache(r.header(), r.revision())),
+        watch_id: r.watch_id(),
+        created: r.created(),
+        canceled: r.canceled(),
+        compact_revision: r.compact_revision(),
+        // etcd gives no reason with a compaction (its clients read compact_revision).
+        cancel_reason: if r.compact_revision() > 0 {
+            String::new()
+        } else {
+            r.cancel_reason().to_string()
+        },
+        fragment: false,
+        events: r.events().iter().map(|e| event(e, namespace)).collect(),
+    }
+}
+
+fn event(e: &etcd_cache::Event, namespace: &Namespace) -> Event {
+    let kind = match e.event_type() {
+        etcd_cache::EventType::Put => EventType::Put,
+        etcd_cache::EventType::Delete => EventType::Delete,
+    };
+    Event {
+        r#type: kind as i32,
+        kv: e.kv().map(|kv| namespace.kv_from_cache(kv)),
+        prev_kv: e.prev_kv().map(|kv| namespace.kv_from_cache(kv)),
+    }
+}
+
+/// A response of a forwarded watch, its keys moved out of the namespace.
+pub(crate) fn out_of_namespace(resp: &mut WatchResponse, namespace: &Namespace) {
+    for e in &mut resp.events {
+        if let Some(kv) = e.kv.as_mut() {
+            namespace.kv_out(kv);
+        }
+        if let Some(kv) = e.prev_kv.as_mut() {
+            namespace.kv_out(kv);
+        }
+    }
+}
+
+/// Whether etcd's `resp` is a stream-level progress answer (watch id -1, nothing else).
+pub(crate) fn is_progress(resp: &WatchResponse) -> bool {
+    resp.watch_id == INVALID_WATCH_ID && !resp.created && !resp.canceled && resp.events.is_empty()
+}
+
+/// The stream-level progress answer (watch id -1) at `header`'s revision.
+pub(crate) fn progress(header: ResponseHeader) -> WatchResponse {
+    WatchResponse {
+        header: Some(header),
+        watch_id: INVALID_WATCH_ID,
+        ..Default::default()
+    }
+}
+
+/// Why the proxy refuses a watch create: decided on the way in (by the session or the
+/// cache side), printed only by [`refused`] as the cancel reason etcd's clients read, and
+/// counted by its [`kind`](Refusal::kind).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// A negative start revision: etcd >= 3.5 answers it as compacted (3.4 lets the
+    /// watch start from the oldest revision).
+    NegativeRevision,
+    /// etcd's `mvcc.ErrEmptyWatcherRange`.
+    EmptyRange,
+    /// etcd's `mvcc.ErrWatcherDuplicateID`.
+    DuplicateId,
+    /// etcd does not allow the caller the range (no user, a bad or old token, no
+    /// permission): its refusal, printed as etcd prints it.
+    NotAllowed(Status),
+    /// `--max-watches-per-connection`, reached.
+    ConnectionLimit(usize),
+    /// `--max-watches`, reached.
+    ProxyLimit(usize),
+    /// The range leaves the cached prefix (the cache's error).
+    OutsidePrefix(etcd_cache::Error),
+    /// Anything else the cache refused.
+    Cache(etcd_cache::Error),
+}
+
+impl Refusal {
+    /// Its label in `etcd_cache_proxy_watches_refused_total`.
+    pub(crate) fn kind(&self) -> RefusalKind {
+        match self {
+            Refusal::ConnectionLimit(_) => RefusalKind::ConnectionLimit,
+            Refusal::ProxyLimit(_) => RefusalKind::ProxyLimit,
+            Refusal::NegativeRevision
+            | Refusal::EmptyRange
+            | Refusal::DuplicateId
+            | Refusal::NotAllowed(_)
+            | Refusal::OutsidePrefix(_)
+            | Refusal::Cache(_) => RefusalKind::Invalid,
+        }
+    }
+}
+
+/// The cancel reason etcd's clients read.
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NegativeRevision => f.write_str(status::COMPACTED),
+            Refusal::EmptyRange => f.write_str(status::EMPTY_RANGE),
+            Refusal::DuplicateId => f.write_str(status::DUPLICATE_ID),
+            Refusal::NotAllowed(s) => f.write_str(&status::watch_refusal(s)),
+            Refusal::ConnectionLimit(limit) => write!(
+                f,
+                "ETCD_WATCH_LIMIT: at most {limit} watches are allowed per connection"
+            ),
+            Refusal::ProxyLimit(limit) => write!(
+                f,
+                "ETCD_WATCH_LIMIT: at most {limit} watches are allowed on this proxy"
+            ),
+            Refusal::OutsidePrefix(e) => write!(
+                f,
+                "etcd-cache-proxy: the key range is outside the cached prefix ({e}); \
+                 watches are served from the cache only"
+            ),
+            Refusal::Cache(e) => write!(f, "etcd-cache-proxy: {e}"),
+        }
+    }
+}
+
+/// A create refused as etcd refuses one: created and canceled at once, with watch id -1
+/// and the reason printed.
+pub(crate) fn refused(header: ResponseHeader, refusal: &Refusal) -> WatchResponse {
+    WatchResponse {
+        header: Some(header),
+        watch_id: INVALID_WATCH_ID,
+        created: true,
+        canceled: true,
+        cancel_reason: refusal.to_string(),
+        ..Default::default()
+    }
+}
+
+/// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is
+/// sent as several, each with `fragment = true` but the last.
+fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
+    if resp.encoded_len() < max_bytes || resp.events.len() < 2 {
+        return vec![resp];
+    }
+    let mut out = Vec::new();
+    let mut events = resp.events.clone().into_iter().peekable();
+    while events.peek().is_some() {
+        let mut cur = WatchResponse {
+            events: Vec::new(),
+            fragment: true,
+            ..resp.clone()
+        };
+        while let Some(ev) = events.peek() {
+            cur.events.push(ev.clone());
+            if cur.events.len() > 1 && cur.encoded_len() >= max_bytes {
+                cur.events.pop();
+                break;
+            }
+            events.next();
+        }
+        if events.peek().is_none() {
+            cur.fragment = false;
+        }
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::mvccpb::KeyValue;
+
+    fn put(key: &str, value_len: usize) -> Event {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec().into(),
+                value: vec![b'x'; value_len].into(),
+                mod_revision: 7,
+                create_revision: 7,
+                version: 1,
+                lease: 0,
+            }),
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn fragments_split_as_etcd() {
+        let resp = WatchResponse {
+            watch_id: 3,
+            events: (0..10).map(|i| put(&format!("k{i}"), 100)).collect(),
+            ..Default::default()
+        };
+        // Below the limit: one response, not marked.
+        let one = fragments(resp.clone(), 1 << 20);
+        assert_eq!(one.len(), 1);
+        assert!(!one[0].fragment);
+        // Each event is ~110 bytes: at most 2 per part below 300 bytes.
+        let parts = fragments(resp.clone(), 300);
+        assert!(parts.len() >= 4, "{}", parts.len());
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
+        assert!(!parts.last().unwrap().fragment);
+        let events: Vec<_> = parts.iter().flat_map(|p| p.events.clone()).collect();
+        assert_eq!(events, resp.events);
+        assert!(parts.iter().all(|p| p.watch_id == 3));
+        // A single event is never split, whatever its size.
+        let big = WatchResponse {
+            events: vec![put("k", 1000)],
+            ..Default::default()
+        };
+        assert_eq!(fragments(big, 10).len(), 1);
+    }
+
+    #[test]
+    fn refusals_print_etcds_reasons_and_count_by_kind() {
+        let limit = Refusal::ConnectionLimit(3);
+        assert_eq!(
+            limit.to_string(),
+            "ETCD_WATCH_LIMIT: at most 3 watches are allowed per connection"
+        );
+        assert_eq!(limit.kind(), RefusalKind::ConnectionLimit);
+        let limit = Refusal::ProxyLimit(3);
+        assert_eq!(
+            limit.to_string(),
+            "ETCD_WATCH_LIMIT: at most 3 watches are allowed on this proxy"
+        );
+        assert_eq!(limit.kind(), RefusalKind::ProxyLimit);
+        assert_eq!(
+            Refusal::EmptyRange.to_string(),
+            "mvcc: watcher range is empty"
+        );
+        assert_eq!(Refusal::EmptyRange.kind(), RefusalKind::Invalid);
+        let denied =
+            Refusal::NotAllowed(Status::permission_denied("etcdserver: permission denied"));
+        assert_eq!(
+            denied.to_string(),
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+        );
+        assert_eq!(denied.kind(), RefusalKind::Invalid);
+        let header = ResponseHeader::default();
+        let resp = refused(header, &Refusal::DuplicateId);
+        assert!(resp.created && resp.canceled);
+        assert_eq!(resp.watch_id, INVALID_WATCH_ID);
+        assert_eq!(resp.cancel_reason, status::DUPLICATE_ID);
+    }
+}

@@ -1,0 +1,793 @@
+//! One gRPC Watch stream's task: it reads the client's requests (as fast as they come,
+//! bounded in bytes), decides which side serves each create (the cache through
+//! [`cached`](super::cached), or etcd through [`forwarded`](super::forwarded)), gives
+//! ids from one id space, keeps the replies to creates and cancels in the order of the
+//! requests across both sides, runs stream-level progress requests through
+//! [`progress`](super::progress), checks its cached watches again when etcd's auth state
+//! moves, ends a `hasleader` stream whose cache lost etcd, and sends what both sides
+//! answer through [`responses`](super::responses), as etcd sends it
+//! (`api/v3rpc/watch.go`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::cached::{self, ConnScope, NotTaken, Watches};
+use super::forwarded::{take_one, Forwarded};
+use super::progress::{Item, Out, Progress, Side};
+use super::reply_order::{Deferred, ReplyOrder};
+use super::responses::{self, Merge, Outbound, Refusal, INVALID_WATCH_ID};
+use crate::metrics::{GaugeGuard, RefusalKind, Served};
+use crate::pb::etcdserverpb::{
+    watch_request::RequestUnion, WatchCreateRequest, WatchRequest, WatchResponse,
+};
+use crate::state::State;
+use crate::status;
+
+/// How often a `hasleader` stream checks that the cache still follows etcd.
+const LEADER_CHECK: Duration = Duration::from_millis(500);
+/// How long the cache may be cut off from etcd before `hasleader` streams end.
+const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
+
+/// A client's request as the reader queued it, with its share of the queue's bytes
+/// (held until the request is handled); a receive error is the last one.
+pub(super) type Queued = (
+    Result<WatchRequest, Status>,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+/// A cache create waiting for its `created`: the id it was given, its `fragment` flag and
+/// key range.
+struct PendingCreate {
+    id: i64,
+    /// The client canceled it before its `created` came: its id is free (as etcd frees
+    /// it when it reads the cancel), and it is not counted as open.
+    canceled: bool,
+    fragment: bool,
+    key: bytes::Bytes,
+    end: bytes::Bytes,
+}
+
+/// What woke the session.
+enum Step {
+    Shutdown,
+    Request(Option<Result<WatchRequest, Status>>),
+    Reply(Option<etcd_cache::WatchResponse>),
+    Forwarded(Result<WatchResponse, Status>),
+    LeaderCheck(tokio::time::Instant),
+    /// A progress request held responses for too long (see `progress.rs`).
+    ProgressExpired,
+    /// etcd's auth state moved: the cached watches are checked again.
+    AuthChanged,
+    /// The cached watches etcd no longer allows this caller, with etcd's refusal.
+    Revoked(Vec<(i64, Status)>),
+}
+
+/// A check of the stream's cached watches against etcd's current decisions.
+type Recheck = futures::future::BoxFuture<'static, Vec<(i64, Status)>>;
+
+/// One Watch stream's watches, of both sides, and what is owed to its client.
+pub(super) struct Session {
+    state: Arc<State>,
+    /// The cache's side of the stream; `None` when there was no cache to serve from
+    /// when the stream opened (every watch is forwarded).
+    watches: Option<Watches>,
+    /// The client's queue, and which watches take fragments.
+    outbound: Outbound,
+    /// The client's token (and `hasleader`): what etcd decides by.
+    metadata: tonic::metadata::MetadataMap,
+    /// Each accepted cache create's `fragment` flag and key range (etcd's keyspace), in
+    /// order, until its `created` response names its id (the cache answers creates in
+    /// the order they were made).
+    pending_creates: VecDeque<PendingCreate>,
+    /// The creates and cancels not answered yet, of both sides, and the requests that
+    /// wait for the other side.
+    order: ReplyOrder,
+    /// The client's cancels of cache watches whose `canceled` has not come, by id: the
+    /// cache's `canceled` replies to them answer an unanswered request (a cancel the
+    /// proxy made, for a revoked permission, or a compaction does not).
+    cache_cancels: HashMap<i64, usize>,
+    /// The cache's open watches and their ranges, checked again when etcd's auth moves.
+    cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
+    /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
+    /// (their `canceled` response carries it as the reason).
+    revoked: HashMap<i64, Status>,
+    /// Moves when etcd's auth state moved (`authz.rs`).
+    epoch: tokio::sync::watch::Receiver<u64>,
+    /// The check of the cached watches under way.
+    recheck: Option<Recheck>,
+    /// Watches outside the cache's prefix or below its window, forwarded to etcd.
+    forwarded: Forwarded,
+    /// Ids of the cache's watches on this stream (from their `created` responses), so a
+    /// forwarded watch cannot take one.
+    cache_ids: HashSet<i64>,
+    /// The next automatic watch id (etcd's: counted from 0 per stream, skipping ids in
+    /// use), given to both sides, so one id never names two watches.
+    next_id: i64,
+    /// Stream-level progress requests waiting for their answers, from the cache and from
+    /// etcd when watches are forwarded, and the responses held back meanwhile so that the
+    /// one answer holds for every watch (see `progress.rs`).
+    progress: Progress,
+    require_leader: bool,
+    /// Counts the stream in `etcd_cache_proxy_watch_streams` while it is open.
+    _stream: GaugeGuard,
+    /// Counts its cache watches in `etcd_cache_proxy_watches{served="cache"}`.
+    open: GaugeGuard,
+}
+
+impl Session {
+    /// The session of a new stream: the cache's side if there is a cache to serve from
+    /// now (counted against the connection's `scope`), `tx` the client's queue,
+    /// `metadata` the client's (passed to etcd).
+    pub(super) fn new(
+        state: Arc<State>,
+        scope: &ConnScope,
+        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+        metadata: tonic::metadata::MetadataMap,
+        require_leader: bool,
+    ) -> Self {
+        let limits = &state.limits;
+        Session {
+            watches: state
+                .cache()
+                .map(|cache| Watches::new(&cache, scope, limits.watches_per_connection)),
+            outbound: Outbound::new(tx, limits.max_request_bytes),
+            pending_creates: VecDeque::new(),
+            order: ReplyOrder::default(),
+            cache_cancels: HashMap::new(),
+            cached: HashMap::new(),
+            revoked: HashMap::new(),
+            epoch: state.authz.epoch(),
+            recheck: None,
+            forwarded: Forwarded::new(state.upstream.clone(), metadata.clone()),
+            metadata,
+            cache_ids: HashSet::new(),
+            next_id: 0,
+            progress: Progress::default(),
+            require_leader,
+            _stream: crate::metrics::get().watch_stream(),
+            open: crate::metrics::get().open_watches(Served::Cache),
+            state,
+        }
+    }
+
+    /// Serves the stream until the client goes, the cache or etcd ends it, or shutdown.
+    pub(super) async fn run(mut self, mut requests: mpsc::UnboundedReceiver<Queued>) {
+        let mut shutdown = self.state.shutdown.clone();
+        let tx = self.outbound.sender().clone();
+        let mut inbound_open = true;
+        let mut leader_check = tokio::time::interval(LEADER_CHECK);
+        let mut not_ready_since: Option<tokio::time::Instant> = None;
+        loop {
+            let has_room = tx.capacity() > 0;
+            let progress_deadline = self.progress.deadline();
+            let step = tokio::select! {
+                _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
+                _ = tx.closed() => return,
+                req = requests.recv(), if inbound_open => Step::Request(req.map(|(r, _permit)| r)),
+                reply = cached::next(&mut self.watches), if has_room => Step::Reply(reply),
+                resp = self.forwarded.next(), if has_room => Step::Forwarded(resp),
+                permit = tx.reserve(), if !has_room => {
+                    drop(permit);
+                    continue;
+                }
+                now = leader_check.tick(), if self.require_leader => Step::LeaderCheck(now),
+                _ = sleep_until_some(progress_deadline), if progress_deadline.is_some() => Step::ProgressExpired,
+                changed = self.epoch.changed() => match changed {
+                    Ok(()) => Step::AuthChanged,
+                    Err(_) => continue,
+                },
+                denied = async { self.recheck.as_mut().expect("guarded").await }, if self.recheck.is_some() => Step::Revoked(denied),
+            };
+            match step {
+                Step::Shutdown => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                // etcd keeps sending after the client half-closes (until it cancels).
+                Step::Request(None) => inbound_open = false,
+                Step::Request(Some(Err(e))) => {
+                    // etcd ends the stream with the receive error's status (a message
+                    // over the limit, one that does not decode), so the client learns why.
+                    tracing::debug!(error = %e, "watch stream receive failed");
+                    let _ = tx.send(Err(status::from_receive(e))).await;
+                    return;
+                }
+                Step::Request(Some(Ok(req))) => {
+                    if self.handle(req).await.is_err() {
+                        return;
+                    }
+                }
+                Step::Reply(None) => {
+                    let _ = tx.send(Err(status::shutting_down())).await;
+                    return;
+                }
+                Step::Reply(Some(reply)) => {
+                    if self.send_replies(reply).await.is_err() {
+                        return;
+                    }
+                }
+                Step::Forwarded(Err(e)) => {
+                    // The client resumes its watches on a new stream.
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Step::Forwarded(Ok(resp)) => {
+                    if self.send_forwarded(resp).await.is_err() {
+                        return;
+                    }
+                }
+                Step::ProgressExpired => {
+                    let out = self.progress.expire(tokio::time::Instant::now());
+                    if self.apply(out).await.is_err() {
+                        return;
+                    }
+                }
+                Step::AuthChanged => self.start_recheck(),
+                Step::Revoked(ids) => {
+                    self.recheck = None;
+                    for (id, refusal) in ids {
+                        if self.cached.remove(&id).is_some() {
+                            tracing::info!(
+                                watch_id = id,
+                                "watch canceled: etcd no longer allows it"
+                            );
+                            crate::metrics::get().auth_revoked();
+                            self.revoked.insert(id, refusal);
+                            if let Some(w) = self.watches.as_mut() {
+                                w.cancel(id).await;
+                            }
+                        }
+                    }
+                }
+                Step::LeaderCheck(now) => {
+                    let ready = match self.state.cache() {
+                        Some(c) => c.is_ready(),
+                        // Nothing cached: every watch is etcd's, which says so itself.
+                        None => self.watches.is_none(),
+                    };
+                    if ready {
+                        not_ready_since = None;
+                    } else if now - *not_ready_since.get_or_insert(now) >= LEADER_LOST_AFTER {
+                        let _ = tx.send(Err(status::no_leader())).await;
+                        return;
+                    }
+                }
+            }
+            // The other side answered: the creates that waited for it go now.
+            if self.order.waiting() && self.drain_deferred().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: WatchRequest) -> Result<(), ()> {
+        match req.request_union {
+            // Behind creates that wait, in order.
+            Some(RequestUnion::CreateRequest(create)) if self.order.waiting() => {
+                self.order.defer(Deferred::Create(create));
+                Ok(())
+            }
+            Some(RequestUnion::CreateRequest(create)) => self.create(create).await,
+            Some(RequestUnion::CancelRequest(cancel)) if self.order.waiting() => {
+                self.order.defer(Deferred::Cancel(cancel.watch_id));
+                Ok(())
+            }
+            Some(RequestUnion::CancelRequest(cancel)) => self.cancel(cancel.watch_id).await,
+            Some(RequestUnion::ProgressRequest(_)) if self.order.waiting() => {
+                self.order.defer(Deferred::Progress);
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => self.progress_request().await,
+            None => Ok(()),
+        }
+    }
+
+    /// A stream-level progress request.
+    async fn progress_request(&mut self) -> Result<(), ()> {
+        // etcd >= 3.5 answers through one of the stream's watches: without any, not at
+        // all.
+        if !self.has_watches() && self.lone_progress_dropped() {
+            tracing::trace!(
+                "progress request on a stream without watches: dropped, as etcd drops it"
+            );
+            return Ok(());
+        }
+        // Answered as etcd answers it, at a revision that covers every write completed
+        // before the request: the cache's answer is at least the cluster's revision when
+        // it is asked (one round trip it shares), and etcd's is its own. The floor above
+        // which responses wait is what the cache has applied now (nothing sent is above
+        // it); no round trip here, which would hold up the whole stream while etcd is
+        // slow or away. Without a cache side, etcd answers for the stream.
+        let (floor, etcd) = match &self.watches {
+            Some(w) => (w.revision(), !self.forwarded.is_empty()),
+            None => (self.progress.sent_max(), true),
+        };
+        let out = self
+            .progress
+            .request(floor, etcd, tokio::time::Instant::now());
+        self.apply(out).await
+    }
+
+    /// Makes the creates and cancels that waited for the other side, in order, until
+    /// one has to wait again.
+    async fn drain_deferred(&mut self) -> Result<(), ()> {
+        while let Some(deferred) = self.order.next_deferred() {
+            let waiting = self.order.waiting_len();
+            match deferred {
+                Deferred::Create(create) => self.create(create).await?,
+                Deferred::Cancel(id) => self.cancel(id).await?,
+                Deferred::Progress => self.progress_request().await?,
+            }
+            if self.order.waiting_len() > waiting {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A client's cancel, as etcd takes it: the id is free at once (a create after it
+    /// may take it), and its `canceled` reply keeps its place among the replies to the
+    /// requests before and after it. It waits (with what follows it) while the other
+    /// side has creates or cancels unanswered. An id no watch has is ignored, as etcd
+    /// ignores it.
+    async fn cancel(&mut self, id: i64) -> Result<(), ()> {
+        if self.forwarded.contains(id) {
+            if self.order.must_wait(Side::Etcd) {
+                self.order.defer_again(Deferred::Cancel(id));
+                return Ok(());
+            }
+            match self.forwarded.cancel(id).await {
+                Ok(true) => self.order.sent(Side::Etcd),
+                Ok(false) => {}
+                Err(e) => {
+                    self.outbound.fail(e).await;
+                    return Err(());
+                }
+            }
+            return Ok(());
+        }
+        let pending = self
+            .pending_creates
+            .iter()
+            .any(|p| p.id == id && !p.canceled);
+        // A watch the proxy canceled itself (a revoked permission): that `canceled` is
+        // on its way.
+        let cached = self.cache_ids.contains(&id) && !self.revoked.contains_key(&id);
+        if !(pending || cached) || self.watches.is_none() {
+            return Ok(());
+        }
+        if self.order.must_wait(Side::Cache) {
+            self.order.defer_again(Deferred::Cancel(id));
+            return Ok(());
+        }
+        if self.cache_ids.remove(&id) {
+            self.open.sub();
+        }
+        self.outbound.forget(id);
+        self.cached.remove(&id);
+        if let Some(p) = self
+            .pending_creates
+            .iter_mut()
+            .find(|p| p.id == id && !p.canceled)
+        {
+            p.canceled = true;
+        }
+        *self.cache_cancels.entry(id).or_default() += 1;
+        self.order.sent(Side::Cache);
+        if let Some(w) = self.watches.as_mut() {
+            w.cancel(id).await;
+        }
+        Ok(())
+    }
+
+    /// Whether the stream has a watch, as etcd counts them when it reads a request: the
+    /// ones created or being created, not canceled.
+    fn has_watches(&self) -> bool {
+        !self.cache_ids.is_empty()
+            || !self.forwarded.is_empty()
+            || self.pending_creates.iter().any(|p| !p.canceled)
+    }
+
+    /// Whether etcd drops a progress request on a stream without watches: 3.5 and later
+    /// do (`progressIfSync` answers through a watch); 3.4 answers it. Members whose
+    /// version is unknown (unreachable when last probed) are left out; with none known
+    /// it is taken as answered.
+    fn lone_progress_dropped(&self) -> bool {
+        let Some(cache) = self.state.cache() else {
+            return false;
+        };
+        let known: Vec<(u64, u64)> = cache
+            .server_versions()
+            .iter()
+            .filter_map(|v| {
+                let mut parts = v.trim_start_matches('v').split('.').map(|p| p.parse().ok());
+                Some((parts.next()??, parts.next()??))
+            })
+            .collect();
+        !known.is_empty() && known.iter().all(|&v| v >= (3, 5))
+    }
+
+    /// A client's create: refused as etcd refuses it, served by the cache, or forwarded
+    /// to etcd.
+    async fn create(&mut self, request: WatchCreateRequest) -> Result<(), ()> {
+        if request.start_revision < 0 {
+            // As etcd >= 3.5 (3.4 lets the watch start from the oldest revision).
+            return self.refuse(Refusal::NegativeRevision).await;
+        }
+        let key = if request.key.is_empty() {
+            bytes::Bytes::from_static(b"\0")
+        } else {
+            request.key.clone()
+        };
+        let (key, range_end) = self.state.namespace.range(&key, &request.range_end);
+        let end = range_end.as_ref();
+        if !end.is_empty() && end != b"\0" && key.as_ref() >= end {
+            return self.refuse(Refusal::EmptyRange).await;
+        }
+        // A negative id of the client's own: etcd takes it (the cache's ids are never
+        // negative), so etcd serves that watch.
+        if request.watch_id < 0 {
+            return self.forward(request, key, range_end).await;
+        }
+        // No cache, outside the cached prefix, or below the cache's window: etcd serves it.
+        let floor = match &self.watches {
+            Some(w) => w.history_span().0,
+            None => return self.forward(request, key, range_end).await,
+        };
+        if !self.state.in_cache(&key, &range_end)
+            || (request.start_revision > 0 && request.start_revision < floor)
+            || self.state.compacted(request.start_revision).await
+        {
+            return self.forward(request, key, range_end).await;
+        }
+        // The cache serves only a caller etcd allows this range (`authz.rs`).
+        match self
+            .state
+            .authz
+            .check(&self.metadata, &key, &range_end)
+            .await
+        {
+            Ok(()) => {}
+            Err(s) if status::is_auth_refusal(&s) => {
+                return self.refuse(Refusal::NotAllowed(s)).await;
+            }
+            // etcd could not be asked: etcd decides when it serves the watch itself.
+            Err(_) => return self.forward(request, key, range_end).await,
+        }
+        let id = match self.take_id(Side::Cache, &request) {
+            Ok(id) => id,
+            Err(Some(())) => return self.refuse(Refusal::DuplicateId).await,
+            Err(None) => return Ok(()),
+        };
+        let watches = self.watches.as_mut().expect("checked above");
+        match watches.create(&request, &key, &range_end, id).await {
+            Ok(()) => {
+                self.pending_creates.push_back(PendingCreate {
+                    id,
+                    canceled: false,
+                    fragment: request.fragment,
+                    key,
+                    end: range_end,
+                });
+                self.order.sent(Side::Cache);
+                Ok(())
+            }
+            // Right after start, before the cache's first list: etcd serves it (a
+            // client resuming after a proxy restart must not be refused).
+            Err(NotTaken::NotReady) => self.forward(request, key, range_end).await,
+            Err(NotTaken::Refused(refusal)) => self.refuse(refusal).await,
+        }
+    }
+
+    /// A watch outside the cache's prefix or below its window goes to etcd (see
+    /// `forwarded.rs`).
+    async fn forward(
+        &mut self,
+        request: WatchCreateRequest,
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+    ) -> Result<(), ()> {
+        tracing::debug!(
+            start_revision = request.start_revision,
+            "watch outside the cache's prefix or window: forwarded to etcd"
+        );
+        let id = match self.take_id(Side::Etcd, &request) {
+            Ok(id) => id,
+            Err(Some(())) => return self.refuse(Refusal::DuplicateId).await,
+            Err(None) => return Ok(()),
+        };
+        // Over the proxy's certificate a caller without a token would be the
+        // certificate's CN: refused as etcd refuses a caller without a user.
+        if self.state.upstream.cert_identity().is_some()
+            && self.metadata.get(crate::upstream::TOKEN).is_none()
+            && self.state.authz.enabled()
+        {
+            return self.refuse(Refusal::NotAllowed(status::user_empty())).await;
+        }
+        let fragment = request.fragment;
+        let request = WatchCreateRequest {
+            key,
+            range_end,
+            watch_id: id,
+            ..request
+        };
+        match self.forwarded.create(request).await {
+            Ok(Some(id)) => {
+                self.order.sent(Side::Etcd);
+                if fragment {
+                    self.outbound.add_fragment(id);
+                }
+                // Progress requests made before it now need etcd's answer too.
+                let out = self.progress.forwarded_created();
+                self.apply(out).await
+            }
+            Ok(None) => self.refuse(Refusal::DuplicateId).await,
+            Err(e) => {
+                self.outbound.fail(e).await;
+                Err(())
+            }
+        }
+    }
+
+    /// Does what the progress bookkeeping asks: asks the sides again, then sends its
+    /// items in order.
+    async fn apply(&mut self, mut out: Out) -> Result<(), ()> {
+        loop {
+            let unasked = self.apply_once(out).await?;
+            if unasked == 0 {
+                return Ok(());
+            }
+            // A stream without a cache side: that side never limits the answer.
+            out = self.progress.answer(Side::Cache, i64::MAX);
+        }
+    }
+
+    /// [`apply`](Self::apply) once; returns how many asks had no cache side to go to.
+    async fn apply_once(&mut self, out: Out) -> Result<usize, ()> {
+        let mut unasked = 0;
+        for _ in 0..out.ask[Side::Cache as usize] {
+            tracing::trace!("progress: asking the cache");
+            match self.watches.as_mut() {
+                Some(w) => w.request_progress().await,
+                None => unasked += 1,
+            }
+        }
+        for _ in 0..out.ask[Side::Etcd as usize] {
+            tracing::trace!("progress: asking etcd");
+            if let Err(e) = self.forwarded.request_progress().await {
+                self.outbound.fail(e).await;
+                return Err(());
+            }
+        }
+        for item in out.items {
+            match item {
+                Item::Resp(resp) => self.outbound.emit(resp).await?,
+                Item::Progress(revision) => {
+                    let header = self.state.upstream.header(revision);
+                    self.outbound.send(responses::progress(header)).await?;
+                }
+            }
+        }
+        Ok(unasked)
+    }
+
+    /// The revision of the proxy's own responses: the cache's, or what was sent.
+    fn revision(&self) -> i64 {
+        match &self.watches {
+            Some(w) => w.revision(),
+            None => self.progress.sent_max(),
+        }
+    }
+
+    /// Checks the stream's cached watches against etcd's decisions for this caller now
+    /// (one ask per distinct range, shared with every stream of the same token).
+    fn start_recheck(&mut self) {
+        if self.cached.is_empty() || !self.state.authz.enabled() {
+            return;
+        }
+        let mut by_range: HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> = HashMap::new();
+        for (id, range) in &self.cached {
+            by_range.entry(range.clone()).or_default().push(*id);
+        }
+        let authz = self.state.authz.clone();
+        let metadata = self.metadata.clone();
+        self.recheck = Some(Box::pin(async move {
+            let mut denied = Vec::new();
+            for ((key, end), ids) in by_range {
+                if let Err(s) = authz.check(&metadata, &key, &end).await {
+                    if status::is_auth_refusal(&s) {
+                        denied.extend(ids.into_iter().map(|id| (id, s.clone())));
+                    }
+                }
+            }
+            denied
+        }));
+    }
+
+    /// Sends a response of a watch now or after the pending progress answer.
+    async fn out(&mut self, resp: WatchResponse) -> Result<(), ()> {
+        let out = self.progress.push(resp);
+        self.apply(out).await
+    }
+
+    /// A response of a forwarded watch, with keys moved out of the namespace.
+    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
+        if responses::is_progress(&resp) {
+            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+            tracing::trace!(revision, "progress: etcd answered");
+            let out = self.progress.answer(Side::Etcd, revision);
+            return self.apply(out).await;
+        }
+        if resp.created && resp.canceled {
+            crate::metrics::get().watch_refused(RefusalKind::Etcd);
+        }
+        let mut after = if resp.created || (resp.canceled && self.forwarded.took_cancel()) {
+            self.order.answered(Side::Etcd)
+        } else {
+            Vec::new()
+        };
+        // Cancels of a create etcd refused: etcd sends nothing for them.
+        for _ in 0..self.forwarded.take_dead_cancels() {
+            after.extend(self.order.answered(Side::Etcd));
+        }
+        if resp.canceled {
+            self.outbound.forget(resp.watch_id);
+        }
+        self.forwarded.fill_prev_kv(&mut resp).await;
+        responses::out_of_namespace(&mut resp, &self.state.namespace);
+        self.out(resp).await?;
+        for refusal in after {
+            self.outbound.send(refusal).await?;
+        }
+        Ok(())
+    }
+
+    /// A create etcd would refuse: created and canceled at once, with watch id -1.
+    async fn refuse(&mut self, refusal: Refusal) -> Result<(), ()> {
+        crate::metrics::get().watch_refused(refusal.kind());
+        let resp = responses::refused(self.state.upstream.header(self.revision()), &refusal);
+        // After the replies to the creates before it, as etcd answers creates in order.
+        match self.order.after_earlier(resp) {
+            Some(resp) => self.outbound.send(resp).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The id of a create for `side`: the client's, checked against both sides (also
+    /// against creates not yet answered), or etcd's next automatic one. `Err(None)`: the
+    /// create waits until the other side has answered its creates (it is queued);
+    /// `Err(Some(()))`: the client's id is taken.
+    fn take_id(&mut self, side: Side, request: &WatchCreateRequest) -> Result<i64, Option<()>> {
+        if self.order.must_wait(side) {
+            self.order.defer_again(Deferred::Create(request.clone()));
+            return Err(None);
+        }
+        match request.watch_id {
+            0 => Ok(self.alloc_id()),
+            id if self.id_in_use(id) => Err(Some(())),
+            id => Ok(id),
+        }
+    }
+
+    /// Whether `id` names a watch of this stream, or one being created.
+    fn id_in_use(&self, id: i64) -> bool {
+        self.cache_ids.contains(&id)
+            || self.forwarded.contains(id)
+            || self
+                .pending_creates
+                .iter()
+                .any(|p| p.id == id && !p.canceled)
+    }
+
+    /// etcd's next automatic id: the lowest from the last one on that is not in use.
+    fn alloc_id(&mut self) -> i64 {
+        while self.id_in_use(self.next_id) {
+            self.next_id += 1;
+        }
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    /// Sends `first` and the cache's replies that are ready after it, merged
+    /// ([`Merge`]): the events of one watch in one response where they follow each
+    /// other. Created, canceled and progress responses are not merged: the merged
+    /// responses before them go out first.
+    async fn send_replies(&mut self, first: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let mut merge = Merge::default();
+        let mut next = Some(first);
+        while let Some(r) = next.take() {
+            merge.took();
+            if Merge::merges(&r, &self.outbound) {
+                let state = &self.state;
+                merge.push(responses::from_cache(&r, &state.upstream, &state.namespace));
+            } else {
+                self.flush(&mut merge).await?;
+                self.send_reply(r).await?;
+            }
+            if merge.has_room() {
+                next = self
+                    .watches
+                    .as_mut()
+                    .and_then(|w| w.next().now_or_never().flatten());
+            }
+        }
+        self.flush(&mut merge).await
+    }
+
+    /// Sends the merged responses so far, in order.
+    async fn flush(&mut self, merge: &mut Merge) -> Result<(), ()> {
+        for resp in merge.drain() {
+            self.out(resp).await?;
+        }
+        Ok(())
+    }
+
+    /// A reply of the cache's that is not merged: the bookkeeping of creates and
+    /// cancels, then the reply (and the refusals that waited for it).
+    async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let watch_id = r.watch_id();
+        if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
+            tracing::trace!(revision = r.revision(), "progress: the cache answered");
+            let out = self.progress.answer(Side::Cache, r.revision());
+            return self.apply(out).await;
+        }
+        let mut after = Vec::new();
+        if r.created() {
+            let pending = self.pending_creates.pop_front();
+            // Canceled by the client before this came: its id is free already.
+            let live = !r.canceled() && !pending.as_ref().is_some_and(|p| p.canceled);
+            if live && self.cache_ids.insert(watch_id) {
+                self.open.add();
+                crate::metrics::get().watch_created(Served::Cache);
+            }
+            if let Some(p) = pending {
+                if live {
+                    if p.fragment {
+                        self.outbound.add_fragment(watch_id);
+                    }
+                    self.cached.insert(watch_id, (p.key, p.end));
+                }
+                after = self.order.answered(Side::Cache);
+            }
+        } else if r.canceled() && r.compact_revision() == 0 && self.took_cache_cancel(watch_id) {
+            // The reply to the client's cancel (whose id was freed when it was read).
+            after = self.order.answered(Side::Cache);
+        } else if r.canceled() {
+            if self.cache_ids.remove(&watch_id) {
+                self.open.sub();
+            }
+            self.outbound.forget(watch_id);
+            self.cached.remove(&watch_id);
+        }
+        let state = &self.state;
+        let mut resp = responses::from_cache(&r, &state.upstream, &state.namespace);
+        if r.canceled() && !r.created() {
+            if let Some(refusal) = self.revoked.remove(&watch_id) {
+                resp.cancel_reason = status::watch_refusal(&refusal);
+            }
+        }
+        self.out(resp).await?;
+        for refusal in after {
+            self.outbound.send(refusal).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
+    fn took_cache_cancel(&mut self, watch_id: i64) -> bool {
+        take_one(&mut self.cache_cancels, watch_id)
+    }
+}
+
+/// Sleeps until `at` (never without one).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
+    }
+}
