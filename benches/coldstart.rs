@@ -36,7 +36,7 @@
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
 
 mod common;
-use common::clk_tck;
+use common::proc::{clk_tck, cpu_ticks, status_kib};
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,43 +82,6 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
     *end.last_mut().expect("non-empty prefix") += 1;
     end
-}
-
-// ---------------------------------------------------------------------------------------
-// /proc
-
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: Option<u32>) -> u64 {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_string(),
-    };
-    let stat = std::fs::read_to_string(path).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    ticks(14) + ticks(15)
-}
-
-/// A `kB` field of /proc/self/status (VmHWM, VmRSS), in KiB.
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| {
-            v.trim_start_matches(':')
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -265,7 +228,7 @@ fn child(args: &[String]) -> i32 {
         .expect("runtime");
     let r = rt.block_on(async move {
         let client = testkit::Connect::plain().try_client(&[&ep]).await?;
-        let base_kib = status_kib("VmRSS");
+        let base_kib = status_kib(None, "VmRSS");
         let cpu0 = cpu_ticks(None);
         let t0 = Instant::now();
         let (got, store_bytes, keep) = match variant {
@@ -295,7 +258,7 @@ fn child(args: &[String]) -> i32 {
         };
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let cpu = cpu_ticks(None) - cpu0;
-        let peak_kib = status_kib("VmHWM");
+        let peak_kib = status_kib(None, "VmHWM");
         if let Keep::Cache(c) = &keep {
             c.close().await;
         }

@@ -40,14 +40,25 @@
 //! `fanout-remote.svg` (remote).
 //!
 //! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
+//!
+//! This file holds the runs; the latency histograms are `common::latency`, the /proc
+//! reading `common::proc`, the tables and comparisons `common::fanout_results`, and the
+//! SVG writer `common::chart`.
 
 mod common;
-use common::clk_tck;
-use std::fmt::Write as _;
+
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::fanout_results::{
+    ms, print_run, remote_comparisons, remote_table, svg, table, Mode, RunResult, LOCAL_LINES,
+    REMOTE_LINES,
+};
+use common::latency::{
+    now_ns, percentiles, record, record_response, reset_stats, total_deliveries, total_responses,
+};
+use common::proc::{clk_tck, cpu_ticks, loadavg, peak_rss_mib, reset_peak};
 use etcd_cache::{Cache, WatchOptions};
 
 const VALUE_SIZE: usize = 256;
@@ -61,138 +72,7 @@ const DIRECT_MAX_N: usize = 1000;
 const REMOTE_MAX_DELIVERIES: usize = 20_000_000;
 const REMOTE_MAX_DELIVERIES_QUICK: usize = 2_000_000;
 
-// ---------------------------------------------------------------------------------------
-// Per-thread latency histograms and delivery counters (no shared cache line on the hot path)
-
-static BASE: OnceLock<Instant> = OnceLock::new();
-
-fn now_ns() -> u64 {
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// Log-linear buckets: 32 per power of two (about 3% resolution), up to ~2^40 ns.
-const SUB_BITS: u32 = 5;
-const BUCKETS: usize = (41 - SUB_BITS as usize) << SUB_BITS;
-
-fn bucket(v: u64) -> usize {
-    let v = v.max(1);
-    let msb = 63 - v.leading_zeros();
-    if msb < SUB_BITS {
-        v as usize
-    } else {
-        let shift = msb - SUB_BITS;
-        let idx =
-            (((shift + 1) as usize) << SUB_BITS) + ((v >> shift) as usize & ((1 << SUB_BITS) - 1));
-        idx.min(BUCKETS - 1)
-    }
-}
-
-fn bucket_value(idx: usize) -> u64 {
-    let sub = (idx & ((1 << SUB_BITS) - 1)) as u64;
-    let group = idx >> SUB_BITS;
-    if group == 0 {
-        sub
-    } else {
-        let shift = group as u32 - 1;
-        // Middle of the bucket.
-        (((1u64 << SUB_BITS) | sub) << shift) + ((1u64 << shift) >> 1)
-    }
-}
-
-struct Local {
-    hist: Vec<AtomicU64>,
-    deliveries: AtomicU64,
-    /// Watch responses that carried events (their events are counted in `deliveries`).
-    responses: AtomicU64,
-}
-
-static REGISTRY: Mutex<Vec<Arc<Local>>> = Mutex::new(Vec::new());
-
-thread_local! {
-    static LOCAL: Arc<Local> = {
-        let l = Arc::new(Local {
-            hist: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            deliveries: AtomicU64::new(0),
-            responses: AtomicU64::new(0),
-        });
-        REGISTRY.lock().unwrap().push(l.clone());
-        l
-    };
-}
-
-/// Records `events` deliveries of a put sent at `sent_ns`, received now. Only the owning
-/// thread writes its counters, so a relaxed load + store is enough.
-fn record(sent_ns: u64, now: u64, events: u64) {
-    LOCAL.with(|l| {
-        let b = &l.hist[bucket(now.saturating_sub(sent_ns))];
-        b.store(b.load(Ordering::Relaxed) + events, Ordering::Relaxed);
-        l.deliveries.store(
-            l.deliveries.load(Ordering::Relaxed) + events,
-            Ordering::Relaxed,
-        );
-    });
-}
-
-/// Counts one watch response with events (same single-writer rule as [`record`]).
-fn record_response() {
-    LOCAL.with(|l| {
-        l.responses
-            .store(l.responses.load(Ordering::Relaxed) + 1, Ordering::Relaxed)
-    });
-}
-
-fn reset_stats() {
-    for l in REGISTRY.lock().unwrap().iter() {
-        l.hist.iter().for_each(|b| b.store(0, Ordering::Relaxed));
-        l.deliveries.store(0, Ordering::Relaxed);
-        l.responses.store(0, Ordering::Relaxed);
-    }
-}
-
-fn total_responses() -> u64 {
-    REGISTRY
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|l| l.responses.load(Ordering::Relaxed))
-        .sum()
-}
-
-fn total_deliveries() -> u64 {
-    REGISTRY
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|l| l.deliveries.load(Ordering::Relaxed))
-        .sum()
-}
-
-fn percentiles(ps: &[f64]) -> Vec<Duration> {
-    let mut merged = vec![0u64; BUCKETS];
-    for l in REGISTRY.lock().unwrap().iter() {
-        for (m, b) in merged.iter_mut().zip(&l.hist) {
-            *m += b.load(Ordering::Relaxed);
-        }
-    }
-    let total: u64 = merged.iter().sum();
-    ps.iter()
-        .map(|&p| {
-            if total == 0 {
-                return Duration::ZERO;
-            }
-            let want = ((total as f64) * p).ceil().max(1.0) as u64;
-            let mut acc = 0;
-            for (i, c) in merged.iter().enumerate() {
-                acc += c;
-                if acc >= want {
-                    return Duration::from_nanos(bucket_value(i));
-                }
-            }
-            Duration::ZERO
-        })
-        .collect()
-}
-
+/// The send time a writer put in a value's first 8 bytes ([`now_ns`]'s clock).
 fn sent_time(value: &[u8]) -> u64 {
     value
         .get(..8)
@@ -201,128 +81,11 @@ fn sent_time(value: &[u8]) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------
-// /proc
-
-#[derive(Debug, Clone, Copy, Default)]
-struct ProcSample {
-    cpu_ticks: u64,
-}
-
-fn proc_path(pid: Option<u32>, file: &str) -> String {
-    match pid {
-        Some(p) => format!("/proc/{p}/{file}"),
-        None => format!("/proc/self/{file}"),
-    }
-}
-
-fn cpu_sample(pid: Option<u32>) -> ProcSample {
-    let stat = std::fs::read_to_string(proc_path(pid, "stat")).unwrap_or_default();
-    // Fields after the ")" of the command name: state is field 3; utime 14, stime 15.
-    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    ProcSample {
-        cpu_ticks: ticks(14) + ticks(15),
-    }
-}
-
-/// Peak resident set size in MiB (VmHWM).
-fn peak_rss_mib(pid: Option<u32>) -> f64 {
-    let status = std::fs::read_to_string(proc_path(pid, "status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// Resets VmHWM to the current RSS (Linux `clear_refs` 5). Returns whether it worked.
-fn reset_peak(pid: Option<u32>) -> bool {
-    std::fs::write(proc_path(pid, "clear_refs"), "5").is_ok()
-}
-
-// ---------------------------------------------------------------------------------------
 // Runs
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    None,
-    Direct,
-    Proxy,
-    Cache,
-    /// Remote watchers over M connections, straight to etcd.
-    RemoteEtcd,
-    /// Remote watchers over M connections through `etcd grpc-proxy start`.
-    RemoteGrpcProxy,
-    /// Remote watchers over M connections through `etcd-cache-proxy`.
-    RemoteCacheProxy,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::None => "none",
-            Mode::Direct => "direct",
-            Mode::Proxy => "proxy",
-            Mode::Cache => "cache",
-            Mode::RemoteEtcd => "etcd",
-            Mode::RemoteGrpcProxy => "grpc-proxy",
-            Mode::RemoteCacheProxy => "cache-proxy",
-        }
-    }
-
-    fn is_remote(self) -> bool {
-        matches!(
-            self,
-            Mode::RemoteEtcd | Mode::RemoteGrpcProxy | Mode::RemoteCacheProxy
-        )
-    }
-
-    /// Whether a proxy process serves the run (its CPU and RSS are reported).
-    fn has_proxy(self) -> bool {
-        matches!(
-            self,
-            Mode::Proxy | Mode::RemoteGrpcProxy | Mode::RemoteCacheProxy
-        )
-    }
-}
 
 /// The gRPC connections of a remote run: one per 100 watches.
 fn remote_conns(n: usize) -> usize {
     n.div_ceil(WATCHES_PER_STREAM).max(1)
-}
-
-#[derive(Debug, Clone)]
-struct RunResult {
-    mode: Mode,
-    n: usize,
-    /// gRPC connections the watches used (0: in process, no watch at all).
-    conns: usize,
-    /// Runs of one group share their no-watcher baseline (the remote groups).
-    group: usize,
-    puts: usize,
-    puts_per_s: f64,
-    deliveries: u64,
-    /// Watch responses with events the subscribers received (events per response =
-    /// deliveries / responses).
-    responses: u64,
-    /// gRPC watch streams the run used, and how many of them the proxy cut (grpc-proxy).
-    streams: usize,
-    streams_cut: usize,
-    deliveries_per_s: f64,
-    p50: Duration,
-    p99: Duration,
-    client_cpu_s: f64,
-    etcd_cpu_s: f64,
-    proxy_cpu_s: f64,
-    client_peak_mib: f64,
-    etcd_peak_mib: f64,
-    proxy_peak_mib: f64,
-    setup: Duration,
 }
 
 struct Env {
@@ -690,9 +453,9 @@ async fn run_one(
         eprintln!("fanout: cannot reset peak RSS through /proc/*/clear_refs; peaks are since process start");
     }
     let (c0, e0, p0) = (
-        cpu_sample(None),
-        cpu_sample(env.etcd_pid),
-        cpu_sample(proxy_pid),
+        cpu_ticks(None),
+        cpu_ticks(env.etcd_pid),
+        cpu_ticks(proxy_pid),
     );
     let t0 = Instant::now();
     let write_time = env.writer.write(&prefix, puts, env.rate).await?;
@@ -739,9 +502,9 @@ async fn run_one(
     }
     let elapsed = t0.elapsed();
     let (c1, e1, p1) = (
-        cpu_sample(None),
-        cpu_sample(env.etcd_pid),
-        cpu_sample(proxy_pid),
+        cpu_ticks(None),
+        cpu_ticks(env.etcd_pid),
+        cpu_ticks(proxy_pid),
     );
     let deliveries = total_deliveries();
     let responses = total_responses();
@@ -761,10 +524,10 @@ async fn run_one(
         deliveries_per_s: deliveries as f64 / elapsed.as_secs_f64(),
         p50: ps[0],
         p99: ps[1],
-        client_cpu_s: (c1.cpu_ticks - c0.cpu_ticks) as f64 / tck,
-        etcd_cpu_s: (e1.cpu_ticks - e0.cpu_ticks) as f64 / tck,
+        client_cpu_s: (c1 - c0) as f64 / tck,
+        etcd_cpu_s: (e1 - e0) as f64 / tck,
         proxy_cpu_s: if mode.has_proxy() {
-            (p1.cpu_ticks - p0.cpu_ticks) as f64 / tck
+            (p1 - p0) as f64 / tck
         } else {
             0.0
         },
@@ -808,349 +571,6 @@ async fn run_one(
     // Let etcd drop the closed watches before the next run.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(r)
-}
-
-// ---------------------------------------------------------------------------------------
-// Output
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn table(results: &[RunResult], baseline: f64, one_watch: Option<f64>) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| mode | N | puts | deliveries | puts/s | vs none | vs 1 direct | deliveries/s | p50 ms | p99 ms | client CPU s | etcd CPU s | proxy CPU s | client peak MiB | etcd peak MiB | proxy peak MiB |"
-    );
-    let _ = writeln!(
-        s,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
-    for r in results {
-        let vs1 = one_watch.map_or("-".to_string(), |b| format!("{:.2}x", r.puts_per_s / b));
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {:.0} | {:.2}x | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |",
-            r.mode.name(),
-            r.n,
-            r.puts,
-            r.deliveries,
-            r.puts_per_s,
-            r.puts_per_s / baseline,
-            vs1,
-            r.deliveries_per_s,
-            ms(r.p50),
-            ms(r.p99),
-            r.client_cpu_s,
-            r.etcd_cpu_s,
-            r.proxy_cpu_s,
-            r.client_peak_mib,
-            r.etcd_peak_mib,
-            r.proxy_peak_mib,
-        );
-    }
-    s
-}
-
-/// The remote runs' baseline: the mean puts/s of the no-watcher runs of their group.
-fn group_baseline(results: &[RunResult], group: usize) -> f64 {
-    let v: Vec<f64> = results
-        .iter()
-        .filter(|r| r.mode == Mode::None && r.group == group)
-        .map(|r| r.puts_per_s)
-        .collect();
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
-}
-
-fn remote_table(results: &[RunResult]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| variant | N | M | puts | deliveries | streams cut | events/response | puts/s | vs none | deliveries/s | p50 ms | p99 ms | client CPU s | etcd CPU s | etcd CPU µs/put | proxy CPU s | client peak MiB | etcd peak MiB | proxy peak MiB |"
-    );
-    let _ = writeln!(
-        s,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
-    for r in results.iter().filter(|r| r.group > 0) {
-        let base = group_baseline(results, r.group);
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {:.0} | {:.0} | {} |",
-            r.mode.name(),
-            r.n,
-            r.conns,
-            r.puts,
-            r.deliveries,
-            if r.mode == Mode::None { "-".to_string() } else { format!("{}/{}", r.streams_cut, r.streams) },
-            if r.responses > 0 { format!("{:.2}", r.deliveries as f64 / r.responses as f64) } else { "-".into() },
-            r.puts_per_s,
-            r.puts_per_s / base,
-            r.deliveries_per_s,
-            ms(r.p50),
-            ms(r.p99),
-            r.client_cpu_s,
-            r.etcd_cpu_s,
-            r.etcd_cpu_s * 1e6 / r.puts as f64,
-            if r.mode.has_proxy() { format!("{:.2}", r.proxy_cpu_s) } else { "-".into() },
-            r.client_peak_mib,
-            r.etcd_peak_mib,
-            if r.mode.has_proxy() { format!("{:.0}", r.proxy_peak_mib) } else { "-".into() },
-        );
-    }
-    s
-}
-
-/// The remote comparisons: every variant against its group's baseline, cache-proxy
-/// against grpc-proxy and etcd at the same N, and etcd's CPU per put across N.
-fn remote_comparisons(results: &[RunResult]) -> String {
-    let mut s = String::new();
-    let remote: Vec<&RunResult> = results.iter().filter(|r| r.mode.is_remote()).collect();
-    if remote.is_empty() {
-        return s;
-    }
-    let _ = writeln!(
-        s,
-        "remote comparisons (N watchers over M connections; puts/s ratio to the two no-watcher runs around each group):"
-    );
-    let find = |m: Mode, n: usize| remote.iter().find(|r| r.mode == m && r.n == n);
-    for r in &remote {
-        let base = group_baseline(results, r.group);
-        let _ = writeln!(
-            s,
-            "  {:<11} N={:<6} M={:<4} puts/s ratio {:.2}x, {:.0} deliveries/s, p50 {:.2} ms, p99 {:.2} ms, {:.2} events/response, etcd {:.0} µs CPU/put, CPU per delivery: client {:.0} ns, proxy {:.0} ns",
-            r.mode.name(),
-            r.n,
-            r.conns,
-            r.puts_per_s / base,
-            r.deliveries_per_s,
-            ms(r.p50),
-            ms(r.p99),
-            r.deliveries as f64 / r.responses.max(1) as f64,
-            r.etcd_cpu_s * 1e6 / r.puts as f64,
-            r.client_cpu_s * 1e9 / r.deliveries.max(1) as f64,
-            r.proxy_cpu_s * 1e9 / r.deliveries.max(1) as f64,
-        );
-    }
-    let mut ns: Vec<usize> = remote.iter().map(|r| r.n).collect();
-    ns.sort_unstable();
-    ns.dedup();
-    for &n in &ns {
-        let Some(c) = find(Mode::RemoteCacheProxy, n) else {
-            continue;
-        };
-        for other in [Mode::RemoteGrpcProxy, Mode::RemoteEtcd] {
-            if let Some(o) = find(other, n) {
-                let _ = writeln!(
-                    s,
-                    "  cache-proxy vs {:<10} N={:<6} deliveries/s {:.2}x, p99 {:.2} ms vs {:.2} ms ({:.3}x), puts/s {:.2}x, etcd CPU {:.2}x, client+etcd+proxy CPU {:.2} s vs {:.2} s",
-                    other.name(),
-                    n,
-                    c.deliveries_per_s / o.deliveries_per_s,
-                    ms(c.p99),
-                    ms(o.p99),
-                    ms(c.p99) / ms(o.p99),
-                    c.puts_per_s / o.puts_per_s,
-                    c.etcd_cpu_s / o.etcd_cpu_s,
-                    c.client_cpu_s + c.etcd_cpu_s + c.proxy_cpu_s,
-                    o.client_cpu_s + o.etcd_cpu_s + o.proxy_cpu_s,
-                );
-            }
-        }
-        if let Some(g) = find(Mode::RemoteGrpcProxy, n) {
-            if n >= 1000 {
-                let ratio = c.deliveries_per_s / g.deliveries_per_s;
-                let _ = writeln!(
-                    s,
-                    "  goal N={n}: deliveries/s >= 4x grpc-proxy's: {} ({ratio:.2}x); p99 lower: {} ({:.2} ms vs {:.2} ms){}",
-                    if ratio >= 4.0 { "met" } else { "NOT met" },
-                    if c.p99 < g.p99 { "met" } else { "NOT met" },
-                    ms(c.p99),
-                    ms(g.p99),
-                    if g.streams_cut > 0 {
-                        format!(
-                            "; grpc-proxy cut {} of {} streams, so its figures cover only what it delivered",
-                            g.streams_cut, g.streams
-                        )
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-        }
-    }
-    for m in [
-        Mode::RemoteEtcd,
-        Mode::RemoteGrpcProxy,
-        Mode::RemoteCacheProxy,
-    ] {
-        let per_put: Vec<String> = ns
-            .iter()
-            .filter_map(|&n| find(m, n))
-            .map(|r| format!("N={} {:.0}", r.n, r.etcd_cpu_s * 1e6 / r.puts as f64))
-            .collect();
-        if per_put.is_empty() {
-            continue;
-        }
-        let (lo, hi) =
-            ns.iter()
-                .filter_map(|&n| find(m, n))
-                .fold((f64::MAX, 0f64), |(lo, hi), r| {
-                    let v = r.etcd_cpu_s * 1e6 / r.puts as f64;
-                    (lo.min(v), hi.max(v))
-                });
-        let _ = writeln!(
-            s,
-            "  etcd CPU µs per put with {:<11}: {} (max/min {:.2}x)",
-            m.name(),
-            per_put.join(", "),
-            hi / lo
-        );
-    }
-    s
-}
-
-/// The local chart's lines.
-const LOCAL_LINES: [(Mode, &str); 3] = [
-    (Mode::Direct, "#1f77b4"),
-    (Mode::Proxy, "#ff7f0e"),
-    (Mode::Cache, "#2ca02c"),
-];
-/// The remote chart's lines.
-const REMOTE_LINES: [(Mode, &str); 3] = [
-    (Mode::RemoteEtcd, "#1f77b4"),
-    (Mode::RemoteGrpcProxy, "#ff7f0e"),
-    (Mode::RemoteCacheProxy, "#2ca02c"),
-];
-
-/// A small two-panel SVG (deliveries/s and p99 against N, log x), no dependencies; one
-/// line per mode of `modes`.
-fn svg(results: &[RunResult], modes: &[(Mode, &str)]) -> String {
-    let results: Vec<&RunResult> = results
-        .iter()
-        .filter(|r| modes.iter().any(|(m, _)| *m == r.mode))
-        .collect();
-    let ns: Vec<usize> = {
-        let mut v: Vec<usize> = results
-            .iter()
-            .filter(|r| r.mode != Mode::None)
-            .map(|r| r.n)
-            .collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    let (w, h, pad) = (420.0, 300.0, 55.0);
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
-        2.0 * w,
-        h + 30.0
-    );
-    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    type Panel<'a> = (&'a str, fn(&RunResult) -> f64);
-    let panels: [Panel<'_>; 2] = [
-        ("deliveries/s (log)", |r| r.deliveries_per_s),
-        ("p99 put->delivery ms (log)", |r| ms(r.p99)),
-    ];
-    let xmin = (*ns.first().unwrap_or(&1) as f64).log10();
-    let xmax = (*ns.last().unwrap_or(&10) as f64).log10().max(xmin + 1.0);
-    for (pi, (title, f)) in panels.iter().enumerate() {
-        let ox = pi as f64 * w;
-        let vals: Vec<f64> = results
-            .iter()
-            .filter(|r| r.mode != Mode::None)
-            .map(|r| f(r))
-            .filter(|v| *v > 0.0)
-            .collect();
-        let lo = vals
-            .iter()
-            .cloned()
-            .fold(f64::MAX, f64::min)
-            .max(1e-3)
-            .log10()
-            .floor();
-        let hi = vals
-            .iter()
-            .cloned()
-            .fold(0.0, f64::max)
-            .max(1e-3)
-            .log10()
-            .ceil()
-            .max(lo + 1.0);
-        let x = |n: f64| ox + pad + (n.log10() - xmin) / (xmax - xmin) * (w - 2.0 * pad);
-        let y = |v: f64| h - pad + 20.0 - (v.max(1e-9).log10() - lo) / (hi - lo) * (h - 2.0 * pad);
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="18" font-size="13">{title}</text>"#,
-            ox + pad
-        );
-        let _ = write!(
-            s,
-            r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
-            ox + pad,
-            pad + 20.0,
-            w - 2.0 * pad,
-            h - 2.0 * pad
-        );
-        let mut e = lo;
-        while e <= hi {
-            let yy = y(10f64.powf(e));
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="end">1e{}</text>"#,
-                ox + pad - 4.0,
-                yy + 4.0,
-                e
-            );
-            e += 1.0;
-        }
-        for &n in &ns {
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="middle">N={n}</text>"#,
-                x(n as f64),
-                h - pad + 35.0
-            );
-        }
-        for (li, (mode, color)) in modes.iter().enumerate() {
-            let pts: Vec<(f64, f64)> = results
-                .iter()
-                .filter(|r| r.mode == *mode)
-                .map(|r| (x(r.n as f64), y(f(r))))
-                .collect();
-            if pts.is_empty() {
-                continue;
-            }
-            let path: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
-            let _ = write!(
-                s,
-                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-                path.join(" ")
-            );
-            for (a, b) in &pts {
-                let _ = write!(
-                    s,
-                    r#"<circle cx="{a:.1}" cy="{b:.1}" r="3" fill="{color}"/>"#
-                );
-            }
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{}" fill="{color}">{}</text>"#,
-                ox + pad + 8.0,
-                pad + 36.0 + 15.0 * li as f64,
-                mode.name()
-            );
-        }
-    }
-    s.push_str("</svg>\n");
-    s
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1255,22 +675,6 @@ fn parse_opts() -> Result<Opts, String> {
 /// Remote runs write fewer puts at large N, so that a run stays under `max_deliveries`.
 fn remote_puts(o: &Opts, n: usize) -> usize {
     o.puts.min(o.max_deliveries / n.max(1)).max(1)
-}
-
-fn print_run(r: &RunResult) {
-    println!(
-        "run {:<11} N={:<6} M={:<4} {:>6} puts {:>8.0} puts/s  {:>11.0} deliveries/s  p50 {:>8.2} ms  p99 {:>8.2} ms  client {:.2} s CPU {:.0} MiB  etcd {:.2} s CPU {:.0} MiB{}  (set-up {:.1} s)",
-        r.mode.name(), r.n, r.conns, r.puts, r.puts_per_s, r.deliveries_per_s, ms(r.p50), ms(r.p99),
-        r.client_cpu_s, r.client_peak_mib, r.etcd_cpu_s, r.etcd_peak_mib,
-        if r.mode.has_proxy() { format!("  proxy {:.2} s CPU {:.0} MiB", r.proxy_cpu_s, r.proxy_peak_mib) } else { String::new() },
-        r.setup.as_secs_f64()
-    );
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 fn main() {

@@ -21,15 +21,7 @@ use etcd_cache::WatchOptions;
 use testkit::EtcdOptions;
 
 fn etcd_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_secs_f64((ticks(14) + ticks(15)) as f64 / common::clk_tck())
+    Duration::from_secs_f64(common::proc::cpu_ticks(Some(pid)) as f64 / common::proc::clk_tck())
 }
 
 fn row(what: &str, n: usize, took: Duration, cpu: Duration, requests: &str) {

@@ -4,18 +4,29 @@
 //! The upstream is `upstream::fake`, the one fake of the crate.
 //!
 //! - `compaction`: reads and watches below etcd's compaction;
+//! - `failures`: back-off, permanent and transient upstream failures, closes at connect,
+//!   a panicking follower, a bad message, the consistency check's repair;
 //! - `follow`: load, follow, batching, prev_kv, duplicates, reconnect, compaction;
+//! - `metrics_facade`: what the cache records through the `metrics` facade (with the
+//!   `metrics` feature);
+//! - `model`: the whole cache against a model;
 //! - `progress`: progress trust by version, the progress requestor, consistent reads,
 //!   local progress responses;
-//! - `subscribers`: slow subscribers, limits, scopes, shutdown, bad input.
+//! - `streams`: several watches on one stream, as etcd-client's `WatchStream`;
+//! - `subscribers`: slow subscribers, limits, scopes, shutdown, bad input;
+//! - `waiting_reads`: reads and watches from now that wait for a revision the cache has
+//!   not reached (a hung or absent revision probe, paced progress requests, close).
 
 mod compaction;
+mod failures;
 mod follow;
+#[cfg(feature = "metrics")]
+mod metrics_facade;
 mod model;
 mod progress;
-mod review;
 mod streams;
 mod subscribers;
+mod waiting_reads;
 
 use std::future::Future;
 use std::sync::Arc;

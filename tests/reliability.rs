@@ -1,7 +1,7 @@
 //! Reliability: a checker that records every response every subscriber receives and
 //! checks it against etcd's own history, under faults.
 //!
-//! Guarantees checked per subscriber (see `reliability/checker.rs`): ordered, unique,
+//! Guarantees checked per subscriber (see testkit's `reliability::checker`): ordered, unique,
 //! reliable (no gap), atomic, resumable, bookmarkable, plus prev_kv == etcd's previous
 //! value, filters, ranges, and `cache.get` at a revision == etcd's state at it.
 //!
@@ -12,11 +12,6 @@
 //! The `#[ignore]`d `soak` test loops over every fault for `ETCD_CACHE_SOAK_SECS`
 //! seconds (default 600): `cargo xtask soak --duration 600`.
 
-#[path = "reliability/checker.rs"]
-mod checker;
-#[path = "reliability/run.rs"]
-mod run;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{sleep, Instant};
 
-use checker::{Class, Violation};
-use run::{connect, seed, Cfg, Run, Summary};
+use testkit::reliability::checker::{Class, Violation};
+use testkit::reliability::run::{connect, seed, Cfg, Run, Summary};
 use testkit::{EtcdCluster, EtcdOptions, EtcdServer, TcpProxy};
 
 /// How long the workload runs under faults in the default (short) run.

@@ -2,7 +2,7 @@
 //! at a time to 3.5.35 (stopped, restarted on the new binary with the same data dir and
 //! ports), while caches, subscribers and readers run.
 //!
-//! - The reliability run (`reliability/run.rs`) drives a seeded workload on `/rel/` with
+//! - The reliability run (testkit's `reliability::run`) drives a seeded workload on `/rel/` with
 //!   fixed and churning subscribers and readers, and checks every response against etcd's
 //!   own history (order, gaps, duplicates, atomic revisions, prev_kv, reads at revisions).
 //! - A second cache on the quiet prefix `/quiet/` is read (consistent reads) throughout, each
@@ -15,11 +15,6 @@
 //! Needs both versions: Debian's etcd 3.4.23 and the Go-built 3.5 (`cargo xtask etcd-bins`,
 //! or `ETCD_CACHE_ETCD_DIR`); `ETCD_VERSION` and `ETCD_BIN` do not apply here.
 
-#[path = "reliability/checker.rs"]
-mod checker;
-#[path = "reliability/run.rs"]
-mod run;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +22,7 @@ use std::time::{Duration, Instant};
 use etcd_cache::{Cache, GetOptions};
 use etcd_client::Client;
 use parking_lot::Mutex;
-use run::{connect, seed, Cfg, Run};
+use testkit::reliability::run::{connect, seed, Cfg, Run};
 use testkit::{EtcdBinaries, EtcdCluster, EtcdOptions, EtcdVersion};
 
 /// The whole test, even when something hangs.

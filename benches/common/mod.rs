@@ -1,23 +1,18 @@
-//! Helpers shared by the end-to-end benchmarks (`mod common;`): reading `/proc`, the
-//! quick-mode switch, and `etcd-cache-proxy` as a child process. Their etcd, etcd's
-//! grpc-proxy and clients come from `testkit`.
+//! Helpers shared by the end-to-end benchmarks (`mod common;`): the quick-mode switch and
+//! `etcd-cache-proxy` as a child process, here; in its children:
+//! - [`proc`]: CPU time, peak RSS and load average from `/proc`;
+//! - [`latency`]: per-thread put -> delivery histograms and delivery counters;
+//! - [`chart`]: a two-panel log-log SVG chart;
+//! - [`fanout_results`]: the fan-out bench's run kinds, a run's figures, and their tables.
+//!
+//! Their etcd, etcd's grpc-proxy and clients come from `testkit`. Each bench compiles all
+//! of it and uses a part, hence `dead_code` allowed.
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
-
-/// Clock ticks per second (`getconf CLK_TCK`, 100 if unknown), for `/proc/*/stat` times.
-pub(crate) fn clk_tck() -> f64 {
-    static TCK: OnceLock<f64> = OnceLock::new();
-    *TCK.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
+pub(crate) mod chart;
+pub(crate) mod fanout_results;
+pub(crate) mod latency;
+pub(crate) mod proc;
 
 /// True when the benchmarks should run their short form (`ETCD_CACHE_BENCH_QUICK=1`, set
 /// by `cargo xtask bench --quick`).

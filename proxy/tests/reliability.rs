@@ -1,4 +1,4 @@
-//! The reliability checker (`tests/reliability/`, shared with the root crate) through
+//! The reliability checker (testkit's `reliability`, shared with the root crate) through
 //! etcd-cache-proxy: every subscriber is a remote etcd-client watch through the proxy,
 //! over several gRPC connections with many watches on each stream, checked against a
 //! direct etcd watch from revision 1 for etcd's six watch guarantees (ordered, unique,
@@ -20,10 +20,6 @@
 //! loops over the faults for `ETCD_CACHE_PROXY_SOAK_SECS` seconds (default 300). The seed
 //! is printed; `ETCD_CACHE_SEED=<seed>` replays the operations.
 
-#[path = "../../tests/reliability/checker.rs"]
-mod checker;
-#[path = "../../tests/reliability/run.rs"]
-mod run;
 mod support;
 
 use std::collections::{HashMap, VecDeque};
@@ -39,12 +35,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use checker::{
+use support::{EtcdOptions, EtcdServer, Proxy};
+use testkit::reliability::checker::{
     check_get, check_sub, Class, End, Ev, GetRecord, Kv, Range, Resp, SubLog, SubSpec, Truth,
     TruthLog, Violation,
 };
-use run::{inside_key, make_spec, seed, writer, Counters, INSIDE_DIRS, PREFIX, SENTINEL};
-use support::{EtcdOptions, EtcdServer, Proxy};
+use testkit::reliability::run::{
+    self, inside_key, make_spec, seed, writer, Counters, INSIDE_DIRS, PREFIX, SENTINEL,
+};
 use testkit::TcpProxy;
 
 /// gRPC connections to the proxy (one etcd-client each).

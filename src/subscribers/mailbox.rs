@@ -389,11 +389,12 @@ impl Mailbox {
 }
 
 #[cfg(test)]
-#[path = "interleaving.rs"]
-mod interleaving;
-
-#[cfg(test)]
 mod tests {
+    //! The mailbox's unit tests; [`interleaving`] explores every interleaving of the
+    //! hand-over between the producer and a lagging consumer.
+
+    mod interleaving;
+
     use super::*;
     use crate::history::Batch;
     use crate::key_range::{KeyRange, RangeSpec};

@@ -1,6 +1,7 @@
 //! Several watches on one stream, as etcd-client's `WatchStream`: a `created` response
 //! per watch with its id, events tagged with their watch's id, `cancel(id)`, stream-wide
-//! progress, `split()`, chosen ids, headers, and the compaction signal as etcd sends it.
+//! progress, `split()`, chosen ids, headers, revisions that never go backwards, and the
+//! compaction signal as etcd sends it.
 
 use std::time::Duration;
 
@@ -235,6 +236,23 @@ async fn stream_progress_waits_for_the_cache_without_going_backwards() {
     let p = assert_ready!(s.poll_next()).unwrap().unwrap();
     assert!(p.is_progress_notify());
     assert_eq!((p.watch_id(), p.revision()), (-1, 15));
+}
+
+/// Every response on a stream reports a revision at or above the previous one: a watch
+/// from now created at the cluster's revision does not then report the cache's older
+/// revision in a progress response.
+#[tokio::test(start_paused = true)]
+async fn response_revisions_never_go_backwards_on_a_stream() {
+    let h = ready(config(), &["3.4.23"], &[], 2).await;
+    h.up.set_current_revision(7);
+    let mut w = watch_prefix(&h.cache, WatchOptions::new()).await;
+    assert_eq!(created(&mut w).await, 7);
+    w.request_progress().await.unwrap();
+    let p = next(&mut w).await.unwrap().unwrap();
+    assert!(p.is_progress_notify());
+    assert!(p.revision() >= 7, "progress at {}", p.revision());
+    h.watch.events(vec![put(&k("a"), "1", 8, 8, 1)]);
+    assert_eq!(next_rev(&mut w).await, 8);
 }
 
 /// `split()`: one task adds watches while another reads; the response half ends once

@@ -103,6 +103,33 @@ async fn slow_subscriber_out_of_window_is_compacted() {
     burst(&h, &mut fast, 1011, 1012).await;
 }
 
+/// A slow subscriber on one key, whose only missed revision is still in the window,
+/// catches up instead of being ended as compacted: revisions that did not match it
+/// (other keys) must not count against its position.
+#[tokio::test(start_paused = true)]
+async fn slow_sparse_subscriber_is_not_compacted_while_its_revisions_are_in_the_window() {
+    let cfg = Config {
+        subscriber_buffer: 1,
+        history_window: 4,
+        ..config()
+    };
+    let h = ready(cfg, &["3.5.13"], &[], 10).await;
+    let mut a = h.cache.watch(k("a"), None).await.unwrap();
+    created(&mut a).await;
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]); // queued, not read
+    for rev in 12..=20 {
+        h.watch.events(vec![put(&k("b"), "x", 12, rev, rev - 11)]);
+    }
+    h.watch.events(vec![put(&k("a"), "2", 11, 21, 2)]); // finds the buffer full
+    settle().await;
+    assert_eq!(h.cache.lagging_count(), 1);
+    assert_eq!(h.cache.history_span().0, 18, "revision 11 left the window");
+    assert_eq!(next_rev(&mut a).await, 11);
+    assert_eq!(next_rev(&mut a).await, 21, "caught up, not compacted");
+    assert!(now(&mut a).is_none(), "nothing else is owed");
+    assert_eq!(h.cache.lagging_count(), 0);
+}
+
 /// A stream dropped while lagging frees its slot and the lagging count.
 #[tokio::test(start_paused = true)]
 async fn dropping_a_lagging_stream_frees_everything() {
@@ -201,6 +228,23 @@ async fn scope_limit_and_drop() {
     );
     drop((a, b));
     assert_eq!(h.cache.watcher_count(), 2);
+}
+
+/// A `WatchScope` is a handle: it keeps the cache alive after the last `Cache` is
+/// dropped.
+#[tokio::test(start_paused = true)]
+async fn a_scope_keeps_the_cache_alive() {
+    let Harness { cache, watch, .. } = ready(config(), &["3.5.13"], &[], 10).await;
+    let scope = cache.scope(4);
+    drop(cache);
+    settle().await;
+    let mut w = scope
+        .watch(PREFIX, Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    created(&mut w).await;
+    watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    assert_eq!(next_rev(&mut w).await, 11);
 }
 
 /// 11c. `close()`: every stream ends after what it was delivered; the upstream task

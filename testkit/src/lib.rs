@@ -21,6 +21,9 @@
 //!   moves a member to another with [`EtcdServer::restart_on`] (a rolling upgrade).
 //! - TLS: [`TestPki`] makes a CA, server and client certificates at test time;
 //!   [`EtcdOptions::tls`] serves them.
+//! - Reliability: [`reliability`], the checker of etcd's watch guarantees against etcd's
+//!   own history and the seeded workload it checks, for the reliability tests of both
+//!   crates.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -48,6 +51,7 @@ mod example;
 mod fixture;
 mod grpc_proxy;
 mod http;
+pub mod reliability;
 mod run;
 mod tcp_proxy;
 mod tls;

@@ -75,11 +75,11 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::{End, Mailbox, Polled, State};
 use crate::history::{Batch, History};
 use crate::key_range::{KeyRange, RangeSpec};
 use crate::kv::{Event, EventType, KeyValue};
 use crate::subscribers::filter::Filter;
+use crate::subscribers::mailbox::{End, Mailbox, Polled, State};
 use crate::subscribers::{Registered, Slot, SubId, Subscribers};
 
 /// The revisions of a case: not consecutive (revisions outside the cache's prefix).

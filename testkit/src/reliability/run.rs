@@ -1,8 +1,6 @@
 //! One checked run: ground truth, a cache, a seeded random workload, fixed and churning
 //! subscribers, readers, a stats monitor; then the final drain and the check.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use crate::checker::{
+use super::checker::{
     check_get, check_sub, prefix_end, Class, End, Ev, GetRecord, Kv, Range, Resp, SubLog, SubSpec,
     Truth, Violation,
 };
@@ -24,6 +22,7 @@ use crate::checker::{
 pub const PREFIX: &str = "/rel/";
 /// Written after the workload; every drained subscriber must cover its revision.
 pub const SENTINEL: &str = "/rel/~end";
+/// The directories inside the prefix the workload writes keys in.
 pub const INSIDE_DIRS: [&str; 3] = ["/rel/a/", "/rel/b/", "/rel/c/"];
 const KEYS_PER_DIR: usize = 8;
 /// Keys outside the prefix, some right next to it.
@@ -49,7 +48,7 @@ pub async fn connect(endpoints: &[String]) -> etcd_client::Client {
         .with_connect_timeout(Duration::from_secs(1))
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
         .with_keep_alive_while_idle(true);
-    testkit::Connect::new()
+    crate::Connect::new()
         .options(options)
         .retry_for(Duration::from_secs(20))
         .client(endpoints)
@@ -58,6 +57,7 @@ pub async fn connect(endpoints: &[String]) -> etcd_client::Client {
 
 /// The knobs of one run.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)]
 pub struct Cfg {
     pub name: &'static str,
     pub seed: u64,
@@ -76,6 +76,7 @@ pub struct Cfg {
 }
 
 impl Cfg {
+    /// The default knobs for the run `name` with `seed`.
     pub fn new(name: &'static str, seed: u64) -> Cfg {
         Cfg {
             name,
@@ -92,6 +93,9 @@ impl Cfg {
 }
 
 #[derive(Default)]
+/// What the workload did: writes and reads that succeeded or failed, and the newest
+/// acknowledged revision.
+#[allow(missing_docs)]
 pub struct Counters {
     /// Revision of the newest acknowledged write (for the linearizable-read check).
     pub last_ack: AtomicI64,
@@ -108,6 +112,7 @@ pub struct Counters {
 
 /// The result line of a run.
 #[derive(Debug, Default)]
+#[allow(missing_docs)]
 pub struct Summary {
     pub name: &'static str,
     pub seed: u64,
@@ -128,6 +133,7 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The one-line summary the run prints (`RELIABILITY | ...`).
     pub fn line(&self) -> String {
         format!(
             "RELIABILITY | {} | seed {} | revisions {} | truth events {} | events checked {} | responses {} | subscribers {} (compacted {}, dropped {}) | gets {} | faults {} | lists {} | connects {} | violations {}",
@@ -139,6 +145,7 @@ impl Summary {
 }
 
 /// A running test.
+#[allow(missing_docs)]
 pub struct Run {
     pub cfg: Cfg,
     pub cache: Cache,
@@ -260,6 +267,7 @@ impl Run {
         }
     }
 
+    /// Opens and records one more subscriber of `spec`.
     pub fn spawn_sub(&self, spec: SubSpec) {
         self.sub_ctx().spawn(spec);
     }
@@ -482,6 +490,7 @@ fn random_spec(rng: &mut StdRng, run: &Run, class: Class, relist: bool) -> SubSp
     run.sub_ctx().random_spec(rng, class, relist)
 }
 
+/// A random key inside the prefix.
 pub fn inside_key(rng: &mut StdRng) -> String {
     format!(
         "{}{}",
@@ -490,6 +499,9 @@ pub fn inside_key(rng: &mut StdRng) -> String {
     )
 }
 
+/// A random subscriber `id` of `class`: a random range, filters and prev_kv; a churning
+/// one may start from inside the window `floor..=head`, just below it, or from the
+/// future. `relist`: the run expects a re-list.
 pub fn make_spec(
     rng: &mut StdRng,
     id: usize,

@@ -6,8 +6,6 @@
 //! revision is the fold of the truth log up to it). It reconnects and resumes from its
 //! last revision + 1 when its member dies; a compaction that overtakes it fails the test.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +17,7 @@ use tokio::task::JoinHandle;
 
 /// A key-value as the checker compares it (every field etcd reports).
 #[derive(Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub struct Kv {
     pub key: Vec<u8>,
     pub value: Vec<u8>,
@@ -43,32 +42,36 @@ impl fmt::Debug for Kv {
     }
 }
 
-impl Kv {
-    pub fn from_cache(kv: &etcd_cache::KeyValue) -> Kv {
+/// A [`Kv`] from anything with etcd's key-value accessors (the cache's and etcd's
+/// types spell them the same).
+macro_rules! kv_of {
+    ($kv:expr) => {
         Kv {
-            key: kv.key().to_vec(),
-            value: kv.value().to_vec(),
-            create: kv.create_revision(),
-            modr: kv.mod_revision(),
-            version: kv.version(),
-            lease: kv.lease(),
+            key: $kv.key().to_vec(),
+            value: $kv.value().to_vec(),
+            create: $kv.create_revision(),
+            modr: $kv.mod_revision(),
+            version: $kv.version(),
+            lease: $kv.lease(),
         }
+    };
+}
+
+impl Kv {
+    /// A key-value as the cache delivered it.
+    pub fn from_cache(kv: &etcd_cache::KeyValue) -> Kv {
+        kv_of!(kv)
     }
 
+    /// A key-value as etcd returned it.
     pub fn from_etcd(kv: &etcd_client::KeyValue) -> Kv {
-        Kv {
-            key: kv.key().to_vec(),
-            value: kv.value().to_vec(),
-            create: kv.create_revision(),
-            modr: kv.mod_revision(),
-            version: kv.version(),
-            lease: kv.lease(),
-        }
+        kv_of!(kv)
     }
 }
 
 /// One event, as the checker compares it.
 #[derive(Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub struct Ev {
     pub put: bool,
     pub kv: Kv,
@@ -88,6 +91,7 @@ impl fmt::Debug for Ev {
 }
 
 impl Ev {
+    /// An event as the cache delivered it.
     pub fn from_cache(e: &etcd_cache::Event) -> Ev {
         Ev {
             put: e.event_type() == etcd_cache::EventType::Put,
@@ -108,6 +112,7 @@ impl Ev {
 
 /// A half-open key range `[start, end)`; `end` empty = the single key `start`.
 #[derive(Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub struct Range {
     pub start: Vec<u8>,
     pub end: Vec<u8>,
@@ -125,24 +130,28 @@ impl fmt::Debug for Range {
 }
 
 impl Range {
+    /// The range of one key.
     pub fn single(key: &[u8]) -> Range {
         Range {
             start: key.to_vec(),
             end: Vec::new(),
         }
     }
+    /// Every key under the prefix `p`.
     pub fn prefix(p: &[u8]) -> Range {
         Range {
             start: p.to_vec(),
             end: prefix_end(p),
         }
     }
+    /// The keys in `[start, end)`, with etcd's meaning of an empty and a `\0` end.
     pub fn span(start: &[u8], end: &[u8]) -> Range {
         Range {
             start: start.to_vec(),
             end: end.to_vec(),
         }
     }
+    /// Whether `key` is in the range.
     pub fn contains(&self, key: &[u8]) -> bool {
         if self.end.is_empty() {
             key == self.start.as_slice()
@@ -169,6 +178,7 @@ pub fn prefix_end(p: &[u8]) -> Vec<u8> {
 
 /// The ground truth: every event etcd produced, by revision, with prev_kv.
 #[derive(Default)]
+#[allow(missing_docs)]
 pub struct TruthLog {
     pub events: BTreeMap<i64, Vec<Ev>>,
     /// Newest revision seen (events only).
@@ -200,6 +210,7 @@ impl TruthLog {
 }
 
 /// The truth recorder: a task that keeps a direct watch on every key open.
+#[allow(missing_docs)]
 pub struct Truth {
     pub log: Arc<Mutex<TruthLog>>,
     stop: watch::Sender<bool>,
@@ -237,6 +248,7 @@ impl Truth {
         }
     }
 
+    /// Stops the truth watch and returns its log.
     pub async fn stop(self) -> Arc<Mutex<TruthLog>> {
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -341,6 +353,7 @@ pub enum Class {
 
 /// What a subscriber asked for.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)]
 pub struct SubSpec {
     pub id: usize,
     pub class: Class,
@@ -391,6 +404,7 @@ macro_rules! watch_options {
 }
 
 impl SubSpec {
+    /// The request for the cache (a local watch).
     pub fn options(&self) -> etcd_cache::WatchOptions {
         watch_options!(self, etcd_cache::WatchOptions, self.start_revision)
     }
@@ -424,9 +438,13 @@ impl SubSpec {
 }
 
 #[derive(Clone, Debug)]
+/// One response a subscriber received, as the checker reads it.
 pub enum Resp {
+    /// The watch was created, at this header revision.
     Created(i64),
+    /// Events, with their response's header revision.
     Events(i64, Vec<Ev>),
+    /// A progress notification at this revision.
     Progress(i64),
     /// The watch was created again, on a new stream, from this start revision: a client
     /// resuming after its stream broke (a remote watch across a proxy restart). Recorded
@@ -455,6 +473,8 @@ pub enum End {
 }
 
 #[derive(Clone, Debug)]
+/// Everything one subscriber received, and how its stream ended.
+#[allow(missing_docs)]
 pub struct SubLog {
     pub spec: SubSpec,
     pub responses: Vec<Resp>,
@@ -467,6 +487,7 @@ pub struct SubLog {
 
 /// One violation, with enough context to replay it.
 #[derive(Debug)]
+#[allow(missing_docs)]
 pub struct Violation {
     pub guarantee: &'static str,
     pub sub: Option<usize>,
@@ -484,6 +505,7 @@ impl fmt::Display for Violation {
 
 /// What one subscriber's check counted.
 #[derive(Default, Debug, Clone, Copy)]
+#[allow(missing_docs)]
 pub struct SubCounts {
     pub events: u64,
     pub responses: u64,
@@ -711,6 +733,7 @@ pub fn check_sub(
 
 /// One recorded `cache.get`, checked against the truth after the run.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)]
 pub struct GetRecord {
     pub range: Range,
     /// Requested revision (0 = latest).
@@ -727,6 +750,8 @@ pub struct GetRecord {
     pub min_rev: i64,
 }
 
+/// Checks one read against the truth at the revision its header gives (and the
+/// linearizable bound); pushes what it finds into `out`.
 pub fn check_get(g: &GetRecord, truth: &TruthLog, out: &mut Vec<Violation>) {
     if g.min_rev > 0 && g.at < g.min_rev {
         out.push(Violation {
