@@ -192,6 +192,7 @@ pub(crate) struct Metrics {
     ranges_etcd: Counter,
     auth_asks: Counter,
     auth_revoked: Counter,
+    caught_up: Counter,
     /// `etcd_cache_proxy_sent_bytes_total` per entry of [`SERVICES`], then `unknown`.
     sent_bytes: Vec<Counter>,
 }
@@ -224,6 +225,7 @@ impl Metrics {
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
+            caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
             sent_bytes: SERVICES
                 .iter()
                 .map(|(s, _)| sent(s))
@@ -240,6 +242,12 @@ impl Metrics {
     /// A cached watch canceled because etcd no longer allows its caller.
     pub(crate) fn auth_revoked(&self) {
         self.auth_revoked.increment(1);
+    }
+
+    /// A cached watch that fell behind the cache's window, caught up from etcd from its
+    /// next revision instead of being canceled.
+    pub(crate) fn watch_caught_up(&self) {
+        self.caught_up.increment(1);
     }
 
     /// A client connection opened; closed when the guard drops.
@@ -337,6 +345,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_auth_revoked_watches_total",
         "cached watches canceled because etcd no longer allows their caller"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_watches_caught_up_total",
+        "cached watches that fell behind the cache's window, moved to etcd from their next revision (not canceled)"
     );
 }
 

@@ -1,16 +1,19 @@
-//! Stream behaviour under stress and faults: a client that does not read, a
+//! Stream behaviour under stress and faults: a client that does not read (and is caught
+//! up from etcd once it falls behind the cache's window), a
 //! require-leader watch when etcd goes away, the health service, the send limit.
 
 mod support;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use etcd_client::{ConnectOptions, WatchOptions};
-use support::{client, start_etcd, start_proxy, EtcdOptions};
+use support::scrape::scrape_until;
+use support::{client, free_port, start_etcd, start_proxy, EtcdOptions};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_does_not_read_stalls_nobody() {
-    let etcd = start_etcd(EtcdOptions::default()).await;
+/// A proxy with a small window and small queues, serving metrics.
+async fn small_window_proxy(etcd: &support::EtcdServer) -> (support::Proxy, SocketAddr) {
+    let maddr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let proxy = start_proxy(
         etcd.endpoint(),
         vec![
@@ -20,9 +23,45 @@ async fn a_client_that_does_not_read_stalls_nobody() {
             "4".into(),
             "--watch-send-queue".into(),
             "4".into(),
+            "--metrics-addr".into(),
+            maddr.to_string(),
         ],
     )
     .await;
+    (proxy, maddr)
+}
+
+/// Reads `stream` until its watch has seen revision `last` or ends; the mod revisions
+/// of its events, checked contiguous, and the cancel that ended it, if one did.
+async fn read_to(
+    stream: &mut etcd_client::WatchStream,
+    last: i64,
+) -> (Vec<i64>, Option<etcd_client::WatchResponse>) {
+    let mut seen: Vec<i64> = Vec::new();
+    while seen.last().is_none_or(|&r| r < last) {
+        let r = tokio::time::timeout(Duration::from_secs(20), stream.message())
+            .await
+            .expect("the slow client got no answer")
+            .unwrap()
+            .expect("the stream ended");
+        if r.canceled() {
+            return (seen, Some(r));
+        }
+        for e in r.events() {
+            let rev = e.kv().unwrap().mod_revision();
+            if let Some(&prev) = seen.last() {
+                assert_eq!(rev, prev + 1, "slow client: {prev} then {rev}");
+            }
+            seen.push(rev);
+        }
+    }
+    (seen, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let (proxy, maddr) = small_window_proxy(&etcd).await;
     let mut writer = client(&etcd.endpoint()).await;
     // The slow client opens a watch and never reads it.
     let mut slow = client(&proxy.endpoint()).await;
@@ -30,7 +69,9 @@ async fn a_client_that_does_not_read_stalls_nobody() {
         .watch("/s/", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
-    assert!(slow_stream.message().await.unwrap().unwrap().created());
+    let created = slow_stream.message().await.unwrap().unwrap();
+    assert!(created.created());
+    let first = created.header().unwrap().revision() + 1;
     // The fast client reads everything, promptly.
     let mut fast = client(&proxy.endpoint()).await;
     let mut fast_stream = fast
@@ -72,35 +113,64 @@ async fn a_client_that_does_not_read_stalls_nobody() {
         "{writes} writes seen by the fast client in {:?}",
         started.elapsed()
     );
-    // The slow client, reading at last, gets an ordered prefix of the history and then
-    // (it fell out of the 64-revision window) a cancel with compact_revision.
-    let mut prev = 0;
-    loop {
-        let r = tokio::time::timeout(Duration::from_secs(10), slow_stream.message())
-            .await
-            .expect("slow client: no answer")
-            .unwrap()
-            .expect("slow client: stream ended without a cancel");
-        if r.canceled() {
-            assert!(
-                r.compact_revision() > 0,
-                "canceled without compact_revision"
-            );
-            break;
-        }
-        for e in r.events() {
-            let rev = e.kv().unwrap().mod_revision();
-            assert!(
-                prev == 0 || rev == prev + 1,
-                "slow client: {prev} then {rev}"
-            );
-            prev = rev;
-        }
-        assert!(prev < last, "the slow client was never left behind");
-    }
+    // The slow client fell out of the 64-revision window; etcd still holds every
+    // revision, so it is not canceled (as etcd would not cancel it): reading at last, it
+    // gets every event once, in order, the later ones from etcd.
+    let (got, canceled) = read_to(&mut slow_stream, last).await;
+    assert!(canceled.is_none(), "canceled: {canceled:?}");
+    assert_eq!(got.first(), Some(&first));
+    assert_eq!(got.last(), Some(&last));
+    scrape_until(maddr, "the slow watch caught up from etcd", |s| {
+        s.get("etcd_cache_proxy_watches_caught_up_total", &[]) == Some(1.0)
+            && s.get("etcd_cache_proxy_watches", &[("served", "etcd")]) == Some(1.0)
+    })
+    .await;
+    // The caught-up watch goes on: a new write reaches it once.
+    let next = writer.put("/s/after", "x", None).await.unwrap();
+    let next = next.header().unwrap().revision();
+    let (got, canceled) = read_to(&mut slow_stream, next).await;
+    assert!(canceled.is_none(), "canceled: {canceled:?}");
+    assert_eq!(got, vec![next]);
     // The proxy still serves new watches.
     let mut again = fast.watch("/s/0", Some(WatchOptions::new())).await.unwrap();
     assert!(again.message().await.unwrap().unwrap().created());
+}
+
+/// A watch behind the cache's window whose next revision etcd has compacted ends as
+/// etcd ends it: canceled with etcd's compact revision, after every event before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_the_window_and_etcds_compaction_gets_etcds_answer() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let (proxy, _maddr) = small_window_proxy(&etcd).await;
+    let mut writer = client(&etcd.endpoint()).await;
+    let mut slow = client(&proxy.endpoint()).await;
+    let mut slow_stream = slow
+        .watch("/c/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(slow_stream.message().await.unwrap().unwrap().created());
+    let value = "v".repeat(16 * 1024);
+    let mut last = 0;
+    for i in 0..400 {
+        last = writer
+            .put(format!("/c/{}", i % 10), value.clone(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    writer.compact(last, None).await.unwrap();
+    // The cache applies a later revision, so that its window moves on.
+    writer.put("/c/after", "x", None).await.unwrap();
+    let (got, canceled) = read_to(&mut slow_stream, last + 1).await;
+    let canceled = canceled.expect("etcd compacted what the watch needed: it ends");
+    assert_eq!(
+        canceled.compact_revision(),
+        last,
+        "etcd's compact revision: {canceled:?}"
+    );
+    assert!(got.last().is_some_and(|&r| r < last), "{:?}", got.last());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,6 +55,11 @@ pub(crate) struct Forwarded {
     cancel_reply: bool,
     /// Cancels etcd will never answer: their watch's create was refused.
     dead_cancels: usize,
+    /// Ids of creates that resume a watch the client has already had `created` for
+    /// (a cached watch caught up from etcd): their `created` is not the client's.
+    resuming: HashSet<i64>,
+    /// The last response was the `created` of a resumed watch.
+    resumed_reply: bool,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
 }
@@ -72,6 +77,8 @@ impl Forwarded {
             canceling: HashMap::new(),
             cancel_reply: false,
             dead_cancels: 0,
+            resuming: HashSet::new(),
+            resumed_reply: false,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
@@ -111,6 +118,24 @@ impl Forwarded {
         }
         self.creating.push_back(id);
         Ok(Some(id))
+    }
+
+    /// Sends `c` as [`create`](Self::create) does, for a watch the client already has
+    /// (with its id): etcd's `created` for it is marked (see
+    /// [`took_resumed`](Self::took_resumed)), the rest of its responses are the
+    /// client's.
+    pub(crate) async fn resume(&mut self, c: WatchCreateRequest) -> Result<Option<i64>, Status> {
+        let id = self.create(c).await?;
+        if let Some(id) = id {
+            self.resuming.insert(id);
+        }
+        Ok(id)
+    }
+
+    /// Whether the last response [`next`](Self::next) gave was etcd's `created` (or its
+    /// refusal) of a resumed watch (asked once per response).
+    pub(crate) fn took_resumed(&mut self) -> bool {
+        std::mem::take(&mut self.resumed_reply)
     }
 
     /// Cancels a forwarded watch (etcd answers `canceled`). False if it is not one.
@@ -224,6 +249,14 @@ impl Forwarded {
                 }
                 if r.created {
                     let asked = self.creating.pop_front();
+                    if let Some(id) = asked.filter(|id| self.resuming.remove(id)) {
+                        self.resumed_reply = true;
+                        if r.canceled {
+                            // Refused: to the client, the end of its watch.
+                            r.watch_id = id;
+                            r.created = false;
+                        }
+                    }
                     if r.canceled {
                         // Refused by etcd (id -1): the id it was asked with is free.
                         if let Some(id) = asked {

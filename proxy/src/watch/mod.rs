@@ -22,14 +22,17 @@
 //! Responses go through a bounded queue (`--watch-send-queue`). The task takes a reply
 //! from the cache only when the queue has room, so a client that does not read stops
 //! its own stream and nothing else: its cache subscribers fill and lag (caught up from
-//! the history later), and one that falls out of the window is canceled with
-//! `compact_revision`, as etcd cancels a watch behind compaction.
+//! the history later). One that falls out of the window is not canceled: it is caught
+//! up from etcd, under its id, from its next revision (`session.rs: catch_up`), and
+//! stays forwarded. Only etcd's own compaction ends it with `compact_revision`, as etcd
+//! ends a watch behind compaction.
 //!
 //! ## Shutdown
 //! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
 //! reconnecting and resuming each watch after its last revision.
 
 pub(crate) mod cached;
+mod catch_up;
 mod forwarded;
 mod progress;
 mod reply_order;

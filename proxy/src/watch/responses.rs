@@ -306,6 +306,41 @@ pub(crate) fn refused(header: ResponseHeader, refusal: &Refusal) -> WatchRespons
     }
 }
 
+/// An events response of etcd's for a forwarded watch, split between revisions into
+/// responses of about [`BATCH_BYTES`] each, as the cache's are merged: etcd sends a
+/// catching-up watcher up to 1,000 revisions in one message, which can be more than a
+/// client takes in one (4 MiB for etcd-client, tonic's default). A revision's events stay
+/// in one response, however big (all events of one revision in one response, as etcd).
+pub(crate) fn by_revision(resp: WatchResponse) -> Vec<WatchResponse> {
+    if resp.created || resp.canceled || resp.events.len() < 2 || resp.encoded_len() <= BATCH_BYTES {
+        return vec![resp];
+    }
+    let revision = |e: &Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+    let mut out = Vec::new();
+    let mut cur = WatchResponse {
+        events: Vec::new(),
+        ..resp.clone()
+    };
+    let mut bytes = 0;
+    for (i, ev) in resp.events.iter().enumerate() {
+        let new_revision = i > 0 && revision(ev) != revision(&resp.events[i - 1]);
+        if new_revision && bytes >= BATCH_BYTES {
+            out.push(std::mem::replace(
+                &mut cur,
+                WatchResponse {
+                    events: Vec::new(),
+                    ..resp.clone()
+                },
+            ));
+            bytes = 0;
+        }
+        bytes += ev.encoded_len();
+        cur.events.push(ev.clone());
+    }
+    out.push(cur);
+    out
+}
+
 /// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is
 /// sent as several, each with `fragment = true` but the last.
 fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
@@ -354,6 +389,52 @@ mod tests {
             }),
             prev_kv: None,
         }
+    }
+
+    #[test]
+    fn forwarded_responses_split_between_revisions_only() {
+        let at = |key: &str, len: usize, rev: i64| {
+            let mut e = put(key, len);
+            e.kv.as_mut().unwrap().mod_revision = rev;
+            e
+        };
+        // Three revisions of 40 KiB each, the second with two events.
+        let events = vec![
+            at("a", 40 * 1024, 5),
+            at("b", 40 * 1024, 6),
+            at("c", 40 * 1024, 6),
+            at("d", 40 * 1024, 7),
+        ];
+        let resp = WatchResponse {
+            watch_id: 3,
+            events: events.clone(),
+            ..Default::default()
+        };
+        let parts = by_revision(resp.clone());
+        let revs: Vec<Vec<i64>> = parts
+            .iter()
+            .map(|p| {
+                p.events
+                    .iter()
+                    .map(|e| e.kv.as_ref().unwrap().mod_revision)
+                    .collect()
+            })
+            .collect();
+        assert_eq!(revs, vec![vec![5, 6, 6], vec![7]]);
+        assert!(parts.iter().all(|p| p.watch_id == 3 && !p.fragment));
+        let all: Vec<Event> = parts.into_iter().flat_map(|p| p.events).collect();
+        assert_eq!(all, events, "every event once, in order");
+        // Small responses and one-revision ones stay whole.
+        let small = WatchResponse {
+            events: vec![at("a", 10, 5), at("b", 10, 6)],
+            ..Default::default()
+        };
+        assert_eq!(by_revision(small).len(), 1);
+        let one = WatchResponse {
+            events: vec![at("a", 40 * 1024, 5), at("b", 40 * 1024, 5)],
+            ..Default::default()
+        };
+        assert_eq!(by_revision(one).len(), 1);
     }
 
     #[test]

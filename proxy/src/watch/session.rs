@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::cached::{self, ConnScope, NotTaken, Watches};
+use super::catch_up::CatchUp;
 use super::forwarded::{take_one, Forwarded};
 use super::progress::{Item, Out, Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
@@ -50,6 +51,9 @@ struct PendingCreate {
     fragment: bool,
     key: bytes::Bytes,
     end: bytes::Bytes,
+    /// The create as etcd would take it (etcd's keyspace, its id): how the watch is
+    /// resumed from etcd if it falls behind the cache's window.
+    resume: WatchCreateRequest,
 }
 
 /// What woke the session.
@@ -93,6 +97,8 @@ pub(super) struct Session {
     cache_cancels: HashMap<i64, usize>,
     /// The cache's open watches and their ranges, checked again when etcd's auth moves.
     cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
+    /// The cache's open watches, each with what it takes to catch it up from etcd.
+    resumable: CatchUp,
     /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
     /// (their `canceled` response carries it as the reason).
     revoked: HashMap<i64, Status>,
@@ -140,6 +146,7 @@ impl Session {
             order: ReplyOrder::default(),
             cache_cancels: HashMap::new(),
             cached: HashMap::new(),
+            resumable: CatchUp::default(),
             revoked: HashMap::new(),
             epoch: state.authz.epoch(),
             recheck: None,
@@ -231,6 +238,7 @@ impl Session {
                 Step::Revoked(ids) => {
                     self.recheck = None;
                     for (id, refusal) in ids {
+                        self.resumable.forget(id);
                         if self.cached.remove(&id).is_some() {
                             tracing::info!(
                                 watch_id = id,
@@ -370,6 +378,7 @@ impl Session {
         }
         self.outbound.forget(id);
         self.cached.remove(&id);
+        self.resumable.forget(id);
         if let Some(p) = self
             .pending_creates
             .iter_mut()
@@ -467,12 +476,19 @@ impl Session {
         let watches = self.watches.as_mut().expect("checked above");
         match watches.create(&request, &key, &range_end, id).await {
             Ok(()) => {
+                let resume = WatchCreateRequest {
+                    key: key.clone(),
+                    range_end: range_end.clone(),
+                    watch_id: id,
+                    ..request.clone()
+                };
                 self.pending_creates.push_back(PendingCreate {
                     id,
                     canceled: false,
                     fragment: request.fragment,
                     key,
                     end: range_end,
+                    resume,
                 });
                 self.order.sent(Side::Cache);
                 Ok(())
@@ -503,10 +519,7 @@ impl Session {
         };
         // Over the proxy's certificate a caller without a token would be the
         // certificate's CN: refused as etcd refuses a caller without a user.
-        if self.state.upstream.cert_identity().is_some()
-            && self.metadata.get(crate::upstream::TOKEN).is_none()
-            && self.state.authz.enabled()
-        {
+        if self.would_lend_authority() {
             return self.refuse(Refusal::NotAllowed(status::user_empty())).await;
         }
         let fragment = request.fragment;
@@ -532,6 +545,14 @@ impl Session {
                 Err(())
             }
         }
+    }
+
+    /// Over the proxy's certificate, a caller without a token would be the certificate's
+    /// CN on etcd's stream: nothing of such a caller's is forwarded.
+    fn would_lend_authority(&self) -> bool {
+        self.state.upstream.cert_identity().is_some()
+            && self.metadata.get(crate::upstream::TOKEN).is_none()
+            && self.state.authz.enabled()
     }
 
     /// Does what the progress bookkeeping asks: asks the sides again, then sends its
@@ -623,6 +644,16 @@ impl Session {
             let out = self.progress.answer(Side::Etcd, revision);
             return self.apply(out).await;
         }
+        if self.forwarded.took_resumed() {
+            // etcd's `created` of a watch resumed from the cache's side: the client had
+            // its own. (A refusal of it comes as the watch's `canceled`.)
+            if !resp.canceled {
+                return Ok(());
+            }
+            self.outbound.forget(resp.watch_id);
+            responses::out_of_namespace(&mut resp, &self.state.namespace);
+            return self.out(resp).await;
+        }
         if resp.created && resp.canceled {
             crate::metrics::get().watch_refused(RefusalKind::Etcd);
         }
@@ -640,7 +671,9 @@ impl Session {
         }
         self.forwarded.fill_prev_kv(&mut resp).await;
         responses::out_of_namespace(&mut resp, &self.state.namespace);
-        self.out(resp).await?;
+        for part in responses::by_revision(resp) {
+            self.out(part).await?;
+        }
         for refusal in after {
             self.outbound.send(refusal).await?;
         }
@@ -702,6 +735,7 @@ impl Session {
         let mut next = Some(first);
         while let Some(r) = next.take() {
             merge.took();
+            self.resumable.sent(&r);
             if Merge::merges(&r, &self.outbound) {
                 let state = &self.state;
                 merge.push(responses::from_cache(&r, &state.upstream, &state.namespace));
@@ -751,6 +785,7 @@ impl Session {
                         self.outbound.add_fragment(watch_id);
                     }
                     self.cached.insert(watch_id, (p.key, p.end));
+                    self.resumable.created(p.resume, r.revision());
                 }
                 after = self.order.answered(Side::Cache);
             }
@@ -761,8 +796,16 @@ impl Session {
             if self.cache_ids.remove(&watch_id) {
                 self.open.sub();
             }
-            self.outbound.forget(watch_id);
             self.cached.remove(&watch_id);
+            let resumable = self.resumable.take(watch_id);
+            let behind = r.compact_revision() > 0 && !self.would_lend_authority();
+            if let Some(create) = resumable.filter(|_| behind) {
+                // Behind the cache's window, not (as far as the cache knows) etcd's
+                // compaction: etcd serves it from where it is, and answers itself if
+                // that revision is compacted.
+                return self.catch_up(create).await;
+            }
+            self.outbound.forget(watch_id);
         }
         let state = &self.state;
         let mut resp = responses::from_cache(&r, &state.upstream, &state.namespace);
@@ -776,6 +819,36 @@ impl Session {
             self.outbound.send(refusal).await?;
         }
         Ok(())
+    }
+
+    /// Moves a cached watch that fell behind the cache's window to etcd, from its next
+    /// revision, under its id: the client sees its events go on, with no gap and no
+    /// duplicate (etcd's `created` for it is not sent: the client had its own), or
+    /// etcd's own compaction answer if etcd compacted that revision.
+    async fn catch_up(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
+        let id = create.watch_id;
+        tracing::debug!(
+            watch_id = id,
+            next = create.start_revision,
+            "a watch fell behind the cache's window: caught up from etcd"
+        );
+        crate::metrics::get().watch_caught_up();
+        match self.forwarded.resume(create).await {
+            Ok(Some(_)) => {
+                // Progress requests made before it now need etcd's answer too.
+                let out = self.progress.forwarded_created();
+                self.apply(out).await
+            }
+            Ok(None) => {
+                // The id is a forwarded watch's already (cannot be: one id space).
+                self.outbound.forget(id);
+                Ok(())
+            }
+            Err(e) => {
+                self.outbound.fail(e).await;
+                Err(())
+            }
+        }
     }
 
     /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
