@@ -22,8 +22,9 @@
 //! the three variants; a proxy is started for its run only and stopped after it:
 //! - `etcd`:        straight to etcd;
 //! - `grpc-proxy`:  through `etcd grpc-proxy start`;
-//! - `cache-proxy`: through `etcd-cache-proxy --prefix <the run's prefix>` (its
-//!   `--history-window` is puts + 1024, so no watcher can fall out of the window).
+//! - `cache-proxy`: through `etcd-cache-proxy --prefix <the run's prefix>`, with its
+//!   default flags (`--history-window` 2048: a watcher that falls out of the window is
+//!   caught up from etcd; a canceled watch fails the run).
 //!
 //! A remote run writes min(puts, max-deliveries / N) puts (20,000,000 deliveries at most,
 //! so N = 10,000 gets 2,000 puts), and each group of N is framed by two no-watcher runs of
@@ -388,12 +389,9 @@ async fn run_one(
         Mode::RemoteCacheProxy => {
             let bin = env.cache_proxy_bin.clone()?;
             let etcd = env.etcd_ep.clone();
-            let extra = vec![
-                "--prefix".to_string(),
-                prefix.clone(),
-                "--history-window".to_string(),
-                (puts + 1024).to_string(),
-            ];
+            // The defaults users run: a burst longer than the window is caught up from
+            // etcd, not canceled (a canceled watch fails the run).
+            let extra = vec!["--prefix".to_string(), prefix.clone()];
             Some(RunProxy::Cache(
                 tokio::task::spawn_blocking(move || common::CacheProxy::start(&bin, &etcd, &extra))
                     .await

@@ -109,6 +109,7 @@ impl Counters {
 
     /// The identity of the member that answered last (cluster id, member id, raft
     /// term; zeros before any answer).
+    #[inline]
     pub(crate) fn identity(&self) -> (u64, u64, u64) {
         let id = &self.identity;
         (

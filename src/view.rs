@@ -92,22 +92,26 @@ pub(crate) struct Viewer {
 
 impl Viewer {
     /// Newest revision applied and dispatched.
+    #[inline]
     pub(crate) fn revision(&self) -> i64 {
         self.rx.borrow().snapshot.revision
     }
 
     /// The newest snapshot.
+    #[inline]
     pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.rx.borrow().snapshot.clone()
     }
 
     /// Runs `f` on the newest snapshot without taking a reference to it.
+    #[inline]
     pub(crate) fn with_snapshot<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> T {
         f(&self.rx.borrow().snapshot)
     }
 
     /// Runs `f` on the newest snapshot if the cache is loaded and not closed (one look
     /// at the view: the fast path of a serializable read).
+    #[inline]
     pub(crate) fn with_serving_snapshot<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> Option<T> {
         let v = self.rx.borrow();
         (v.status.loaded && !v.status.closed()).then(|| f(&v.snapshot))
@@ -118,10 +122,12 @@ impl Viewer {
         self.rx.borrow().status.clone()
     }
 
+    #[inline]
     pub(crate) fn is_ready(&self) -> bool {
         self.rx.borrow().status.ready()
     }
 
+    #[inline]
     pub(crate) fn is_closed(&self) -> bool {
         self.rx.borrow().status.closed()
     }

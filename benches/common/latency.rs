@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 static BASE: OnceLock<Instant> = OnceLock::new();
 
 /// Nanoseconds since the first call (the clock the writers stamp values with).
+#[inline]
 pub(crate) fn now_ns() -> u64 {
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
@@ -16,6 +17,7 @@ pub(crate) fn now_ns() -> u64 {
 const SUB_BITS: u32 = 5;
 const BUCKETS: usize = (41 - SUB_BITS as usize) << SUB_BITS;
 
+#[inline]
 fn bucket(v: u64) -> usize {
     let v = v.max(1);
     let msb = 63 - v.leading_zeros();
@@ -64,6 +66,7 @@ thread_local! {
 
 /// Records `events` deliveries of a put sent at `sent_ns`, received now. Only the owning
 /// thread writes its counters, so a relaxed load + store is enough.
+#[inline]
 pub(crate) fn record(sent_ns: u64, now: u64, events: u64) {
     LOCAL.with(|l| {
         let b = &l.hist[bucket(now.saturating_sub(sent_ns))];
@@ -76,6 +79,7 @@ pub(crate) fn record(sent_ns: u64, now: u64, events: u64) {
 }
 
 /// Counts one watch response with events (same single-writer rule as [`record`]).
+#[inline]
 pub(crate) fn record_response() {
     LOCAL.with(|l| {
         l.responses

@@ -45,6 +45,7 @@ pub(super) enum Item {
 impl Item {
     /// True for a watch's last item: after it the watch has ended and its id may be
     /// freed.
+    #[inline]
     pub(super) fn is_last(&self) -> bool {
         matches!(self, Item::Canceled { .. } | Item::Failed(_))
     }
