@@ -16,11 +16,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
 use crate::forward_macros::call_upstream;
 use crate::metrics::{GaugeGuard, Served};
@@ -29,12 +30,28 @@ use crate::pb::etcdserverpb::{
     WatchProgressRequest, WatchRequest, WatchResponse,
 };
 use crate::pb::mvccpb::event::EventType;
+use crate::pb::mvccpb::KeyValue;
+use crate::status;
+
+use super::responses::INVALID_WATCH_ID;
 use crate::upstream::Upstream;
 
 /// The id on etcd's stream of the watch the client knows as 0.
 const ZERO: i64 = i64::MAX;
 /// Requests queued toward etcd.
 const QUEUE: usize = 64;
+/// The pause before each read of a prev_kv etcd left out (the first at once).
+const FILL_PAUSES: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+];
+/// How often a prev_kv etcd left out is asked for before the client's stream ends.
+const FILL_ATTEMPTS: usize = FILL_PAUSES.len();
+/// How long one read of a prev_kv etcd left out may take (a blackholed connection
+/// answers nothing).
+const FILL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The forwarded watches of one client stream.
 pub(crate) struct Forwarded {
@@ -202,10 +219,17 @@ impl Forwarded {
     /// Fills in the prev_kv that etcd left out of events of a watch that asked for it
     /// (see the module docs): the key at the event's revision - 1, read from etcd as its
     /// send loop reads it. A create (a put whose create revision is its revision) has
-    /// none; a read that fails (e.g. compacted) leaves it out, as etcd does.
-    pub(crate) async fn fill_prev_kv(&self, resp: &mut WatchResponse) {
+    /// none; a revision etcd compacted (or a read etcd refuses the caller) leaves it out,
+    /// as etcd's send loop does when its own read fails.
+    ///
+    /// # Errors
+    /// etcd could not be asked ([`FILL_ATTEMPTS`] times, each bounded by
+    /// [`FILL_TIMEOUT`]): the event is not sent without the prev_kv its watch asked for;
+    /// the client's stream ends with the status, so the client resumes its watches from
+    /// their last revision and gets the event again, whole.
+    pub(crate) async fn fill_prev_kv(&self, resp: &mut WatchResponse) -> Result<(), Status> {
         if !self.prev_kv.contains(&resp.watch_id) {
-            return;
+            return Ok(());
         }
         for e in &mut resp.events {
             let Some(kv) = e.kv.as_ref() else { continue };
@@ -219,69 +243,141 @@ impl Forwarded {
                 revision: kv.mod_revision - 1,
                 ..Default::default()
             };
-            match call_upstream!(&self.upstream, &self.metadata, req, kv.range).await {
-                Ok(r) => {
+            let revision = kv.mod_revision;
+            match self.read_prev_kv(req).await {
+                Ok(prev) => {
                     tracing::debug!(
                         watch_id = resp.watch_id,
-                        revision = kv.mod_revision,
+                        revision,
                         "filled in the prev_kv etcd left out"
                     );
-                    e.prev_kv = r.into_inner().kvs.into_iter().next();
+                    e.prev_kv = prev;
                 }
-                Err(s) => tracing::debug!(error = %s, "could not read the prev_kv etcd left out"),
+                Err(s) if s.code() == Code::OutOfRange || status::is_auth_refusal(&s) => {
+                    tracing::debug!(error = %s, revision, "etcd refused the prev_kv it left out");
+                }
+                Err(s) => {
+                    tracing::warn!(
+                        error = %s,
+                        watch_id = resp.watch_id,
+                        revision,
+                        "could not read the prev_kv etcd left out; the client's stream ends so that it resumes"
+                    );
+                    return Err(Status::unavailable(format!(
+                        "etcd-cache-proxy could not read from etcd the prev_kv of watch {}'s \
+                         event at revision {revision} ({FILL_ATTEMPTS} attempts): {}",
+                        resp.watch_id,
+                        s.message()
+                    )));
+                }
             }
         }
+        Ok(())
     }
 
-    /// etcd's next response; never resolves while no forwarded watch was made.
+    /// The key of `req` at its revision, asked again (after 10, 50, 200 ms) while etcd
+    /// cannot be reached; etcd's refusals (compacted, permission) are answers.
+    async fn read_prev_kv(&self, req: RangeRequest) -> Result<Option<KeyValue>, Status> {
+        let mut last = Status::unavailable("not asked");
+        for (attempt, pause) in FILL_PAUSES.iter().enumerate() {
+            if attempt > 0 {
+                tokio::time::sleep(*pause).await;
+            }
+            let call = call_upstream!(&self.upstream, &self.metadata, req.clone(), kv.range);
+            match tokio::time::timeout(FILL_TIMEOUT, call).await {
+                Ok(Ok(r)) => return Ok(r.into_inner().kvs.into_iter().next()),
+                Ok(Err(s)) if s.code() == Code::OutOfRange || status::is_auth_refusal(&s) => {
+                    return Err(s)
+                }
+                Ok(Err(s)) => last = s,
+                Err(_) => {
+                    last = Status::deadline_exceeded(format!(
+                        "no answer in {} ms",
+                        FILL_TIMEOUT.as_millis()
+                    ))
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// etcd's next response; never resolves while no forwarded watch was made. Events
+    /// and progress of a watch the client has canceled (etcd's `canceled` not yet come)
+    /// are not the client's any more: they are dropped, as the cache side drops them
+    /// (etcd's send loop may still send what it had queued, and without the prev_kv
+    /// asked for, since etcd forgets that flag when it reads the cancel).
     ///
     /// # Errors
     /// The upstream stream failed or ended (the client stream should end, so that the
     /// client resumes its watches).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a response is taken from etcd's stream only when it is returned or
+    /// dropped.
     pub(crate) async fn next(&mut self) -> Result<WatchResponse, Status> {
-        let Some(rx) = self.rx.as_mut() else {
-            return futures::future::pending().await;
-        };
-        match rx.message().await {
-            Ok(Some(mut r)) => {
-                if r.watch_id == ZERO {
-                    r.watch_id = 0;
-                }
-                if r.created {
-                    let asked = self.creating.pop_front();
-                    if let Some(id) = asked.filter(|id| self.resuming.remove(id)) {
-                        self.resumed_reply = true;
-                        if r.canceled {
-                            // Refused: to the client, the end of its watch.
-                            r.watch_id = id;
-                            r.created = false;
-                        }
+        loop {
+            let Some(rx) = self.rx.as_mut() else {
+                return futures::future::pending().await;
+            };
+            match rx.message().await {
+                Ok(Some(r)) => {
+                    if let Some(r) = self.take(r) {
+                        return Ok(r);
                     }
-                    if r.canceled {
-                        // Refused by etcd (id -1): the id it was asked with is free.
-                        if let Some(id) = asked {
-                            self.ids.remove(&id);
-                            self.prev_kv.remove(&id);
-                            // Canceled before etcd refused it: etcd ignores that cancel.
-                            self.dead_cancels += self.canceling.remove(&id).unwrap_or(0);
-                        }
-                    } else {
-                        self.open.add();
-                        crate::metrics::get().watch_created(Served::Etcd);
-                    }
-                } else if r.canceled && self.took(r.watch_id) {
-                    self.cancel_reply = true;
-                    self.open.sub();
-                } else if r.canceled && self.ids.remove(&r.watch_id) {
-                    self.prev_kv.remove(&r.watch_id);
-                    self.open.sub();
                 }
-                self.upstream.observe(r.header.as_ref());
-                Ok(r)
+                Ok(None) => return Err(Status::unavailable("watch stream to etcd ended")),
+                Err(e) => return Err(e),
             }
-            Ok(None) => Err(Status::unavailable("watch stream to etcd ended")),
-            Err(e) => Err(e),
         }
+    }
+
+    /// Books one of etcd's responses; `None` when it is not for the client (see
+    /// [`next`](Self::next)).
+    fn take(&mut self, mut r: WatchResponse) -> Option<WatchResponse> {
+        if r.watch_id == ZERO {
+            r.watch_id = 0;
+        }
+        self.upstream.observe(r.header.as_ref());
+        if r.created {
+            let asked = self.creating.pop_front();
+            if let Some(id) = asked.filter(|id| self.resuming.remove(id)) {
+                self.resumed_reply = true;
+                if r.canceled {
+                    // Refused: to the client, the end of its watch.
+                    r.watch_id = id;
+                    r.created = false;
+                }
+            }
+            if r.canceled {
+                // Refused by etcd (id -1): the id it was asked with is free.
+                if let Some(id) = asked {
+                    self.ids.remove(&id);
+                    self.prev_kv.remove(&id);
+                    // Canceled before etcd refused it: etcd ignores that cancel.
+                    self.dead_cancels += self.canceling.remove(&id).unwrap_or(0);
+                }
+            } else {
+                self.open.add();
+                crate::metrics::get().watch_created(Served::Etcd);
+            }
+        } else if r.canceled && self.took(r.watch_id) {
+            self.cancel_reply = true;
+            self.open.sub();
+        } else if r.canceled && self.ids.remove(&r.watch_id) {
+            self.prev_kv.remove(&r.watch_id);
+            self.open.sub();
+        } else if r.watch_id != INVALID_WATCH_ID
+            && self.canceling.contains_key(&r.watch_id)
+            && !self.ids.contains(&r.watch_id)
+        {
+            tracing::trace!(
+                watch_id = r.watch_id,
+                events = r.events.len(),
+                "etcd's response of a watch the client canceled: dropped"
+            );
+            return None;
+        }
+        Some(r)
     }
 }
 
@@ -295,4 +391,77 @@ pub(crate) fn take_one(counts: &mut HashMap<i64, usize>, id: i64) -> bool {
         counts.remove(&id);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::pb::mvccpb::Event;
+
+    fn forwarded() -> Forwarded {
+        let config = Config::parse_from(["etcd-cache-proxy", "--endpoints", "http://127.0.0.1:1"]);
+        Forwarded::new(Upstream::new(&config).unwrap(), MetadataMap::new())
+    }
+
+    fn events(watch_id: i64, revision: i64) -> WatchResponse {
+        WatchResponse {
+            watch_id,
+            events: vec![Event {
+                kv: Some(KeyValue {
+                    key: b"/x/a".to_vec().into(),
+                    create_revision: 2,
+                    mod_revision: revision,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// What etcd's send loop had queued for a watch the client canceled (it may come
+    /// without the prev_kv asked for: etcd forgets the flag when it reads the cancel) is
+    /// not sent; the `canceled` reply is, and a watch that took the id again gets its own.
+    #[tokio::test]
+    async fn a_canceled_watch_gets_nothing_more_from_etcd() {
+        let mut f = forwarded();
+        // Watch 2 with prev_kv, then the client's cancel (`cancel`'s bookkeeping; its
+        // send needs etcd).
+        f.ids.insert(2);
+        f.prev_kv.insert(2);
+        f.ids.remove(&2);
+        f.prev_kv.remove(&2);
+        f.canceling.insert(2, 1);
+        assert!(f.take(events(2, 10)).is_none(), "queued events dropped");
+        let progress = WatchResponse {
+            watch_id: 2,
+            ..Default::default()
+        };
+        assert!(f.take(progress).is_none(), "its progress dropped");
+        let other = f.take(events(3, 10)).expect("another watch's events pass");
+        assert_eq!(other.watch_id, 3);
+        let stream_progress = WatchResponse {
+            watch_id: INVALID_WATCH_ID,
+            ..Default::default()
+        };
+        assert!(
+            f.take(stream_progress).is_some(),
+            "stream-level progress passes"
+        );
+        // A new watch took id 2 before etcd's `canceled` came: its events are its own.
+        f.ids.insert(2);
+        assert!(f.take(events(2, 11)).is_some());
+        f.ids.remove(&2);
+        let canceled = WatchResponse {
+            watch_id: 2,
+            canceled: true,
+            ..Default::default()
+        };
+        assert!(f.take(canceled).is_some(), "the canceled reply is sent");
+        assert!(f.took_cancel());
+        assert!(f.canceling.is_empty());
+    }
 }

@@ -669,7 +669,10 @@ impl Session {
         if resp.canceled {
             self.outbound.forget(resp.watch_id);
         }
-        self.forwarded.fill_prev_kv(&mut resp).await;
+        if let Err(e) = self.forwarded.fill_prev_kv(&mut resp).await {
+            self.outbound.fail(e).await;
+            return Err(());
+        }
         responses::out_of_namespace(&mut resp, &self.state.namespace);
         for part in responses::by_revision(resp) {
             self.out(part).await?;
