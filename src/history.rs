@@ -14,15 +14,16 @@ use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
 use crate::kv::Event;
+use crate::shared_events::SharedEvents;
 
 /// Every event of one revision, stored once and shared by every subscriber.
 #[derive(Debug)]
 pub(crate) struct Batch {
     pub(crate) revision: i64,
     /// The events, each with its previous key-value.
-    with_prev: Arc<[Event]>,
+    with_prev: SharedEvents,
     /// The same events without the previous key-value, made on first use.
-    bare: OnceLock<Arc<[Event]>>,
+    bare: OnceLock<SharedEvents>,
     /// Key + value bytes of the events and their previous values.
     pub(crate) bytes: usize,
 }
@@ -46,7 +47,7 @@ impl Batch {
 
     /// Every event of the batch, with or without previous key-values. Shared, not copied.
     #[inline]
-    pub(crate) fn events(&self, with_prev: bool) -> &Arc<[Event]> {
+    pub(crate) fn events(&self, with_prev: bool) -> &SharedEvents {
         if with_prev {
             &self.with_prev
         } else {
@@ -229,7 +230,7 @@ mod tests {
         );
         assert!(b.events(true)[0].prev_kv().is_some());
         assert!(b.events(false)[0].prev_kv().is_none());
-        assert!(Arc::ptr_eq(b.events(false), b.events(false)));
+        assert!(b.events(false).ptr_eq(b.events(false)));
     }
 
     proptest! {

@@ -188,6 +188,7 @@ mod kv;
 mod metrics;
 mod progress;
 mod range_request;
+mod shared_events;
 mod stats;
 mod store;
 

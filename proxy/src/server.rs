@@ -29,13 +29,13 @@ use crate::maintenance::MaintenanceService;
 use crate::namespace::Namespace;
 use crate::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
-    lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
+    lease_server::LeaseServer, maintenance_server::MaintenanceServer,
 };
 use crate::pb::v3electionpb::election_server::ElectionServer;
 use crate::pb::v3lockpb::lock_server::LockServer;
 use crate::state::{Limits, State};
 use crate::upstream::{self, Upstream};
-use crate::watch::WatchService;
+use crate::watch::{WatchServer, WatchService};
 
 /// Pause between attempts to reach etcd at start-up.
 const CONNECT_RETRY: Duration = Duration::from_secs(1);

@@ -1,11 +1,10 @@
 //! What one subscriber receives: which keys, with or without previous key-values,
 //! and which event types.
 
-use std::sync::Arc;
-
 use crate::history::Batch;
 use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType};
+use crate::shared_events::SharedEvents;
 
 /// A subscriber's filter. Subscribers with equal filters share one group in the index,
 /// so a batch's payload is selected once per group.
@@ -40,7 +39,7 @@ impl Filter {
 
     /// The events of `batch` this filter passes: the batch's own shared slice when all
     /// of them pass, a new slice (of reference-counted events) when only some do.
-    pub(crate) fn select(&self, batch: &Batch) -> Option<Arc<[Event]>> {
+    pub(crate) fn select(&self, batch: &Batch) -> Option<SharedEvents> {
         let all = batch.all();
         let matching = all.iter().filter(|e| self.wants(e)).count();
         if matching == 0 {
@@ -74,10 +73,7 @@ mod tests {
             ],
         );
         let all = Filter::range(KeyRange::new(b"", &RangeSpec::AllKeys).unwrap());
-        assert!(Arc::ptr_eq(
-            &all.select(&batch).unwrap(),
-            batch.events(false)
-        ));
+        assert!(all.select(&batch).unwrap().ptr_eq(batch.events(false)));
         let no_delete = Filter {
             no_delete: true,
             ..all.clone()

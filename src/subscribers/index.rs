@@ -294,7 +294,7 @@ mod tests {
         let d1 = m1.take_queued().pop().unwrap();
         let d2 = m2.take_queued().pop().unwrap();
         assert_eq!(d1.events.len(), 1);
-        assert!(Arc::ptr_eq(&d1.events, &d2.events), "one payload per group");
+        assert!(d1.events.ptr_eq(&d2.events), "one payload per group");
         assert!(index.remove(1).is_some());
         assert!(index.remove(2).is_some());
         assert!(index.exact.is_empty() && index.groups.is_empty());

@@ -43,13 +43,13 @@ use parking_lot::{Mutex, RwLock};
 use super::filter::Filter;
 use crate::error::Error;
 use crate::history::History;
-use crate::kv::Event;
+use crate::shared_events::SharedEvents;
 
 /// One response's worth of events for one subscriber.
 #[derive(Debug, Clone)]
 pub(crate) struct Delivery {
     pub(crate) revision: i64,
-    pub(crate) events: Arc<[Event]>,
+    pub(crate) events: SharedEvents,
 }
 
 /// Why a subscription ended.
@@ -170,7 +170,7 @@ impl Mailbox {
     pub(crate) fn push(
         &self,
         revision: i64,
-        events: &Arc<[Event]>,
+        events: &SharedEvents,
         lag: &LagCount,
         wakers: &mut Vec<Waker>,
     ) -> Pushed {
@@ -400,8 +400,8 @@ mod tests {
     use crate::key_range::{KeyRange, RangeSpec};
     use crate::kv::{EventType, KeyValue};
 
-    fn put(key: &[u8], rev: i64) -> Event {
-        Event::new(
+    fn put(key: &[u8], rev: i64) -> crate::kv::Event {
+        crate::kv::Event::new(
             EventType::Put,
             KeyValue::new(key.to_vec(), "v", rev, rev, 1, 0),
             None,

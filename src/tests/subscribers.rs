@@ -490,3 +490,50 @@ async fn invalid_config_is_refused() {
         assert!(up.lists().is_empty());
     }
 }
+
+/// Subscribers of one range with the same options share the events of a revision, and
+/// a value derived from them (`events_memo`) is derived once for all of them; others get
+/// their own.
+#[tokio::test(start_paused = true)]
+async fn events_memo_is_derived_once_per_shared_events() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut a = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    let mut b = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    let mut with_prev = watch_prefix(&h.cache, WatchOptions::new().with_prev_key()).await;
+    created(&mut a).await;
+    created(&mut b).await;
+    created(&mut with_prev).await;
+    h.watch.events(vec![put("/app/a", "x", 11, 11, 1)]);
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let derive = |events: &[crate::kv::Event]| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        events.len()
+    };
+    let ra = next(&mut a).await.unwrap().unwrap();
+    let rb = next(&mut b).await.unwrap().unwrap();
+    let first: *const usize = ra.events_memo(derive).unwrap();
+    let second: *const usize = rb.events_memo(derive).unwrap();
+    assert_eq!(first, second, "one value, shared");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let rp = next(&mut with_prev).await.unwrap().unwrap();
+    assert_eq!(rp.events_memo(derive), Some(&1));
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "other options, other events"
+    );
+    assert!(ra.events_memo(|_| "another type").is_none());
+    let created_only = h
+        .cache
+        .watch(k("z"), None)
+        .await
+        .unwrap()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        created_only.events_memo(derive).is_none(),
+        "no events, no memo"
+    );
+}

@@ -1,8 +1,7 @@
 //! [`WatchResponse`], as `etcd_client::WatchResponse`.
 
-use std::sync::Arc;
-
 use crate::kv::Event;
+use crate::shared_events::SharedEvents;
 
 /// The header of a response: etcd-client's type, with the cache's revision and the
 /// upstream's cluster id, member id and raft term (0 until the cache has heard them).
@@ -39,7 +38,7 @@ pub struct WatchResponse {
     revision: i64,
     watch_id: i64,
     kind: Kind,
-    events: Option<Arc<[Event]>>,
+    events: Option<SharedEvents>,
     compact_revision: i64,
     cancel_reason: &'static str,
 }
@@ -61,7 +60,7 @@ impl WatchResponse {
         Self::new(header, watch_id, Kind::Created)
     }
 
-    pub(super) fn new_events(header: ResponseHeader, watch_id: i64, events: Arc<[Event]>) -> Self {
+    pub(super) fn new_events(header: ResponseHeader, watch_id: i64, events: SharedEvents) -> Self {
         WatchResponse {
             events: Some(events),
             ..Self::new(header, watch_id, Kind::Events)
@@ -109,6 +108,38 @@ impl WatchResponse {
     /// The events, all of one revision. Shared with other subscribers, never copied.
     pub fn events(&self) -> &[Event] {
         self.events.as_deref().unwrap_or(&[])
+    }
+
+    /// A value derived from [`events`](Self::events) once and shared by every response
+    /// that carries the same events: the subscribers of one key range with the same
+    /// options get the same events of a revision, so the first of them to call this
+    /// runs `derive` and the others get its value (a reference count, no copy). This is
+    /// how etcd-cache-proxy encodes an event once for all of its remote watchers; a
+    /// service can use it to decode a value once for many subscribers.
+    ///
+    /// One value per set of events: `None` when the response has no events, or when the
+    /// value derived first is of another type than `T`. It lives as long as the events
+    /// (the cache's history keeps the events of its window).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use etcd_cache::WatchOptions;
+    ///
+    /// let mut stream = cache.watch("/app/", Some(WatchOptions::new().with_prefix())).await?;
+    /// while let Some(resp) = stream.message().await? {
+    ///     // Counted once per revision, however many subscribers ask.
+    ///     let bytes: Option<&usize> = resp.events_memo(|events| {
+    ///         events.iter().filter_map(|e| e.kv()).map(|kv| kv.value().len()).sum()
+    ///     });
+    ///     println!("{bytes:?} bytes of values");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn events_memo<T: std::any::Any + Send + Sync>(
+        &self,
+        derive: impl FnOnce(&[Event]) -> T,
+    ) -> Option<&T> {
+        self.events.as_ref()?.memo(derive)
     }
 
     /// True for a progress response: no events, and every matching event with a

@@ -11,9 +11,9 @@ use tokio::time::{Instant, Sleep};
 
 use super::register::Registration;
 use crate::error::Error;
-use crate::kv::Event;
 use crate::metrics::EndReason;
 use crate::shared::Shared;
+use crate::shared_events::SharedEvents;
 use crate::subscribers::filter::Filter;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
 use crate::subscribers::{Registered, Slot, SubId};
@@ -26,7 +26,7 @@ pub(super) const COMPACTED_REASON: &str = "mvcc: required revision has been comp
 pub(super) enum Item {
     Events {
         revision: i64,
-        events: Arc<[Event]>,
+        events: SharedEvents,
     },
     /// A periodic progress notification: every matching event up to `revision`
     /// has been delivered.

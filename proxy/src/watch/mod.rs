@@ -34,10 +34,14 @@
 pub(crate) mod cached;
 mod catch_up;
 mod forwarded;
+mod grpc;
 mod progress;
 mod reply_order;
 mod responses;
 mod session;
+mod wire;
+
+pub(crate) use grpc::WatchServer;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,9 +52,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::pb::etcdserverpb::{watch_server::Watch, WatchRequest, WatchResponse};
+use crate::pb::etcdserverpb::WatchRequest;
 use crate::state::State;
 use session::{Queued, Session};
+use wire::WireResponse;
 
 /// Bytes of requests read from a client stream and not yet handled, at most: the stream
 /// is read as fast as the client sends (h2 refuses a client whose small frames pile up
@@ -68,12 +73,12 @@ impl WatchService {
     }
 }
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+/// The responses of one Watch stream.
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WireResponse, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl Watch for WatchService {
-    type WatchStream = WatchStream;
-
+impl WatchService {
+    /// Opens a Watch stream: its session task reads the client's requests and sends
+    /// the responses.
     async fn watch(
         &self,
         req: Request<Streaming<WatchRequest>>,

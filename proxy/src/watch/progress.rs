@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pb::etcdserverpb::WatchResponse;
+use super::wire::WireResponse;
 
 /// How long responses may be held for one progress request.
 pub(crate) const HOLD_LIMIT: Duration = Duration::from_secs(5);
@@ -59,7 +59,7 @@ pub(crate) enum Side {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Item {
     /// A response of a watch.
-    Resp(WatchResponse),
+    Resp(WireResponse),
     /// The stream-level progress answer at this revision.
     Progress(i64),
 }
@@ -98,45 +98,11 @@ pub(crate) struct Progress {
     /// Per side, the request in flight: it covers the client requests up to this `seq`,
     /// and when it was sent.
     asked: [Option<(u64, Instant)>; 2],
-    held: VecDeque<WatchResponse>,
+    held: VecDeque<WireResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
     held_ids: HashMap<i64, usize>,
     /// The highest event revision sent on the stream.
     sent_max: i64,
-}
-
-/// The revision of a response's last event (0 without events).
-fn last_revision(r: &WatchResponse) -> i64 {
-    r.events
-        .last()
-        .and_then(|e| e.kv.as_ref())
-        .map_or(0, |kv| kv.mod_revision)
-}
-
-/// Splits `r` into its events at or below `bound` and the rest (either may be `None`). The
-/// flags that end a watch stay with the later part.
-fn split(mut r: WatchResponse, bound: i64) -> (Option<WatchResponse>, Option<WatchResponse>) {
-    let at = r
-        .events
-        .iter()
-        .position(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision) > bound)
-        .unwrap_or(r.events.len());
-    if r.events.is_empty() || at == r.events.len() {
-        return (Some(r), None);
-    }
-    if at == 0 {
-        return (None, Some(r));
-    }
-    let high_events = r.events.split_off(at);
-    let low = WatchResponse {
-        events: std::mem::take(&mut r.events),
-        canceled: false,
-        compact_revision: 0,
-        cancel_reason: String::new(),
-        ..r.clone()
-    };
-    r.events = high_events;
-    (Some(low), Some(r))
 }
 
 impl Progress {
@@ -239,17 +205,17 @@ impl Progress {
     }
 
     /// A response of a watch: sent now, or held (and sent later, in order).
-    pub(crate) fn push(&mut self, r: WatchResponse) -> Out {
+    pub(crate) fn push(&mut self, r: WireResponse) -> Out {
         let mut out = Out::default();
         let Some(bound) = self.bound() else {
             debug_assert!(self.held.is_empty());
             self.emit(&mut out, r);
             return out;
         };
-        if self.held_ids.contains_key(&r.watch_id) {
+        if self.held_ids.contains_key(&r.watch_id()) {
             self.hold(r);
         } else {
-            let (low, high) = split(r, bound);
+            let (low, high) = r.split(bound);
             if let Some(low) = low {
                 self.emit(&mut out, low);
             }
@@ -282,13 +248,13 @@ impl Progress {
         out
     }
 
-    fn hold(&mut self, r: WatchResponse) {
-        *self.held_ids.entry(r.watch_id).or_default() += 1;
+    fn hold(&mut self, r: WireResponse) {
+        *self.held_ids.entry(r.watch_id()).or_default() += 1;
         self.held.push_back(r);
     }
 
-    fn emit(&mut self, out: &mut Out, r: WatchResponse) {
-        self.sent_max = self.sent_max.max(last_revision(&r));
+    fn emit(&mut self, out: &mut Out, r: WireResponse) {
+        self.sent_max = self.sent_max.max(r.last_revision());
         out.items.push(Item::Resp(r));
     }
 
@@ -316,25 +282,25 @@ impl Progress {
         let mut keep = VecDeque::new();
         let mut blocked = HashSet::new();
         for r in std::mem::take(&mut self.held) {
-            if blocked.contains(&r.watch_id) {
+            if blocked.contains(&r.watch_id()) {
                 keep.push_back(r);
                 continue;
             }
             let (low, high) = match bound {
                 None => (Some(r), None),
-                Some(b) => split(r, b),
+                Some(b) => r.split(b),
             };
             if let Some(low) = low {
                 self.emit(out, low);
             }
             if let Some(high) = high {
-                blocked.insert(high.watch_id);
+                blocked.insert(high.watch_id());
                 keep.push_back(high);
             }
         }
         self.held_ids.clear();
         for r in &keep {
-            *self.held_ids.entry(r.watch_id).or_default() += 1;
+            *self.held_ids.entry(r.watch_id()).or_default() += 1;
         }
         self.held = keep;
     }
@@ -343,10 +309,11 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::etcdserverpb::WatchResponse;
     use crate::pb::mvccpb::{Event, KeyValue};
 
-    fn resp(watch_id: i64, revs: &[i64]) -> WatchResponse {
-        WatchResponse {
+    fn resp(watch_id: i64, revs: &[i64]) -> WireResponse {
+        WireResponse::Message(WatchResponse {
             watch_id,
             events: revs
                 .iter()
@@ -360,20 +327,21 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        }
+        })
     }
 
     fn revs(items: &[Item]) -> Vec<(i64, Vec<i64>)> {
         items
             .iter()
             .map(|i| match i {
-                Item::Resp(r) => (
+                Item::Resp(WireResponse::Message(r)) => (
                     r.watch_id,
                     r.events
                         .iter()
                         .map(|e| e.kv.as_ref().unwrap().mod_revision)
                         .collect(),
                 ),
+                Item::Resp(WireResponse::Events(_)) => unreachable!("messages only here"),
                 Item::Progress(p) => (-1, vec![*p]),
             })
             .collect()
@@ -446,7 +414,9 @@ mod tests {
         assert!(p.push(resp(1, &[6])).items.is_empty());
         // A cancel of the same watch waits behind its events.
         let mut cancel = resp(1, &[]);
-        cancel.canceled = true;
+        if let WireResponse::Message(m) = &mut cancel {
+            m.canceled = true;
+        }
         assert!(p.push(cancel).items.is_empty());
         // The first deadline: etcd's request counts as dropped (and is asked again).
         assert!(p.deadline().unwrap() < now + HOLD_LIMIT);

@@ -12,10 +12,11 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use super::wire::{self, EncodedEvents, WireResponse};
 use crate::metrics::RefusalKind;
 use crate::namespace::Namespace;
 use crate::pb::etcdserverpb::{ResponseHeader, WatchResponse};
-use crate::pb::mvccpb::{event::EventType, Event};
+use crate::pb::mvccpb::Event;
 use crate::status;
 use crate::upstream::Upstream;
 
@@ -32,7 +33,7 @@ const BATCH_TOTAL_BYTES: usize = 4 * 1024 * 1024;
 /// The client's half of a Watch stream: its bounded queue, and which of its watches
 /// asked for fragments.
 pub(crate) struct Outbound {
-    tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    tx: mpsc::Sender<Result<WireResponse, Status>>,
     /// Watches created with `fragment`.
     fragment: HashSet<i64>,
     /// Fragment threshold (etcd's --max-request-bytes).
@@ -41,7 +42,7 @@ pub(crate) struct Outbound {
 
 impl Outbound {
     pub(crate) fn new(
-        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+        tx: mpsc::Sender<Result<WireResponse, Status>>,
         max_request_bytes: usize,
     ) -> Self {
         Outbound {
@@ -52,7 +53,7 @@ impl Outbound {
     }
 
     /// The queue itself (for the session's `select!`: room, closed).
-    pub(crate) fn sender(&self) -> &mpsc::Sender<Result<WatchResponse, Status>> {
+    pub(crate) fn sender(&self) -> &mpsc::Sender<Result<WireResponse, Status>> {
         &self.tx
     }
 
@@ -72,8 +73,8 @@ impl Outbound {
     }
 
     /// Queues a response for the client (waits while the queue is full).
-    pub(crate) async fn send(&self, resp: WatchResponse) -> Result<(), ()> {
-        self.tx.send(Ok(resp)).await.map_err(drop)
+    pub(crate) async fn send(&self, resp: impl Into<WireResponse>) -> Result<(), ()> {
+        self.tx.send(Ok(resp.into())).await.map_err(drop)
     }
 
     /// Ends the stream with `status`.
@@ -82,14 +83,16 @@ impl Outbound {
     }
 
     /// Sends a response of a watch, in fragments if it asked for them.
-    pub(crate) async fn emit(&self, resp: WatchResponse) -> Result<(), ()> {
-        if self.fragments(resp.watch_id) && resp.events.len() > 1 {
-            for part in fragments(resp, self.max_request_bytes) {
-                self.send(part).await?;
+    pub(crate) async fn emit(&self, resp: WireResponse) -> Result<(), ()> {
+        match resp {
+            WireResponse::Message(m) if self.fragments(m.watch_id) && m.events.len() > 1 => {
+                for part in fragments(m, self.max_request_bytes) {
+                    self.send(part).await?;
+                }
+                Ok(())
             }
-            return Ok(());
+            resp => self.send(resp).await,
         }
-        self.send(resp).await
     }
 }
 
@@ -97,13 +100,13 @@ impl Outbound {
 /// where they follow each other (etcd sends a watcher that is catching up many
 /// revisions in one response, `syncWatchers`, and a remote watcher pays per message more
 /// than per event). A watch's responses keep their order; responses of different
-/// watches may pass each other, as on etcd's streams.
+/// watches may pass each other, as on etcd's streams. The events are the cache's,
+/// encoded once (`wire.rs`).
 #[derive(Default)]
 pub(crate) struct Merge {
-    batch: Vec<WatchResponse>,
-    /// Per watch: the index in `batch` of its response still taking events, and its
-    /// encoded size.
-    open: HashMap<i64, (usize, usize)>,
+    batch: Vec<EncodedEvents>,
+    /// Per watch: the index in `batch` of its response still taking events.
+    open: HashMap<i64, usize>,
     /// Replies taken this round.
     taken: usize,
     /// Bytes of events taken this round.
@@ -123,20 +126,14 @@ impl Merge {
         self.taken += 1;
     }
 
-    /// Adds an events response of the cache's (made etcd's).
-    pub(crate) fn push(&mut self, resp: WatchResponse) {
+    /// Adds an events response of the cache's.
+    pub(crate) fn push(&mut self, resp: EncodedEvents) {
         let id = resp.watch_id;
-        let size = resp.events.iter().map(Message::encoded_len).sum::<usize>();
-        self.total += size;
-        match self.open.get_mut(&id) {
-            Some((at, bytes)) if *bytes < BATCH_BYTES => {
-                let merged = &mut self.batch[*at];
-                merged.header = resp.header;
-                merged.events.extend(resp.events);
-                *bytes += size;
-            }
+        self.total += resp.events_len();
+        match self.open.get(&id) {
+            Some(&at) if self.batch[at].events_len() < BATCH_BYTES => self.batch[at].append(resp),
             _ => {
-                self.open.insert(id, (self.batch.len(), size));
+                self.open.insert(id, self.batch.len());
                 self.batch.push(resp);
             }
         }
@@ -151,15 +148,13 @@ impl Merge {
 
     /// The merged responses so far, to be sent in order, with header revisions that do
     /// not go down along them (a merged response carries its last event's header).
-    pub(crate) fn drain(&mut self) -> Vec<WatchResponse> {
+    pub(crate) fn drain(&mut self) -> Vec<EncodedEvents> {
         self.open.clear();
         let mut revision = 0;
         let mut out = std::mem::take(&mut self.batch);
         for resp in &mut out {
-            if let Some(h) = resp.header.as_mut() {
-                h.revision = h.revision.max(revision);
-                revision = h.revision;
-            }
+            resp.header.revision = resp.header.revision.max(revision);
+            revision = resp.header.revision;
         }
         out
     }
@@ -184,19 +179,11 @@ pub(crate) fn from_cache(
             r.cancel_reason().to_string()
         },
         fragment: false,
-        events: r.events().iter().map(|e| event(e, namespace)).collect(),
-    }
-}
-
-fn event(e: &etcd_cache::Event, namespace: &Namespace) -> Event {
-    let kind = match e.event_type() {
-        etcd_cache::EventType::Put => EventType::Put,
-        etcd_cache::EventType::Delete => EventType::Delete,
-    };
-    Event {
-        r#type: kind as i32,
-        kv: e.kv().map(|kv| namespace.kv_from_cache(kv)),
-        prev_kv: e.prev_kv().map(|kv| namespace.kv_from_cache(kv)),
+        events: r
+            .events()
+            .iter()
+            .map(|e| wire::event(e, namespace))
+            .collect(),
     }
 }
 
@@ -374,7 +361,7 @@ fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::mvccpb::KeyValue;
+    use crate::pb::mvccpb::{event::EventType, KeyValue};
 
     fn put(key: &str, value_len: usize) -> Event {
         Event {

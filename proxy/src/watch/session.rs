@@ -22,6 +22,7 @@ use super::forwarded::{take_one, Forwarded};
 use super::progress::{Item, Out, Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
 use super::responses::{self, Merge, Outbound, Refusal, INVALID_WATCH_ID};
+use super::wire::{EncodedEvents, WireResponse};
 use crate::metrics::{GaugeGuard, RefusalKind, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, WatchCreateRequest, WatchRequest, WatchResponse,
@@ -132,7 +133,7 @@ impl Session {
     pub(super) fn new(
         state: Arc<State>,
         scope: &ConnScope,
-        tx: mpsc::Sender<Result<WatchResponse, Status>>,
+        tx: mpsc::Sender<Result<WireResponse, Status>>,
         metadata: tonic::metadata::MetadataMap,
         require_leader: bool,
     ) -> Self {
@@ -631,8 +632,8 @@ impl Session {
     }
 
     /// Sends a response of a watch now or after the pending progress answer.
-    async fn out(&mut self, resp: WatchResponse) -> Result<(), ()> {
-        let out = self.progress.push(resp);
+    async fn out(&mut self, resp: impl Into<WireResponse>) -> Result<(), ()> {
+        let out = self.progress.push(resp.into());
         self.apply(out).await
     }
 
@@ -741,7 +742,8 @@ impl Session {
             self.resumable.sent(&r);
             if Merge::merges(&r, &self.outbound) {
                 let state = &self.state;
-                merge.push(responses::from_cache(&r, &state.upstream, &state.namespace));
+                let header = state.upstream.header_from_cache(r.header(), r.revision());
+                merge.push(EncodedEvents::from_cache(&r, header, &state.namespace));
             } else {
                 self.flush(&mut merge).await?;
                 self.send_reply(r).await?;
