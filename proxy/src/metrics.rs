@@ -193,6 +193,7 @@ pub(crate) struct Metrics {
     auth_asks: Counter,
     auth_revoked: Counter,
     caught_up: Counter,
+    rejoined: Counter,
     /// `etcd_cache_proxy_sent_bytes_total` per entry of [`SERVICES`], then `unknown`.
     sent_bytes: Vec<Counter>,
 }
@@ -226,6 +227,7 @@ impl Metrics {
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
+            rejoined: metrics::counter!("etcd_cache_proxy_watches_rejoined_total"),
             sent_bytes: SERVICES
                 .iter()
                 .map(|(s, _)| sent(s))
@@ -248,6 +250,11 @@ impl Metrics {
     /// next revision instead of being canceled.
     pub(crate) fn watch_caught_up(&self) {
         self.caught_up.increment(1);
+    }
+
+    /// A watch caught up from etcd returned to the cache.
+    pub(crate) fn watch_rejoined(&self) {
+        self.rejoined.increment(1);
     }
 
     /// A client connection opened; closed when the guard drops.
@@ -349,6 +356,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_watches_caught_up_total",
         "cached watches that fell behind the cache's window, moved to etcd from their next revision (not canceled)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_watches_rejoined_total",
+        "watches caught up from etcd that returned to the cache once in the newer half of its window"
     );
 }
 

@@ -59,14 +59,18 @@ async fn read_to(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd() {
+async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd_then_returns() {
     let etcd = start_etcd(EtcdOptions::default()).await;
     let (proxy, maddr) = small_window_proxy(&etcd).await;
     let mut writer = client(&etcd.endpoint()).await;
-    // The slow client opens a watch and never reads it.
+    // The slow client opens a watch and never reads it (id 7: the cache reads id 0 as
+    // "any id", so a watch 0 caught up from etcd stays there).
     let mut slow = client(&proxy.endpoint()).await;
     let mut slow_stream = slow
-        .watch("/s/", Some(WatchOptions::new().with_prefix()))
+        .watch(
+            "/s/",
+            Some(WatchOptions::new().with_prefix().with_watch_id(7)),
+        )
         .await
         .unwrap();
     let created = slow_stream.message().await.unwrap().unwrap();
@@ -120,12 +124,20 @@ async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd() 
     assert!(canceled.is_none(), "canceled: {canceled:?}");
     assert_eq!(got.first(), Some(&first));
     assert_eq!(got.last(), Some(&last));
-    scrape_until(maddr, "the slow watch caught up from etcd", |s| {
-        s.get("etcd_cache_proxy_watches_caught_up_total", &[]) == Some(1.0)
-            && s.get("etcd_cache_proxy_watches", &[("served", "etcd")]) == Some(1.0)
-    })
+    // Caught up, it returned to the cache: etcd holds no watch of it any more (the fast
+    // client's stream ended with its reader).
+    scrape_until(
+        maddr,
+        "the slow watch caught up from etcd, then back in the cache",
+        |s| {
+            s.get("etcd_cache_proxy_watches_caught_up_total", &[]) == Some(1.0)
+                && s.get("etcd_cache_proxy_watches_rejoined_total", &[]) == Some(1.0)
+                && s.get("etcd_cache_proxy_watches", &[("served", "etcd")]) == Some(0.0)
+                && s.get("etcd_cache_proxy_watches", &[("served", "cache")]) == Some(1.0)
+        },
+    )
     .await;
-    // The caught-up watch goes on: a new write reaches it once.
+    // The watch goes on, from the cache: a new write reaches it once.
     let next = writer.put("/s/after", "x", None).await.unwrap();
     let next = next.header().unwrap().revision();
     let (got, canceled) = read_to(&mut slow_stream, next).await;

@@ -1,9 +1,12 @@
-//! Cached watches' way back to etcd. A cached watch that falls behind the cache's
+//! Cached watches' way to etcd and back. A cached watch that falls behind the cache's
 //! window (its client did not read, or the cache caught up after an outage longer than
 //! the window) is not canceled while etcd may still hold its revisions: the session
 //! moves it to etcd under its id, from its next revision (`session.rs: catch_up`), and
-//! etcd, not the cache, decides whether that revision is compacted. [`CatchUp`] keeps,
-//! per cached watch, the create that does that and the revision it needs next.
+//! etcd, not the cache, decides whether that revision is compacted. Once etcd has
+//! brought it into the newer half of the cache's window, it returns to the cache from
+//! its next revision (`session.rs: rejoin`), so that a burst does not leave etcd with
+//! one watch per client for good. [`CatchUp`] keeps, per watch, the create that moves
+//! it and the revision it needs next.
 
 use std::collections::HashMap;
 
@@ -16,10 +19,12 @@ struct Resumable {
     next: i64,
 }
 
-/// The stream's cached watches, by id, each with what it takes to catch it up.
+/// The stream's cached watches, by id, each with what it takes to catch it up; and the
+/// ones caught up (served by etcd for now), with what it takes to bring them back.
 #[derive(Default)]
 pub(super) struct CatchUp {
     watches: HashMap<i64, Resumable>,
+    away: HashMap<i64, Resumable>,
 }
 
 impl CatchUp {
@@ -48,15 +53,60 @@ impl CatchUp {
         }
     }
 
-    /// The watch ended (canceled by the client or the proxy).
+    /// The watch ended (canceled by the client or the proxy, or by etcd while away).
     pub(super) fn forget(&mut self, watch_id: i64) {
         self.watches.remove(&watch_id);
+        self.away.remove(&watch_id);
     }
 
     /// The watch's create from its next revision, for etcd; it is no longer the
-    /// cache's.
+    /// cache's but etcd's, until [`returning`](Self::returning) brings it back.
     pub(super) fn take(&mut self, watch_id: i64) -> Option<WatchCreateRequest> {
         let w = self.watches.remove(&watch_id)?;
+        let create = WatchCreateRequest {
+            start_revision: w.next,
+            ..w.create
+        };
+        self.away.insert(
+            watch_id,
+            Resumable {
+                create: create.clone(),
+                next: w.next,
+            },
+        );
+        Some(create)
+    }
+
+    /// A watch that was to return to the cache stays with etcd (the cache did not take
+    /// it back), from `create`'s start revision.
+    pub(super) fn stay_away(&mut self, create: WatchCreateRequest) {
+        let next = create.start_revision;
+        self.away
+            .insert(create.watch_id, Resumable { create, next });
+    }
+
+    /// etcd sent a caught-up watch everything up to `through` (its events, or its
+    /// progress). Its create from the next revision, if that revision is in the newer
+    /// half of the cache's window `[floor, head]`: it goes back to the cache (and is the
+    /// cache's again, see [`created`](Self::created)).
+    pub(super) fn returning(
+        &mut self,
+        watch_id: i64,
+        through: i64,
+        (floor, head): (i64, i64),
+    ) -> Option<WatchCreateRequest> {
+        let w = self.away.get_mut(&watch_id)?;
+        w.next = w.next.max(through + 1);
+        // The cache reads id 0 as "any id" (as etcd does): a watch the client knows as 0
+        // cannot be given back under its id, so it stays with etcd.
+        if watch_id == 0 {
+            return None;
+        }
+        let newer_half = floor + (head - floor) / 2;
+        if w.next < newer_half.max(floor + 1) || w.next > head + 1 {
+            return None;
+        }
+        let w = self.away.remove(&watch_id)?;
         Some(WatchCreateRequest {
             start_revision: w.next,
             ..w.create
@@ -116,5 +166,45 @@ mod tests {
         c.created(create(4, 0), 30);
         c.forget(4);
         assert!(c.take(4).is_none());
+    }
+
+    #[test]
+    fn a_caught_up_watch_returns_in_the_newer_half_of_the_window() {
+        let mut c = CatchUp::default();
+        let create = WatchCreateRequest {
+            key: b"/a/".to_vec().into(),
+            watch_id: 7,
+            prev_kv: true,
+            ..Default::default()
+        };
+        c.created(create, 100);
+        assert_eq!(c.take(7).map(|w| w.start_revision), Some(101));
+        assert!(c.returning(8, 5_000, (1_000, 3_000)).is_none(), "not away");
+        // Window [1000, 3000]: the newer half starts at 2000.
+        assert!(
+            c.returning(7, 1_500, (1_000, 3_000)).is_none(),
+            "older half"
+        );
+        let back = c.returning(7, 2_400, (1_000, 3_000)).expect("newer half");
+        assert_eq!(
+            (back.start_revision, back.watch_id, back.prev_kv),
+            (2_401, 7, true)
+        );
+        assert!(c.returning(7, 2_500, (1_000, 3_000)).is_none(), "back once");
+        // Away again, then ended by etcd or the client.
+        c.created(back, 2_400);
+        assert!(c.take(7).is_some());
+        c.forget(7);
+        assert!(c.returning(7, 2_900, (1_000, 3_000)).is_none());
+        // Id 0 stays with etcd (the cache would read it as "any id").
+        c.created(
+            WatchCreateRequest {
+                watch_id: 0,
+                ..Default::default()
+            },
+            100,
+        );
+        assert!(c.take(0).is_some());
+        assert!(c.returning(0, 2_400, (1_000, 3_000)).is_none());
     }
 }

@@ -72,6 +72,9 @@ pub(crate) struct Forwarded {
     cancel_reply: bool,
     /// Cancels etcd will never answer: their watch's create was refused.
     dead_cancels: usize,
+    /// The proxy's own cancels (a watch returning to the cache), by id: etcd's reply is
+    /// not the client's.
+    retiring: HashMap<i64, usize>,
     /// Ids of creates that resume a watch the client has already had `created` for
     /// (a cached watch caught up from etcd): their `created` is not the client's.
     resuming: HashSet<i64>,
@@ -94,6 +97,7 @@ impl Forwarded {
             canceling: HashMap::new(),
             cancel_reply: false,
             dead_cancels: 0,
+            retiring: HashMap::new(),
             resuming: HashSet::new(),
             resumed_reply: false,
             open: crate::metrics::get().open_watches(Served::Etcd),
@@ -169,6 +173,20 @@ impl Forwarded {
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
             .await?;
         Ok(true)
+    }
+
+    /// Ends forwarded watch `watch_id` for the proxy's own reason (it returns to the
+    /// cache under the same id): as [`cancel`](Self::cancel), but etcd's `canceled`
+    /// reply is not the client's, and neither is anything else etcd still sends of it.
+    pub(crate) async fn retire(&mut self, watch_id: i64) -> Result<(), Status> {
+        if !self.ids.remove(&watch_id) {
+            return Ok(());
+        }
+        self.prev_kv.remove(&watch_id);
+        *self.retiring.entry(watch_id).or_default() += 1;
+        let watch_id = if watch_id == 0 { ZERO } else { watch_id };
+        self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
+            .await
     }
 
     /// Takes one pending cancel of `watch_id`, if there is one.
@@ -360,6 +378,10 @@ impl Forwarded {
                 self.open.add();
                 crate::metrics::get().watch_created(Served::Etcd);
             }
+        } else if r.canceled && take_one(&mut self.retiring, r.watch_id) {
+            // The reply to the proxy's own cancel (or etcd's end of that watch).
+            self.open.sub();
+            return None;
         } else if r.canceled && self.took(r.watch_id) {
             self.cancel_reply = true;
             self.open.sub();
@@ -367,7 +389,7 @@ impl Forwarded {
             self.prev_kv.remove(&r.watch_id);
             self.open.sub();
         } else if r.watch_id != INVALID_WATCH_ID
-            && self.canceling.contains_key(&r.watch_id)
+            && (self.canceling.contains_key(&r.watch_id) || self.retiring.contains_key(&r.watch_id))
             && !self.ids.contains(&r.watch_id)
         {
             tracing::trace!(

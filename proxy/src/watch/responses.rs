@@ -199,6 +199,19 @@ pub(crate) fn out_of_namespace(resp: &mut WatchResponse, namespace: &Namespace) 
     }
 }
 
+/// The revision up to which etcd's response `resp` of a forwarded watch proves the
+/// client has everything of that watch: its last event's, or its own progress
+/// notification's; none for the rest.
+pub(crate) fn sent_through(resp: &WatchResponse) -> Option<i64> {
+    if resp.created || resp.canceled || resp.watch_id == INVALID_WATCH_ID {
+        return None;
+    }
+    match resp.events.last().and_then(|e| e.kv.as_ref()) {
+        Some(kv) => Some(kv.mod_revision),
+        None => resp.header.as_ref().map(|h| h.revision),
+    }
+}
+
 /// Whether etcd's `resp` is a stream-level progress answer (watch id -1, nothing else).
 pub(crate) fn is_progress(resp: &WatchResponse) -> bool {
     resp.watch_id == INVALID_WATCH_ID && !resp.created && !resp.canceled && resp.events.is_empty()
@@ -298,33 +311,31 @@ pub(crate) fn refused(header: ResponseHeader, refusal: &Refusal) -> WatchRespons
 /// catching-up watcher up to 1,000 revisions in one message, which can be more than a
 /// client takes in one (4 MiB for etcd-client, tonic's default). A revision's events stay
 /// in one response, however big (all events of one revision in one response, as etcd).
-pub(crate) fn by_revision(resp: WatchResponse) -> Vec<WatchResponse> {
+pub(crate) fn by_revision(mut resp: WatchResponse) -> Vec<WatchResponse> {
     if resp.created || resp.canceled || resp.events.len() < 2 || resp.encoded_len() <= BATCH_BYTES {
         return vec![resp];
     }
     let revision = |e: &Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+    let events = std::mem::take(&mut resp.events);
     let mut out = Vec::new();
-    let mut cur = WatchResponse {
-        events: Vec::new(),
-        ..resp.clone()
-    };
+    let mut cur = Vec::new();
     let mut bytes = 0;
-    for (i, ev) in resp.events.iter().enumerate() {
-        let new_revision = i > 0 && revision(ev) != revision(&resp.events[i - 1]);
-        if new_revision && bytes >= BATCH_BYTES {
-            out.push(std::mem::replace(
-                &mut cur,
-                WatchResponse {
-                    events: Vec::new(),
-                    ..resp.clone()
-                },
-            ));
+    let mut last = None;
+    for ev in events {
+        let rev = revision(&ev);
+        if last.is_some_and(|l| l != rev) && bytes >= BATCH_BYTES {
+            out.push(WatchResponse {
+                events: std::mem::take(&mut cur),
+                ..resp.clone()
+            });
             bytes = 0;
         }
+        last = Some(rev);
         bytes += ev.encoded_len();
-        cur.events.push(ev.clone());
+        cur.push(ev);
     }
-    out.push(cur);
+    resp.events = cur;
+    out.push(resp);
     out
 }
 

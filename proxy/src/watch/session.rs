@@ -55,6 +55,9 @@ struct PendingCreate {
     /// The create as etcd would take it (etcd's keyspace, its id): how the watch is
     /// resumed from etcd if it falls behind the cache's window.
     resume: WatchCreateRequest,
+    /// A watch caught up from etcd returning to the cache (`rejoin`): the client has had
+    /// its `created` long ago, and did not ask for this one.
+    rejoin: bool,
 }
 
 /// What woke the session.
@@ -490,6 +493,7 @@ impl Session {
                     key,
                     end: range_end,
                     resume,
+                    rejoin: false,
                 });
                 self.order.sent(Side::Cache);
                 Ok(())
@@ -674,6 +678,10 @@ impl Session {
             self.outbound.fail(e).await;
             return Err(());
         }
+        let (watch_id, through) = (resp.watch_id, responses::sent_through(&resp));
+        if resp.canceled {
+            self.resumable.forget(watch_id);
+        }
         responses::out_of_namespace(&mut resp, &self.state.namespace);
         for part in responses::by_revision(resp) {
             self.out(part).await?;
@@ -681,6 +689,49 @@ impl Session {
         for refusal in after {
             self.outbound.send(refusal).await?;
         }
+        let span = self.watches.as_ref().map(Watches::history_span);
+        if let Some(create) = span
+            .zip(through)
+            .and_then(|(span, through)| self.resumable.returning(watch_id, through, span))
+        {
+            return self.rejoin(create).await;
+        }
+        Ok(())
+    }
+
+    /// Brings a watch caught up from etcd back to the cache, under its id, from its
+    /// next revision: the cache takes it first (its `created` is not the client's), then
+    /// etcd's watch is ended (nothing more of it is sent). If the cache does not take it,
+    /// it stays with etcd.
+    async fn rejoin(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
+        let id = create.watch_id;
+        let Some(watches) = self.watches.as_mut() else {
+            return Ok(());
+        };
+        let (key, end) = (create.key.clone(), create.range_end.clone());
+        if watches.create(&create, &key, &end, id).await.is_err() {
+            self.resumable.stay_away(create);
+            return Ok(());
+        }
+        tracing::debug!(
+            watch_id = id,
+            next = create.start_revision,
+            "a watch caught up from etcd returns to the cache"
+        );
+        crate::metrics::get().watch_rejoined();
+        if let Err(e) = self.forwarded.retire(id).await {
+            self.outbound.fail(e).await;
+            return Err(());
+        }
+        self.pending_creates.push_back(PendingCreate {
+            id,
+            canceled: false,
+            fragment: create.fragment,
+            key,
+            end,
+            resume: create,
+            rejoin: true,
+        });
         Ok(())
     }
 
@@ -776,6 +827,9 @@ impl Session {
             return self.apply(out).await;
         }
         let mut after = Vec::new();
+        if r.created() && self.pending_creates.front().is_some_and(|p| p.rejoin) {
+            return self.rejoined(r).await;
+        }
         if r.created() {
             let pending = self.pending_creates.pop_front();
             // Canceled by the client before this came: its id is free already.
@@ -854,6 +908,31 @@ impl Session {
                 Err(())
             }
         }
+    }
+
+    /// The cache's `created` of a watch returning from etcd (`rejoin`): the cache serves
+    /// it again, and the client, which had its own `created`, is sent nothing. Refused
+    /// (or canceled by the client meanwhile), it goes back to etcd or ends.
+    async fn rejoined(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let Some(p) = self.pending_creates.pop_front() else {
+            return Ok(());
+        };
+        let watch_id = r.watch_id();
+        if p.canceled {
+            // The client's cancel came meanwhile: the cache's `canceled` answers it.
+            return Ok(());
+        }
+        if r.canceled() {
+            // Not taken: etcd serves it from where it is.
+            self.resumable.stay_away(p.resume.clone());
+            return self.catch_up(p.resume).await;
+        }
+        if self.cache_ids.insert(watch_id) {
+            self.open.add();
+        }
+        self.cached.insert(watch_id, (p.key, p.end));
+        self.resumable.created(p.resume, r.revision());
+        Ok(())
     }
 
     /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
