@@ -72,6 +72,7 @@ pub(crate) struct Config {
     pub(crate) prefix: Bytes,
     pub(crate) history_window: usize,
     pub(crate) history_bytes: usize,
+    pub(crate) keep_history_while_lagging: bool,
     pub(crate) subscriber_buffer: usize,
     pub(crate) max_watchers: usize,
     pub(crate) page_size: i64,
@@ -98,6 +99,7 @@ impl Default for Config {
             prefix: Bytes::new(),
             history_window: DEFAULT_HISTORY_WINDOW,
             history_bytes: DEFAULT_HISTORY_BYTES,
+            keep_history_while_lagging: false,
             subscriber_buffer: DEFAULT_SUBSCRIBER_BUFFER,
             max_watchers: DEFAULT_MAX_WATCHERS,
             page_size: DEFAULT_PAGE_SIZE,
@@ -251,6 +253,30 @@ impl CacheBuilder {
     /// ```
     pub fn history_bytes(mut self, bytes: usize) -> Self {
         self.config.history_bytes = bytes;
+        self
+    }
+
+    /// While a subscriber lags (its queue filled and it catches up from the history),
+    /// the history keeps revisions beyond [`history_window`](Self::history_window), up
+    /// to [`history_bytes`](Self::history_bytes), and trims back to the window once no
+    /// subscriber lags. A burst longer than the window then costs memory (within the
+    /// byte budget) instead of the compaction signal for every subscriber it outran:
+    /// they catch up from memory, and only one that falls behind the byte budget gets
+    /// the signal. Default `false`: the window is `history_window` revisions whatever
+    /// the subscribers do. etcd-cache-proxy turns it on.
+    ///
+    /// ```no_run
+    /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {
+    /// let cache = etcd_cache::Cache::builder(client)
+    ///     .history_window(2048)
+    ///     .history_bytes(256 * 1024 * 1024)
+    ///     .keep_history_while_lagging(true)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn keep_history_while_lagging(mut self, keep: bool) -> Self {
+        self.config.keep_history_while_lagging = keep;
         self
     }
 

@@ -74,6 +74,8 @@ pub(crate) struct History {
     floor: i64,
     head: i64,
     bytes: usize,
+    /// While a subscriber lags, `capacity` does not evict (only `max_bytes` does).
+    keep_while_lagging: bool,
 }
 
 impl History {
@@ -87,7 +89,15 @@ impl History {
             floor: 1,
             head: 0,
             bytes: 0,
+            keep_while_lagging: false,
         }
+    }
+
+    /// Keeps batches beyond `capacity` (within `max_bytes`) while a subscriber lags
+    /// (`CacheBuilder::keep_history_while_lagging`).
+    pub(crate) fn keeping_while_lagging(mut self, keep: bool) -> Self {
+        self.keep_while_lagging = keep;
+        self
     }
 
     /// Oldest start revision that can be replayed.
@@ -120,8 +130,10 @@ impl History {
         self.head = revision;
     }
 
-    /// Appends a batch; evicts the oldest when full. Returns the number evicted.
-    pub(crate) fn push(&mut self, batch: Arc<Batch>) -> usize {
+    /// Appends a batch; evicts the oldest when full (beyond the byte budget, or beyond
+    /// `capacity` unless it keeps batches for `lagging` subscribers). Returns the number
+    /// evicted.
+    pub(crate) fn push(&mut self, batch: Arc<Batch>, lagging: bool) -> usize {
         debug_assert!(
             batch.revision > self.head,
             "history must grow in revision order"
@@ -130,7 +142,8 @@ impl History {
         self.bytes += batch.bytes;
         self.batches.push_back(batch);
         let mut evicted = 0;
-        while self.batches.len() > self.capacity
+        let capacity_evicts = !(lagging && self.keep_while_lagging);
+        while (capacity_evicts && self.batches.len() > self.capacity)
             || (self.bytes > self.max_bytes && self.batches.len() > 1)
         {
             let old = self.batches.pop_front().expect("non-empty");
@@ -177,10 +190,10 @@ mod tests {
         let mut h = History::new(2, usize::MAX);
         h.reset(10);
         assert_eq!((h.floor(), h.head()), (11, 10));
-        h.push(batch(12));
-        h.push(batch(15));
+        h.push(batch(12), false);
+        h.push(batch(15), false);
         assert_eq!(h.floor(), 11);
-        assert_eq!(h.push(batch(17)), 1);
+        assert_eq!(h.push(batch(17), false), 1);
         assert_eq!((h.floor(), h.head()), (13, 17));
         assert_eq!(
             h.after(12).map(|b| b.revision).collect::<Vec<_>>(),
@@ -190,6 +203,29 @@ mod tests {
         assert_eq!(h.head(), 20);
         h.advance(18);
         assert_eq!(h.head(), 20, "head never moves backwards");
+    }
+
+    #[test]
+    fn lagging_subscribers_keep_batches_beyond_the_window_within_the_byte_budget() {
+        // Each batch holds 2 bytes ("k", "v"); the budget is 10.
+        let mut h = History::new(2, 10).keeping_while_lagging(true);
+        h.reset(0);
+        for r in 1..=5 {
+            assert_eq!(h.push(batch(r), true), 0);
+        }
+        assert_eq!((h.floor(), h.len()), (1, 5), "kept beyond the window");
+        assert_eq!(h.push(batch(6), true), 1, "the byte budget still holds");
+        assert_eq!((h.floor(), h.len()), (2, 5));
+        // No subscriber lags any more: back to the window at the next push.
+        assert_eq!(h.push(batch(7), false), 4);
+        assert_eq!((h.floor(), h.len()), (6, 2));
+        // Without the option the window is the window, lagging or not.
+        let mut plain = History::new(2, 10);
+        plain.reset(0);
+        for r in 1..=5 {
+            plain.push(batch(r), true);
+        }
+        assert_eq!((plain.floor(), plain.len()), (4, 2));
     }
 
     #[test]
@@ -206,15 +242,15 @@ mod tests {
         };
         let mut h = History::new(100, 250);
         h.reset(0);
-        h.push(big(1, 100));
-        h.push(big(2, 100));
+        h.push(big(1, 100), false);
+        h.push(big(2, 100), false);
         assert_eq!(h.len(), 2);
         // A third 100-byte value is over 250 bytes: the oldest goes, the floor moves.
-        assert_eq!(h.push(big(3, 100)), 1);
+        assert_eq!(h.push(big(3, 100), false), 1);
         assert_eq!((h.floor(), h.len()), (2, 2));
         assert!(h.bytes() <= 250);
         // One batch above the budget on its own stays (the newest always does).
-        h.push(big(4, 1000));
+        h.push(big(4, 1000), false);
         assert_eq!((h.floor(), h.len(), h.head()), (4, 1, 4));
     }
 
@@ -242,7 +278,7 @@ mod tests {
             let mut all = Vec::new();
             for g in gaps {
                 rev += g;
-                h.push(batch(rev));
+                h.push(batch(rev), false);
                 all.push(rev);
             }
             let held: Vec<i64> = h.after(i64::MIN).map(|b| b.revision).collect();

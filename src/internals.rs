@@ -168,7 +168,7 @@ impl BenchHistory {
     }
 
     pub fn push(&mut self, batch: &BenchBatch) {
-        self.history.write().push(batch.0.clone());
+        self.history.write().push(batch.0.clone(), false);
     }
 
     pub fn floor(&self) -> i64 {

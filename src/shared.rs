@@ -72,7 +72,10 @@ impl Shared {
         let (publisher, view) = crate::view::channel();
         let shared = Arc::new(Shared {
             range: KeyRange::for_prefix(&config.prefix),
-            history: RwLock::new(History::new(config.history_window, config.history_bytes)),
+            history: RwLock::new(
+                History::new(config.history_window, config.history_bytes)
+                    .keeping_while_lagging(config.keep_history_while_lagging),
+            ),
             subscribers: Subscribers::new(config.max_watchers, config.subscriber_buffer),
             view,
             progress: Arc::default(),

@@ -210,7 +210,7 @@ mod tests {
                     cur.remove(&key);
                     store.apply(EventType::Delete, KeyValue::new(key, "", 0, rev, 0, 0))
                 };
-                hist.push(Batch::new(rev, vec![ev]));
+                hist.push(Batch::new(rev, vec![ev]), false);
                 states.push(cur.clone());
             }
             let head = ops.len() as i64 + 1;

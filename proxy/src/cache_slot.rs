@@ -216,6 +216,9 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
         .prefix(prefix.to_vec())
         .history_window(config.history_window)
         .history_bytes(config.history_bytes)
+        // A burst its clients cannot keep up with is caught up from memory, within
+        // --history-bytes, rather than from etcd one watch at a time.
+        .keep_history_while_lagging(true)
         .subscriber_buffer(config.subscriber_buffer)
         .max_watchers(config.max_watches)
         .progress_notify_interval(config.progress_notify_interval)

@@ -148,6 +148,69 @@ async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd_th
     assert!(again.message().await.unwrap().unwrap().created());
 }
 
+/// A watch that starts below the cache's window (a client resuming after a proxy
+/// restart, say) is served by etcd until etcd has brought it into the window; then it
+/// comes to the cache under its id, and etcd holds no watch of it any more. Nothing is
+/// missed or seen twice across the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_below_the_window_moves_to_the_cache_once_caught_up() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let (proxy, maddr) = small_window_proxy(&etcd).await;
+    let mut writer = client(&etcd.endpoint()).await;
+    let mut first = 0;
+    for i in 0..200 {
+        let r = writer
+            .put(format!("/r/{}", i % 7), "v", None)
+            .await
+            .unwrap();
+        if i == 0 {
+            first = r.header().unwrap().revision();
+        }
+    }
+    let mut c = client(&proxy.endpoint()).await;
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(first)
+        .with_watch_id(3);
+    let mut stream = c.watch("/r/", Some(opts)).await.unwrap();
+    let created = stream.message().await.unwrap().unwrap();
+    assert!(created.created() && created.watch_id() == 3);
+    let head = created.header().unwrap().revision();
+    let (got, canceled) = read_to(&mut stream, head).await;
+    assert!(canceled.is_none(), "canceled: {canceled:?}");
+    assert_eq!((got.first(), got.len()), (Some(&first), 200));
+    scrape_until(
+        maddr,
+        "the watch from below the window, in the cache",
+        |s| {
+            s.get("etcd_cache_proxy_watches_rejoined_total", &[]) == Some(1.0)
+                && s.get("etcd_cache_proxy_watches", &[("served", "etcd")]) == Some(0.0)
+                && s.get("etcd_cache_proxy_watches", &[("served", "cache")]) == Some(1.0)
+        },
+    )
+    .await;
+    // It goes on from the cache: each new write once, with its previous value.
+    for i in 0..3 {
+        let next = writer.put("/r/0", format!("after{i}"), None).await.unwrap();
+        let next = next.header().unwrap().revision();
+        let r = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("no event")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.watch_id(), 3);
+        let revs: Vec<_> = r
+            .events()
+            .iter()
+            .map(|e| e.kv().unwrap().mod_revision())
+            .collect();
+        assert_eq!(revs, [next]);
+        assert!(r.events()[0].prev_kv().is_some(), "prev_kv asked for");
+    }
+    drop(proxy);
+}
+
 /// A watch behind the cache's window whose next revision etcd has compacted ends as
 /// etcd ends it: canceled with etcd's compact revision, after every event before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,7 +146,8 @@ impl Writer {
                 .is_none_or(|(_, next)| next.mod_revision() != rev);
             if boundary {
                 let batch = Batch::new(rev, std::mem::take(&mut batch_events));
-                shared.history.write().push(batch.clone());
+                let lagging = shared.subscribers.lagging() > 0;
+                shared.history.write().push(batch.clone(), lagging);
                 let stats = index.dispatch(&batch);
                 lagged += stats.lagged;
                 delivered += stats.delivered;

@@ -439,7 +439,7 @@ mod tests {
         let mut wakers = Vec::new();
         for rev in 2..10 {
             let b = Batch::new(rev, vec![put(b"k1", rev)]);
-            history.write().push(b.clone());
+            history.write().push(b.clone(), false);
             if let Some(events) = f.select(&b) {
                 mb.push(rev, &events, &lag, &mut wakers);
             }
@@ -451,7 +451,7 @@ mod tests {
         assert_eq!(lag.get(), 0);
         // Live again: the next batch is pushed, not skipped.
         let b = Batch::new(10, vec![put(b"k1", 10)]);
-        history.write().push(b.clone());
+        history.write().push(b.clone(), false);
         let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
         assert_eq!(pushed, Pushed::Queued);
         assert_eq!(drain(&mb, &history, &f, &lag).0, [10]);
@@ -459,7 +459,7 @@ mod tests {
 
     fn push_batch(history: &RwLock<History>, rev: i64, key: &[u8]) -> Arc<Batch> {
         let b = Batch::new(rev, vec![put(key, rev)]);
-        history.write().push(b.clone());
+        history.write().push(b.clone(), false);
         b
     }
 
@@ -574,7 +574,9 @@ mod tests {
         let f = filter(b"k");
         let mb = Mailbox::new(4, 1, true, &lag);
         for rev in 2..10 {
-            history.write().push(Batch::new(rev, vec![put(b"k1", rev)]));
+            history
+                .write()
+                .push(Batch::new(rev, vec![put(b"k1", rev)]), false);
         }
         let (got, end) = drain(&mb, &history, &f, &lag);
         assert!(got.is_empty());

@@ -537,3 +537,43 @@ async fn events_memo_is_derived_once_per_shared_events() {
         "no events, no memo"
     );
 }
+
+/// With `keep_history_while_lagging`, a subscriber that falls 100 revisions behind a
+/// 10-revision window catches up from memory, every revision once, in order; without
+/// it the same subscriber gets the compaction signal.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_subscriber_keeps_the_history_it_needs_when_asked() {
+    for keep in [true, false] {
+        let cfg = Config {
+            subscriber_buffer: 1,
+            history_window: 10,
+            keep_history_while_lagging: keep,
+            ..config()
+        };
+        let h = ready(cfg, &["3.5.13"], &[], 10).await;
+        let mut slow = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+        let mut fast = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+        created(&mut slow).await;
+        created(&mut fast).await;
+        burst(&h, &mut fast, 11, 110).await;
+        let mut expect = 11;
+        while expect <= 110 {
+            let r = next(&mut slow).await.unwrap().unwrap();
+            if r.canceled() {
+                assert!(!keep, "canceled at {expect} although the history was kept");
+                assert!(r.compact_revision() > expect);
+                break;
+            }
+            assert_eq!(r.revision(), expect);
+            expect += 1;
+        }
+        assert_eq!(expect > 110, keep, "keep = {keep}");
+        if keep {
+            // Caught up: the next write trims the history back to its window.
+            h.watch.events(vec![put("/app/a", "x", 11, 111, 101)]);
+            assert_eq!(next(&mut fast).await.unwrap().unwrap().revision(), 111);
+            assert_eq!(next(&mut slow).await.unwrap().unwrap().revision(), 111);
+            assert_eq!(h.cache.history_span().0, 102);
+        }
+    }
+}

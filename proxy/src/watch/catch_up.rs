@@ -35,6 +35,7 @@ impl CatchUp {
             0 => created_revision + 1,
             start => start,
         };
+        self.away.remove(&create.watch_id);
         self.watches
             .insert(create.watch_id, Resumable { create, next });
     }

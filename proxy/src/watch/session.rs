@@ -353,6 +353,7 @@ impl Session {
                 self.order.defer_again(Deferred::Cancel(id));
                 return Ok(());
             }
+            self.resumable.forget(id);
             match self.forwarded.cancel(id).await {
                 Ok(true) => self.order.sent(Side::Etcd),
                 Ok(false) => {}
@@ -445,18 +446,22 @@ impl Session {
         // A negative id of the client's own: etcd takes it (the cache's ids are never
         // negative), so etcd serves that watch.
         if request.watch_id < 0 {
-            return self.forward(request, key, range_end).await;
+            return self.forward(request, key, range_end, false).await;
         }
         // No cache, outside the cached prefix, or below the cache's window: etcd serves it.
         let floor = match &self.watches {
             Some(w) => w.history_span().0,
-            None => return self.forward(request, key, range_end).await,
+            None => return self.forward(request, key, range_end, false).await,
         };
-        if !self.state.in_cache(&key, &range_end)
-            || (request.start_revision > 0 && request.start_revision < floor)
+        if !self.state.in_cache(&key, &range_end) {
+            return self.forward(request, key, range_end, false).await;
+        }
+        // Below the window (or etcd's compaction, which etcd answers): etcd serves it,
+        // and once etcd has brought it into the window it comes to the cache.
+        if (request.start_revision > 0 && request.start_revision < floor)
             || self.state.compacted(request.start_revision).await
         {
-            return self.forward(request, key, range_end).await;
+            return self.forward(request, key, range_end, true).await;
         }
         // The cache serves only a caller etcd allows this range (`authz.rs`).
         match self
@@ -470,7 +475,7 @@ impl Session {
                 return self.refuse(Refusal::NotAllowed(s)).await;
             }
             // etcd could not be asked: etcd decides when it serves the watch itself.
-            Err(_) => return self.forward(request, key, range_end).await,
+            Err(_) => return self.forward(request, key, range_end, false).await,
         }
         let id = match self.take_id(Side::Cache, &request) {
             Ok(id) => id,
@@ -500,18 +505,20 @@ impl Session {
             }
             // Right after start, before the cache's first list: etcd serves it (a
             // client resuming after a proxy restart must not be refused).
-            Err(NotTaken::NotReady) => self.forward(request, key, range_end).await,
+            Err(NotTaken::NotReady) => self.forward(request, key, range_end, true).await,
             Err(NotTaken::Refused(refusal)) => self.refuse(refusal).await,
         }
     }
 
     /// A watch outside the cache's prefix or below its window goes to etcd (see
-    /// `forwarded.rs`).
+    /// `forwarded.rs`). One in the prefix (`rejoins`) comes to the cache once etcd has
+    /// brought it into the newer half of the window (see `rejoin`).
     async fn forward(
         &mut self,
         request: WatchCreateRequest,
         key: bytes::Bytes,
         range_end: bytes::Bytes,
+        rejoins: bool,
     ) -> Result<(), ()> {
         tracing::debug!(
             start_revision = request.start_revision,
@@ -534,8 +541,12 @@ impl Session {
             watch_id: id,
             ..request
         };
+        let away = (rejoins && self.watches.is_some()).then(|| request.clone());
         match self.forwarded.create(request).await {
             Ok(Some(id)) => {
+                if let Some(create) = away {
+                    self.resumable.stay_away(create);
+                }
                 self.order.sent(Side::Etcd);
                 if fragment {
                     self.outbound.add_fragment(id);
@@ -705,10 +716,19 @@ impl Session {
     /// it stays with etcd.
     async fn rejoin(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
         let id = create.watch_id;
-        let Some(watches) = self.watches.as_mut() else {
+        let (key, end) = (create.key.clone(), create.range_end.clone());
+        // The cache serves only a caller etcd allows the range now (`authz.rs`); one it
+        // does not (or cannot be asked about) stays with etcd, which checked it.
+        let allowed = self
+            .state
+            .authz
+            .check(&self.metadata, &key, &end)
+            .await
+            .is_ok();
+        let Some(watches) = self.watches.as_mut().filter(|_| allowed) else {
+            self.resumable.stay_away(create);
             return Ok(());
         };
-        let (key, end) = (create.key.clone(), create.range_end.clone());
         if watches.create(&create, &key, &end, id).await.is_err() {
             self.resumable.stay_away(create);
             return Ok(());

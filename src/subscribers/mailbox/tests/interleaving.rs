@@ -262,7 +262,7 @@ impl<'c> World<'c> {
         history.reset(BASE);
         for step in &self.case.steps[..self.pc] {
             if let Step::Append(r) = step {
-                history.push(self.case.batches[r].clone());
+                history.push(self.case.batches[r].clone(), false);
             }
         }
         let subs = Subscribers::new(16, self.case.cap);
@@ -372,7 +372,9 @@ impl<'c> World<'c> {
             Move::Produce => {
                 match self.case.steps[self.pc] {
                     Step::Append(r) => {
-                        self.history.write().push(self.case.batches[&r].clone());
+                        self.history
+                            .write()
+                            .push(self.case.batches[&r].clone(), false);
                         let cap = self.case.scan + 1;
                         self.since_bound = self.since_bound.map(|n| (n + 1).min(cap));
                     }
