@@ -11,7 +11,8 @@ use etcd_client::{ConnectOptions, WatchOptions};
 use support::scrape::scrape_until;
 use support::{client, free_port, start_etcd, start_proxy, EtcdOptions};
 
-/// A proxy with a small window and small queues, serving metrics.
+/// A proxy with a small window (64 revisions, 1 MiB: 64 of the tests' 16 KiB values,
+/// so that a client that lags falls behind it) and small queues, serving metrics.
 async fn small_window_proxy(etcd: &support::EtcdServer) -> (support::Proxy, SocketAddr) {
     let maddr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let proxy = start_proxy(
@@ -19,6 +20,8 @@ async fn small_window_proxy(etcd: &support::EtcdServer) -> (support::Proxy, Sock
         vec![
             "--history-window".into(),
             "64".into(),
+            "--history-bytes".into(),
+            (1024 * 1024).to_string(),
             "--subscriber-buffer".into(),
             "4".into(),
             "--watch-send-queue".into(),
@@ -146,6 +149,53 @@ async fn a_client_that_does_not_read_stalls_nobody_and_is_caught_up_from_etcd_th
     // The proxy still serves new watches.
     let mut again = fast.watch("/s/0", Some(WatchOptions::new())).await.unwrap();
     assert!(again.message().await.unwrap().unwrap().created());
+}
+
+/// A burst longer than the window, within --history-bytes, is caught up from the
+/// cache's memory: the client that lagged reads every event once, in order, and no
+/// watch was moved to etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_longer_than_the_window_is_caught_up_from_memory() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let maddr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let args = [
+        "--history-window",
+        "64",
+        "--subscriber-buffer",
+        "4",
+        "--watch-send-queue",
+        "4",
+    ];
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.extend(["--metrics-addr".to_string(), maddr.to_string()]);
+    let proxy = start_proxy(etcd.endpoint(), args).await;
+    let mut writer = client(&etcd.endpoint()).await;
+    let mut slow = client(&proxy.endpoint()).await;
+    let mut stream = slow
+        .watch(
+            "/m/",
+            Some(WatchOptions::new().with_prefix().with_watch_id(4)),
+        )
+        .await
+        .unwrap();
+    let created = stream.message().await.unwrap().unwrap();
+    let first = created.header().unwrap().revision() + 1;
+    let mut last = 0;
+    for i in 0..400 {
+        let r = writer
+            .put(format!("/m/{}", i % 10), "v", None)
+            .await
+            .unwrap();
+        last = r.header().unwrap().revision();
+    }
+    let (got, canceled) = read_to(&mut stream, last).await;
+    assert!(canceled.is_none(), "canceled: {canceled:?}");
+    assert_eq!((got.first(), got.len()), (Some(&first), 400));
+    scrape_until(maddr, "no watch moved to etcd", |s| {
+        s.get("etcd_cache_proxy_watches_caught_up_total", &[]) == Some(0.0)
+            && s.get("etcd_cache_proxy_watches", &[("served", "cache")]) == Some(1.0)
+    })
+    .await;
 }
 
 /// A watch that starts below the cache's window (a client resuming after a proxy

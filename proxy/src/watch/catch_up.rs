@@ -8,7 +8,7 @@
 //! one watch per client for good. [`CatchUp`] keeps, per watch, the create that moves
 //! it and the revision it needs next.
 
-use std::collections::HashMap;
+use super::id_map::IdMap;
 
 use crate::pb::etcdserverpb::WatchCreateRequest;
 
@@ -23,8 +23,8 @@ struct Resumable {
 /// ones caught up (served by etcd for now), with what it takes to bring them back.
 #[derive(Default)]
 pub(super) struct CatchUp {
-    watches: HashMap<i64, Resumable>,
-    away: HashMap<i64, Resumable>,
+    watches: IdMap<Resumable>,
+    away: IdMap<Resumable>,
 }
 
 impl CatchUp {

@@ -14,7 +14,7 @@
 //! events its send loop picks up in between come without prev_kv. The proxy fills those
 //! in as etcd's send loop would have ([`Forwarded::fill_prev_kv`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use crate::pb::mvccpb::event::EventType;
 use crate::pb::mvccpb::KeyValue;
 use crate::status;
 
+use super::id_map::{IdMap, IdSet};
 use super::responses::INVALID_WATCH_ID;
 use crate::upstream::Upstream;
 
@@ -60,24 +61,24 @@ pub(crate) struct Forwarded {
     metadata: MetadataMap,
     tx: Option<mpsc::Sender<WatchRequest>>,
     rx: Option<Streaming<WatchResponse>>,
-    ids: HashSet<i64>,
+    ids: IdSet,
     /// The ones that asked for prev_kv.
-    prev_kv: HashSet<i64>,
+    prev_kv: IdSet,
     /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
     /// Cancels sent whose `canceled` has not come, by id (their ids are free already).
-    canceling: HashMap<i64, usize>,
+    canceling: IdMap<usize>,
     /// The last response was the reply to a cancel.
     cancel_reply: bool,
     /// Cancels etcd will never answer: their watch's create was refused.
     dead_cancels: usize,
     /// The proxy's own cancels (a watch returning to the cache), by id: etcd's reply is
     /// not the client's.
-    retiring: HashMap<i64, usize>,
+    retiring: IdMap<usize>,
     /// Ids of creates that resume a watch the client has already had `created` for
     /// (a cached watch caught up from etcd): their `created` is not the client's.
-    resuming: HashSet<i64>,
+    resuming: IdSet,
     /// The last response was the `created` of a resumed watch.
     resumed_reply: bool,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
@@ -91,14 +92,14 @@ impl Forwarded {
             metadata,
             tx: None,
             rx: None,
-            ids: HashSet::new(),
-            prev_kv: HashSet::new(),
+            ids: IdSet::default(),
+            prev_kv: IdSet::default(),
             creating: VecDeque::new(),
-            canceling: HashMap::new(),
+            canceling: IdMap::default(),
             cancel_reply: false,
             dead_cancels: 0,
-            retiring: HashMap::new(),
-            resuming: HashSet::new(),
+            retiring: IdMap::default(),
+            resuming: IdSet::default(),
             resumed_reply: false,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
@@ -404,7 +405,7 @@ impl Forwarded {
 }
 
 /// Takes one of `id` from a count of cancels in flight per watch id; false if none.
-pub(crate) fn take_one(counts: &mut HashMap<i64, usize>, id: i64) -> bool {
+pub(crate) fn take_one(counts: &mut IdMap<usize>, id: i64) -> bool {
     let Some(n) = counts.get_mut(&id) else {
         return false;
     };

@@ -31,11 +31,12 @@
 //! The answer holds for the watches that were on the stream when it was asked for; a
 //! watch created after the request may still be replaying.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::id_map::{IdMap, IdSet};
 use super::wire::WireResponse;
 
 /// How long responses may be held for one progress request.
@@ -100,7 +101,7 @@ pub(crate) struct Progress {
     asked: [Option<(u64, Instant)>; 2],
     held: VecDeque<WireResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
-    held_ids: HashMap<i64, usize>,
+    held_ids: IdMap<usize>,
     /// The highest event revision sent on the stream.
     sent_max: i64,
 }
@@ -204,6 +205,18 @@ impl Progress {
         out
     }
 
+    /// Whether response `r` goes out at once, as it does while no progress request
+    /// waits (then it is counted as sent); otherwise it goes through
+    /// [`push`](Self::push). Saves the per-response [`Out`] on the common path.
+    pub(crate) fn sends_now(&mut self, r: &WireResponse) -> bool {
+        if self.bound().is_some() {
+            return false;
+        }
+        debug_assert!(self.held.is_empty());
+        self.sent_max = self.sent_max.max(r.last_revision());
+        true
+    }
+
     /// A response of a watch: sent now, or held (and sent later, in order).
     pub(crate) fn push(&mut self, r: WireResponse) -> Out {
         let mut out = Out::default();
@@ -280,7 +293,7 @@ impl Progress {
             return;
         }
         let mut keep = VecDeque::new();
-        let mut blocked = HashSet::new();
+        let mut blocked = IdSet::default();
         for r in std::mem::take(&mut self.held) {
             if blocked.contains(&r.watch_id()) {
                 keep.push_back(r);
@@ -345,6 +358,19 @@ mod tests {
                 Item::Progress(p) => (-1, vec![*p]),
             })
             .collect()
+    }
+
+    #[test]
+    fn without_requests_a_response_goes_at_once() {
+        let mut p = Progress::default();
+        assert!(p.sends_now(&resp(1, &[5, 6])));
+        assert_eq!(p.sent_max(), 6);
+        p.request(6, false, Instant::now());
+        assert!(
+            !p.sends_now(&resp(1, &[7])),
+            "a request waits: through push"
+        );
+        assert_eq!(p.sent_max(), 6);
     }
 
     #[test]

@@ -5,13 +5,13 @@
 //! refusal of a create, whose reason travels as a [`Refusal`] from where it is decided
 //! until [`refused`] prints it. [`Outbound`] is the client's queue.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use super::id_map::{IdMap, IdSet};
 use super::wire::{self, EncodedEvents, WireResponse};
 use crate::metrics::RefusalKind;
 use crate::namespace::Namespace;
@@ -35,7 +35,7 @@ const BATCH_TOTAL_BYTES: usize = 4 * 1024 * 1024;
 pub(crate) struct Outbound {
     tx: mpsc::Sender<Result<WireResponse, Status>>,
     /// Watches created with `fragment`.
-    fragment: HashSet<i64>,
+    fragment: IdSet,
     /// Fragment threshold (etcd's --max-request-bytes).
     max_request_bytes: usize,
 }
@@ -47,7 +47,7 @@ impl Outbound {
     ) -> Self {
         Outbound {
             tx,
-            fragment: HashSet::new(),
+            fragment: IdSet::default(),
             max_request_bytes,
         }
     }
@@ -106,7 +106,7 @@ impl Outbound {
 pub(crate) struct Merge {
     batch: Vec<EncodedEvents>,
     /// Per watch: the index in `batch` of its response still taking events.
-    open: HashMap<i64, usize>,
+    open: IdMap<usize>,
     /// Replies taken this round.
     taken: usize,
     /// Bytes of events taken this round.

@@ -8,7 +8,7 @@
 //! answer through [`responses`](super::responses), as etcd sends it
 //! (`api/v3rpc/watch.go`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use tonic::Status;
 use super::cached::{self, ConnScope, NotTaken, Watches};
 use super::catch_up::CatchUp;
 use super::forwarded::{take_one, Forwarded};
+use super::id_map::{IdMap, IdSet};
 use super::progress::{Item, Out, Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
 use super::responses::{self, Merge, Outbound, Refusal, INVALID_WATCH_ID};
@@ -98,14 +99,14 @@ pub(super) struct Session {
     /// The client's cancels of cache watches whose `canceled` has not come, by id: the
     /// cache's `canceled` replies to them answer an unanswered request (a cancel the
     /// proxy made, for a revoked permission, or a compaction does not).
-    cache_cancels: HashMap<i64, usize>,
+    cache_cancels: IdMap<usize>,
     /// The cache's open watches and their ranges, checked again when etcd's auth moves.
-    cached: HashMap<i64, (bytes::Bytes, bytes::Bytes)>,
+    cached: IdMap<(bytes::Bytes, bytes::Bytes)>,
     /// The cache's open watches, each with what it takes to catch it up from etcd.
     resumable: CatchUp,
     /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
     /// (their `canceled` response carries it as the reason).
-    revoked: HashMap<i64, Status>,
+    revoked: IdMap<Status>,
     /// Moves when etcd's auth state moved (`authz.rs`).
     epoch: tokio::sync::watch::Receiver<u64>,
     /// The check of the cached watches under way.
@@ -114,7 +115,7 @@ pub(super) struct Session {
     forwarded: Forwarded,
     /// Ids of the cache's watches on this stream (from their `created` responses), so a
     /// forwarded watch cannot take one.
-    cache_ids: HashSet<i64>,
+    cache_ids: IdSet,
     /// The next automatic watch id (etcd's: counted from 0 per stream, skipping ids in
     /// use), given to both sides, so one id never names two watches.
     next_id: i64,
@@ -148,15 +149,15 @@ impl Session {
             outbound: Outbound::new(tx, limits.max_request_bytes),
             pending_creates: VecDeque::new(),
             order: ReplyOrder::default(),
-            cache_cancels: HashMap::new(),
-            cached: HashMap::new(),
+            cache_cancels: IdMap::default(),
+            cached: IdMap::default(),
             resumable: CatchUp::default(),
-            revoked: HashMap::new(),
+            revoked: IdMap::default(),
             epoch: state.authz.epoch(),
             recheck: None,
             forwarded: Forwarded::new(state.upstream.clone(), metadata.clone()),
             metadata,
-            cache_ids: HashSet::new(),
+            cache_ids: IdSet::default(),
             next_id: 0,
             progress: Progress::default(),
             require_leader,
@@ -627,7 +628,8 @@ impl Session {
         if self.cached.is_empty() || !self.state.authz.enabled() {
             return;
         }
-        let mut by_range: HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> = HashMap::new();
+        let mut by_range: std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> =
+            std::collections::HashMap::new();
         for (id, range) in &self.cached {
             by_range.entry(range.clone()).or_default().push(*id);
         }
@@ -648,7 +650,11 @@ impl Session {
 
     /// Sends a response of a watch now or after the pending progress answer.
     async fn out(&mut self, resp: impl Into<WireResponse>) -> Result<(), ()> {
-        let out = self.progress.push(resp.into());
+        let resp = resp.into();
+        if self.progress.sends_now(&resp) {
+            return self.outbound.emit(resp).await;
+        }
+        let out = self.progress.push(resp);
         self.apply(out).await
     }
 

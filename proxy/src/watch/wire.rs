@@ -12,6 +12,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding;
 use prost::Message;
+use smallvec::{smallvec, SmallVec};
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
@@ -42,7 +43,8 @@ pub(crate) enum WireResponse {
 pub(crate) struct EncodedEvents {
     pub(crate) header: ResponseHeader,
     pub(crate) watch_id: i64,
-    revisions: Vec<(i64, Bytes)>,
+    /// Mostly one revision: kept inline (no allocation per response).
+    revisions: SmallVec<[(i64, Bytes); 1]>,
     /// Bytes of `revisions`.
     len: usize,
 }
@@ -73,7 +75,7 @@ impl EncodedEvents {
             header,
             watch_id: r.watch_id(),
             len: bytes.len(),
-            revisions: vec![(revision, bytes)],
+            revisions: smallvec![(revision, bytes)],
         }
     }
 
@@ -190,7 +192,7 @@ impl WireResponse {
                 if at == 0 {
                     return (None, Some(Self::Events(e)));
                 }
-                let high: Vec<_> = e.revisions.split_off(at);
+                let high: SmallVec<[(i64, Bytes); 1]> = e.revisions.drain(at..).collect();
                 let high_len = high.iter().map(|(_, b)| b.len()).sum();
                 e.len -= high_len;
                 let later = EncodedEvents {
@@ -315,7 +317,7 @@ mod tests {
             header: header(revision),
             watch_id,
             len: bytes.len(),
-            revisions: vec![(revision, bytes)],
+            revisions: smallvec![(revision, bytes)],
         }
     }
 
