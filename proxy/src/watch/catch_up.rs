@@ -1,10 +1,10 @@
 //! Cached watches' way to etcd and back. A cached watch that falls behind the cache's
 //! window (its client did not read, or the cache caught up after an outage longer than
 //! the window) is not canceled while etcd may still hold its revisions: the session
-//! moves it to etcd under its id, from its next revision (`session.rs: catch_up`), and
+//! moves it to etcd under its id, from its next revision (`session/moves.rs: catch_up`), and
 //! etcd, not the cache, decides whether that revision is compacted. Once etcd has
 //! brought it into the newer half of the cache's window, it returns to the cache from
-//! its next revision (`session.rs: rejoin`), so that a burst does not leave etcd with
+//! its next revision (`session/moves.rs: rejoin`), so that a burst does not leave etcd with
 //! one watch per client for good. [`CatchUp`] keeps, per watch, the create that moves
 //! it and the revision it needs next.
 

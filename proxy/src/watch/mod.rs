@@ -8,7 +8,8 @@
 //! | file | role |
 //! |---|---|
 //! | `service.rs` | the entry: the Watch service's gRPC server (written out, for pre-encoded responses), which opens a stream's session, and the reader of the client's requests |
-//! | `session.rs` | the per-stream task: the client's requests handled, which side serves a create, ids, progress requests, auth rechecks, `hasleader` |
+//! | `session/` | the per-stream task: the client's requests handled, which side serves a create, ids, progress requests, auth rechecks, `hasleader` (`mod.rs`); what both sides answer, on its way to the client (`replies.rs`); a watch's moves between the cache and etcd (`moves.rs`) |
+//! | `catch_up.rs` | where each cached watch is (cache or etcd) and the revision it needs next, for its moves |
 //! | `cached.rs` | the cache-served side: the only user of the cache's watch API (a create straight from etcd's request into `WatchOptions`), the per-connection cap |
 //! | `forwarded.rs` | the etcd-forwarded side: one upstream Watch stream for the watches the cache cannot serve |
 //! | `reply_order.rs` | the replies to creates and cancels in the order of the requests across both sides; the requests that wait for the other side |
@@ -25,9 +26,10 @@
 //! from the cache only when the queue has room, so a client that does not read stops
 //! its own stream and nothing else: its cache subscribers fill and lag (caught up from
 //! the history later). One that falls out of the window is not canceled: it is caught
-//! up from etcd, under its id, from its next revision (`session.rs: catch_up`), and
-//! stays forwarded. Only etcd's own compaction ends it with `compact_revision`, as etcd
-//! ends a watch behind compaction.
+//! up from etcd, under its id, from its next revision (`session/moves.rs`), and returns
+//! to the cache once etcd has brought it into the newer half of the window. Only etcd's
+//! own compaction ends it with `compact_revision`, as etcd ends a watch behind
+//! compaction.
 //!
 //! ## Shutdown
 //! At shutdown every stream ends with `Unavailable`, which etcd clients answer by

@@ -7,24 +7,30 @@
 //! moves, ends a `hasleader` stream whose cache lost etcd, and sends what both sides
 //! answer through [`responses`](super::responses), as etcd sends it
 //! (`api/v3rpc/watch.go`).
+//!
+//! The session's methods in three files: this one (the stream's state, its loop, the
+//! client's requests), [`replies`] (what both sides answer, on its way to the client)
+//! and [`moves`] (a watch's moves between the cache and etcd).
+
+mod moves;
+mod replies;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::cached::{self, ConnScope, NotTaken, Watches};
 use super::catch_up::CatchUp;
-use super::forwarded::{take_one, Forwarded};
+use super::forwarded::Forwarded;
 use super::id_map::{IdMap, IdSet};
-use super::progress::{Item, Out, Progress, Side};
+use super::progress::{Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
-use super::responses::{self, Merge, Outbound, Refusal, INVALID_WATCH_ID};
-use super::wire::{EncodedEvents, WireResponse};
-use crate::metrics::{GaugeGuard, RefusalKind, Served};
+use super::responses::{self, Outbound, Refusal};
+use super::wire::WireResponse;
+use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, WatchCreateRequest, WatchRequest, WatchResponse,
 };
@@ -572,48 +578,6 @@ impl Session {
             && self.state.authz.enabled()
     }
 
-    /// Does what the progress bookkeeping asks: asks the sides again, then sends its
-    /// items in order.
-    async fn apply(&mut self, mut out: Out) -> Result<(), ()> {
-        loop {
-            let unasked = self.apply_once(out).await?;
-            if unasked == 0 {
-                return Ok(());
-            }
-            // A stream without a cache side: that side never limits the answer.
-            out = self.progress.answer(Side::Cache, i64::MAX);
-        }
-    }
-
-    /// [`apply`](Self::apply) once; returns how many asks had no cache side to go to.
-    async fn apply_once(&mut self, out: Out) -> Result<usize, ()> {
-        let mut unasked = 0;
-        for _ in 0..out.ask[Side::Cache as usize] {
-            tracing::trace!("progress: asking the cache");
-            match self.watches.as_mut() {
-                Some(w) => w.request_progress().await,
-                None => unasked += 1,
-            }
-        }
-        for _ in 0..out.ask[Side::Etcd as usize] {
-            tracing::trace!("progress: asking etcd");
-            if let Err(e) = self.forwarded.request_progress().await {
-                self.outbound.fail(e).await;
-                return Err(());
-            }
-        }
-        for item in out.items {
-            match item {
-                Item::Resp(resp) => self.outbound.emit(resp).await?,
-                Item::Progress(revision) => {
-                    let header = self.state.upstream.header(revision);
-                    self.outbound.send(responses::progress(header)).await?;
-                }
-            }
-        }
-        Ok(unasked)
-    }
-
     /// The revision of the proxy's own responses: the cache's, or what was sent.
     fn revision(&self) -> i64 {
         match &self.watches {
@@ -646,119 +610,6 @@ impl Session {
             }
             denied
         }));
-    }
-
-    /// Sends a response of a watch now or after the pending progress answer.
-    async fn out(&mut self, resp: impl Into<WireResponse>) -> Result<(), ()> {
-        let resp = resp.into();
-        if self.progress.sends_now(&resp) {
-            return self.outbound.emit(resp).await;
-        }
-        let out = self.progress.push(resp);
-        self.apply(out).await
-    }
-
-    /// A response of a forwarded watch, with keys moved out of the namespace.
-    async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
-        if responses::is_progress(&resp) {
-            let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-            tracing::trace!(revision, "progress: etcd answered");
-            let out = self.progress.answer(Side::Etcd, revision);
-            return self.apply(out).await;
-        }
-        if self.forwarded.took_resumed() {
-            // etcd's `created` of a watch resumed from the cache's side: the client had
-            // its own. (A refusal of it comes as the watch's `canceled`.)
-            if !resp.canceled {
-                return Ok(());
-            }
-            self.outbound.forget(resp.watch_id);
-            responses::out_of_namespace(&mut resp, &self.state.namespace);
-            return self.out(resp).await;
-        }
-        if resp.created && resp.canceled {
-            crate::metrics::get().watch_refused(RefusalKind::Etcd);
-        }
-        let mut after = if resp.created || (resp.canceled && self.forwarded.took_cancel()) {
-            self.order.answered(Side::Etcd)
-        } else {
-            Vec::new()
-        };
-        // Cancels of a create etcd refused: etcd sends nothing for them.
-        for _ in 0..self.forwarded.take_dead_cancels() {
-            after.extend(self.order.answered(Side::Etcd));
-        }
-        if resp.canceled {
-            self.outbound.forget(resp.watch_id);
-        }
-        if let Err(e) = self.forwarded.fill_prev_kv(&mut resp).await {
-            self.outbound.fail(e).await;
-            return Err(());
-        }
-        let (watch_id, through) = (resp.watch_id, responses::sent_through(&resp));
-        if resp.canceled {
-            self.resumable.forget(watch_id);
-        }
-        responses::out_of_namespace(&mut resp, &self.state.namespace);
-        for part in responses::by_revision(resp) {
-            self.out(part).await?;
-        }
-        for refusal in after {
-            self.outbound.send(refusal).await?;
-        }
-        let span = self.watches.as_ref().map(Watches::history_span);
-        if let Some(create) = span
-            .zip(through)
-            .and_then(|(span, through)| self.resumable.returning(watch_id, through, span))
-        {
-            return self.rejoin(create).await;
-        }
-        Ok(())
-    }
-
-    /// Brings a watch caught up from etcd back to the cache, under its id, from its
-    /// next revision: the cache takes it first (its `created` is not the client's), then
-    /// etcd's watch is ended (nothing more of it is sent). If the cache does not take it,
-    /// it stays with etcd.
-    async fn rejoin(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
-        let id = create.watch_id;
-        let (key, end) = (create.key.clone(), create.range_end.clone());
-        // The cache serves only a caller etcd allows the range now (`authz.rs`); one it
-        // does not (or cannot be asked about) stays with etcd, which checked it.
-        let allowed = self
-            .state
-            .authz
-            .check(&self.metadata, &key, &end)
-            .await
-            .is_ok();
-        let Some(watches) = self.watches.as_mut().filter(|_| allowed) else {
-            self.resumable.stay_away(create);
-            return Ok(());
-        };
-        if watches.create(&create, &key, &end, id).await.is_err() {
-            self.resumable.stay_away(create);
-            return Ok(());
-        }
-        tracing::debug!(
-            watch_id = id,
-            next = create.start_revision,
-            "a watch caught up from etcd returns to the cache"
-        );
-        crate::metrics::get().watch_rejoined();
-        if let Err(e) = self.forwarded.retire(id).await {
-            self.outbound.fail(e).await;
-            return Err(());
-        }
-        self.pending_creates.push_back(PendingCreate {
-            id,
-            canceled: false,
-            fragment: create.fragment,
-            key,
-            end,
-            resume: create,
-            rejoin: true,
-        });
-        Ok(())
     }
 
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
@@ -805,165 +656,6 @@ impl Session {
         }
         self.next_id += 1;
         self.next_id - 1
-    }
-
-    /// Sends `first` and the cache's replies that are ready after it, merged
-    /// ([`Merge`]): the events of one watch in one response where they follow each
-    /// other. Created, canceled and progress responses are not merged: the merged
-    /// responses before them go out first.
-    async fn send_replies(&mut self, first: etcd_cache::WatchResponse) -> Result<(), ()> {
-        let mut merge = Merge::default();
-        let mut next = Some(first);
-        while let Some(r) = next.take() {
-            merge.took();
-            self.resumable.sent(&r);
-            if Merge::merges(&r, &self.outbound) {
-                let state = &self.state;
-                let header = state.upstream.header_from_cache(r.header(), r.revision());
-                merge.push(EncodedEvents::from_cache(&r, header, &state.namespace));
-            } else {
-                self.flush(&mut merge).await?;
-                self.send_reply(r).await?;
-            }
-            if merge.has_room() {
-                next = self
-                    .watches
-                    .as_mut()
-                    .and_then(|w| w.next().now_or_never().flatten());
-            }
-        }
-        self.flush(&mut merge).await
-    }
-
-    /// Sends the merged responses so far, in order.
-    async fn flush(&mut self, merge: &mut Merge) -> Result<(), ()> {
-        for resp in merge.drain() {
-            self.out(resp).await?;
-        }
-        Ok(())
-    }
-
-    /// A reply of the cache's that is not merged: the bookkeeping of creates and
-    /// cancels, then the reply (and the refusals that waited for it).
-    async fn send_reply(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
-        let watch_id = r.watch_id();
-        if watch_id == INVALID_WATCH_ID && r.is_progress_notify() {
-            tracing::trace!(revision = r.revision(), "progress: the cache answered");
-            let out = self.progress.answer(Side::Cache, r.revision());
-            return self.apply(out).await;
-        }
-        let mut after = Vec::new();
-        if r.created() && self.pending_creates.front().is_some_and(|p| p.rejoin) {
-            return self.rejoined(r).await;
-        }
-        if r.created() {
-            let pending = self.pending_creates.pop_front();
-            // Canceled by the client before this came: its id is free already.
-            let live = !r.canceled() && !pending.as_ref().is_some_and(|p| p.canceled);
-            if live && self.cache_ids.insert(watch_id) {
-                self.open.add();
-                crate::metrics::get().watch_created(Served::Cache);
-            }
-            if let Some(p) = pending {
-                if live {
-                    if p.fragment {
-                        self.outbound.add_fragment(watch_id);
-                    }
-                    self.cached.insert(watch_id, (p.key, p.end));
-                    self.resumable.created(p.resume, r.revision());
-                }
-                after = self.order.answered(Side::Cache);
-            }
-        } else if r.canceled() && r.compact_revision() == 0 && self.took_cache_cancel(watch_id) {
-            // The reply to the client's cancel (whose id was freed when it was read).
-            after = self.order.answered(Side::Cache);
-        } else if r.canceled() {
-            if self.cache_ids.remove(&watch_id) {
-                self.open.sub();
-            }
-            self.cached.remove(&watch_id);
-            let resumable = self.resumable.take(watch_id);
-            let behind = r.compact_revision() > 0 && !self.would_lend_authority();
-            if let Some(create) = resumable.filter(|_| behind) {
-                // Behind the cache's window, not (as far as the cache knows) etcd's
-                // compaction: etcd serves it from where it is, and answers itself if
-                // that revision is compacted.
-                return self.catch_up(create).await;
-            }
-            self.outbound.forget(watch_id);
-        }
-        let state = &self.state;
-        let mut resp = responses::from_cache(&r, &state.upstream, &state.namespace);
-        if r.canceled() && !r.created() {
-            if let Some(refusal) = self.revoked.remove(&watch_id) {
-                resp.cancel_reason = status::watch_refusal(&refusal);
-            }
-        }
-        self.out(resp).await?;
-        for refusal in after {
-            self.outbound.send(refusal).await?;
-        }
-        Ok(())
-    }
-
-    /// Moves a cached watch that fell behind the cache's window to etcd, from its next
-    /// revision, under its id: the client sees its events go on, with no gap and no
-    /// duplicate (etcd's `created` for it is not sent: the client had its own), or
-    /// etcd's own compaction answer if etcd compacted that revision.
-    async fn catch_up(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
-        let id = create.watch_id;
-        tracing::debug!(
-            watch_id = id,
-            next = create.start_revision,
-            "a watch fell behind the cache's window: caught up from etcd"
-        );
-        crate::metrics::get().watch_caught_up();
-        match self.forwarded.resume(create).await {
-            Ok(Some(_)) => {
-                // Progress requests made before it now need etcd's answer too.
-                let out = self.progress.forwarded_created();
-                self.apply(out).await
-            }
-            Ok(None) => {
-                // The id is a forwarded watch's already (cannot be: one id space).
-                self.outbound.forget(id);
-                Ok(())
-            }
-            Err(e) => {
-                self.outbound.fail(e).await;
-                Err(())
-            }
-        }
-    }
-
-    /// The cache's `created` of a watch returning from etcd (`rejoin`): the cache serves
-    /// it again, and the client, which had its own `created`, is sent nothing. Refused
-    /// (or canceled by the client meanwhile), it goes back to etcd or ends.
-    async fn rejoined(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
-        let Some(p) = self.pending_creates.pop_front() else {
-            return Ok(());
-        };
-        let watch_id = r.watch_id();
-        if p.canceled {
-            // The client's cancel came meanwhile: the cache's `canceled` answers it.
-            return Ok(());
-        }
-        if r.canceled() {
-            // Not taken: etcd serves it from where it is.
-            self.resumable.stay_away(p.resume.clone());
-            return self.catch_up(p.resume).await;
-        }
-        if self.cache_ids.insert(watch_id) {
-            self.open.add();
-        }
-        self.cached.insert(watch_id, (p.key, p.end));
-        self.resumable.created(p.resume, r.revision());
-        Ok(())
-    }
-
-    /// Whether a `canceled` of the cache for `watch_id` answers a cancel of the client's.
-    fn took_cache_cancel(&mut self, watch_id: i64) -> bool {
-        take_one(&mut self.cache_cancels, watch_id)
     }
 }
 

@@ -1,0 +1,111 @@
+//! A watch's moves between the cache and etcd, under its id and with no gap or
+//! duplicate: to etcd when it falls behind what the cache's history holds
+//! ([`catch_up`](Session::catch_up)), back to the cache once etcd has brought it into the
+//! newer half of the window ([`rejoin`](Session::rejoin), then
+//! [`rejoined`](Session::rejoined) when the cache's `created` comes). The bookkeeping
+//! of where each watch is and the revision it needs next is `catch_up.rs`'s.
+
+use super::{PendingCreate, Session};
+use crate::pb::etcdserverpb::WatchCreateRequest;
+
+impl Session {
+    /// Brings a watch caught up from etcd back to the cache, under its id, from its
+    /// next revision: the cache takes it first (its `created` is not the client's), then
+    /// etcd's watch is ended (nothing more of it is sent). If the cache does not take it,
+    /// it stays with etcd.
+    pub(super) async fn rejoin(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
+        let id = create.watch_id;
+        let (key, end) = (create.key.clone(), create.range_end.clone());
+        // The cache serves only a caller etcd allows the range now (`authz.rs`); one it
+        // does not (or cannot be asked about) stays with etcd, which checked it.
+        let allowed = self
+            .state
+            .authz
+            .check(&self.metadata, &key, &end)
+            .await
+            .is_ok();
+        let Some(watches) = self.watches.as_mut().filter(|_| allowed) else {
+            self.resumable.stay_away(create);
+            return Ok(());
+        };
+        if watches.create(&create, &key, &end, id).await.is_err() {
+            self.resumable.stay_away(create);
+            return Ok(());
+        }
+        tracing::debug!(
+            watch_id = id,
+            next = create.start_revision,
+            "a watch caught up from etcd returns to the cache"
+        );
+        crate::metrics::get().watch_rejoined();
+        if let Err(e) = self.forwarded.retire(id).await {
+            self.outbound.fail(e).await;
+            return Err(());
+        }
+        self.pending_creates.push_back(PendingCreate {
+            id,
+            canceled: false,
+            fragment: create.fragment,
+            key,
+            end,
+            resume: create,
+            rejoin: true,
+        });
+        Ok(())
+    }
+
+    /// Moves a cached watch that fell behind the cache's window to etcd, from its next
+    /// revision, under its id: the client sees its events go on, with no gap and no
+    /// duplicate (etcd's `created` for it is not sent: the client had its own), or
+    /// etcd's own compaction answer if etcd compacted that revision.
+    pub(super) async fn catch_up(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
+        let id = create.watch_id;
+        tracing::debug!(
+            watch_id = id,
+            next = create.start_revision,
+            "a watch fell behind the cache's window: caught up from etcd"
+        );
+        crate::metrics::get().watch_caught_up();
+        match self.forwarded.resume(create).await {
+            Ok(Some(_)) => {
+                // Progress requests made before it now need etcd's answer too.
+                let out = self.progress.forwarded_created();
+                self.apply(out).await
+            }
+            Ok(None) => {
+                // The id is a forwarded watch's already (cannot be: one id space).
+                self.outbound.forget(id);
+                Ok(())
+            }
+            Err(e) => {
+                self.outbound.fail(e).await;
+                Err(())
+            }
+        }
+    }
+
+    /// The cache's `created` of a watch returning from etcd (`rejoin`): the cache serves
+    /// it again, and the client, which had its own `created`, is sent nothing. Refused
+    /// (or canceled by the client meanwhile), it goes back to etcd or ends.
+    pub(super) async fn rejoined(&mut self, r: etcd_cache::WatchResponse) -> Result<(), ()> {
+        let Some(p) = self.pending_creates.pop_front() else {
+            return Ok(());
+        };
+        let watch_id = r.watch_id();
+        if p.canceled {
+            // The client's cancel came meanwhile: the cache's `canceled` answers it.
+            return Ok(());
+        }
+        if r.canceled() {
+            // Not taken: etcd serves it from where it is.
+            self.resumable.stay_away(p.resume.clone());
+            return self.catch_up(p.resume).await;
+        }
+        if self.cache_ids.insert(watch_id) {
+            self.open.add();
+        }
+        self.cached.insert(watch_id, (p.key, p.end));
+        self.resumable.created(p.resume, r.revision());
+        Ok(())
+    }
+}
