@@ -1,6 +1,8 @@
 //! The Cluster service, as etcd's grpc-proxy serves it: with `--advertise-client-url`,
 //! MemberList answers with the proxy itself (that URL), so a client that syncs its
-//! endpoints from the member list stays on the proxy; without it, MemberList is etcd's.
+//! endpoints from the member list stays on the proxy; with `--resolver-prefix` as well,
+//! with every proxy registered there (`register.rs`), itself when none is yet; without
+//! it, MemberList is etcd's.
 //! Membership changes are forwarded to etcd with the caller's token (etcd asks for root).
 
 use std::hash::{Hash, Hasher};
@@ -10,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::forward_macros::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
+use crate::register;
 use crate::state::State;
 
 /// etcd's Cluster service.
@@ -70,20 +73,22 @@ impl cluster_server::Cluster for ClusterService {
             let upstream = &self.state.upstream;
             call_upstream!(upstream, &metadata, req.into_inner(), cluster.member_list).await?;
         }
-        let name = std::env::var("HOSTNAME")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "etcd-cache-proxy".into());
-        let member = Member {
-            id: member_id(&url),
-            name,
-            peer_ur_ls: Vec::new(),
-            client_ur_ls: vec![url],
-            is_learner: false,
+        let mut members = match &self.state.resolver_prefix {
+            Some(prefix) => register::members(&self.state.upstream, prefix, member_id).await?,
+            None => Vec::new(),
         };
+        if members.is_empty() {
+            members.push(Member {
+                id: member_id(&url),
+                name: register::hostname(),
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: vec![url],
+                is_learner: false,
+            });
+        }
         Ok(Response::new(MemberListResponse {
             header: Some(self.state.upstream.header(self.state.revision())),
-            members: vec![member],
+            members,
         }))
     }
 }

@@ -34,6 +34,18 @@ pub(crate) struct Config {
     #[arg(long)]
     pub(crate) advertise_client_url: Option<String>,
 
+    /// Registers the proxy in etcd under this prefix (its key `<prefix>/<url>` holds
+    /// --advertise-client-url in the format of etcd's naming resolver), on a lease of
+    /// --resolver-ttl seconds it keeps alive, as etcd grpc-proxy's --resolver-prefix:
+    /// clients find every live proxy with etcd's resolver, and Cluster.MemberList
+    /// through any of them lists them. Needs --resolver-ttl and --advertise-client-url.
+    #[arg(long)]
+    pub(crate) resolver_prefix: Option<String>,
+    /// TTL in seconds of the registration's lease (--resolver-prefix): a proxy that dies
+    /// is gone from the list within it.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) resolver_ttl: u64,
+
     /// Key prefix held by the cache, relative to --namespace ("" = everything in it).
     /// Ranges and watches inside it are answered from memory, others are forwarded.
     #[arg(long, default_value = "")]
@@ -209,6 +221,31 @@ impl Config {
                     .into(),
             );
         }
+        // As etcd grpc-proxy checks them (`checkArgs`), with the reason.
+        match (&self.resolver_prefix, self.resolver_ttl) {
+            (Some(p), 0) if !p.is_empty() => {
+                return Err(format!(
+                    "--resolver-prefix {p:?} needs --resolver-ttl (seconds, at least 1): \
+                     the registration's lease"
+                ))
+            }
+            (None, ttl) if ttl > 0 => {
+                return Err(format!(
+                    "--resolver-ttl {ttl} without --resolver-prefix: nothing to register"
+                ))
+            }
+            (Some(p), _) if p.is_empty() => {
+                return Err("--resolver-prefix is empty: give the prefix to register under".into())
+            }
+            (Some(_), _) if self.advertise_client_url.is_none() => {
+                return Err(
+                    "--resolver-prefix needs --advertise-client-url: the URL registered for \
+                     clients to reach this proxy"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
         let urls = self.endpoint_urls();
         if let Some(bad) = urls
             .iter()
@@ -277,6 +314,29 @@ mod tests {
         assert!(c.check().unwrap_err().contains("mixes"), "{:?}", c.check());
         let c = parse(&["--endpoints", "unix://x"]);
         assert!(c.check().is_err());
+    }
+
+    /// --resolver-prefix and --resolver-ttl as grpc-proxy checks them: together, and with
+    /// --advertise-client-url.
+    #[test]
+    fn registration_flags_go_together() {
+        let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
+        let url = ["--advertise-client-url", "http://127.0.0.1:23790"];
+        let err = |args: &[&str]| parse(args).check().unwrap_err();
+        assert!(err(&["--resolver-prefix", "/p"]).contains("needs --resolver-ttl"));
+        assert!(err(&["--resolver-ttl", "5"]).contains("without --resolver-prefix"));
+        assert!(err(&["--resolver-prefix", "/p", "--resolver-ttl", "5"])
+            .contains("--advertise-client-url"));
+        assert!(err(&["--resolver-prefix", "", "--resolver-ttl", "5"]).contains("empty"));
+        let ok = parse(
+            &[
+                &["--resolver-prefix", "/p", "--resolver-ttl", "5"][..],
+                &url[..],
+            ]
+            .concat(),
+        );
+        assert!(ok.check().is_ok());
+        assert!(parse(&url).check().is_ok());
     }
 
     /// grpc-proxy's `--insecure-skip-tls-verify` is recognized, and refused with why.

@@ -32,6 +32,7 @@ mod maintenance;
 mod metrics;
 mod namespace;
 mod pb;
+mod register;
 mod server;
 mod server_tls;
 mod state;

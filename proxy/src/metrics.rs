@@ -194,6 +194,10 @@ pub(crate) struct Metrics {
     auth_revoked: Counter,
     caught_up: Counter,
     rejoined: Counter,
+    registrations: Counter,
+    registration_renewals: Counter,
+    registration_failures: Counter,
+    registered: Gauge,
     /// `etcd_cache_proxy_sent_bytes_total` per entry of [`SERVICES`], then `unknown`.
     sent_bytes: Vec<Counter>,
 }
@@ -228,6 +232,14 @@ impl Metrics {
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
             rejoined: metrics::counter!("etcd_cache_proxy_watches_rejoined_total"),
+            registrations: metrics::counter!("etcd_cache_proxy_registrations_total"),
+            registration_renewals: metrics::counter!(
+                "etcd_cache_proxy_registration_renewals_total"
+            ),
+            registration_failures: metrics::counter!(
+                "etcd_cache_proxy_registration_failures_total"
+            ),
+            registered: metrics::gauge!("etcd_cache_proxy_registered"),
             sent_bytes: SERVICES
                 .iter()
                 .map(|(s, _)| sent(s))
@@ -250,6 +262,26 @@ impl Metrics {
     /// next revision instead of being canceled.
     pub(crate) fn watch_caught_up(&self) {
         self.caught_up.increment(1);
+    }
+
+    /// The proxy registered under --resolver-prefix (a new lease and key).
+    pub(crate) fn registration(&self) {
+        self.registrations.increment(1);
+    }
+
+    /// The registration's lease was renewed.
+    pub(crate) fn registration_renewed(&self) {
+        self.registration_renewals.increment(1);
+    }
+
+    /// A registration failed or was lost (it is retried).
+    pub(crate) fn registration_failed(&self) {
+        self.registration_failures.increment(1);
+    }
+
+    /// Whether the proxy is registered now.
+    pub(crate) fn registered(&self, now: bool) {
+        self.registered.set(if now { 1.0 } else { 0.0 });
     }
 
     /// A watch caught up from etcd returned to the cache.
@@ -356,6 +388,22 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_watches_caught_up_total",
         "cached watches that fell behind the cache's window, moved to etcd from their next revision (not canceled)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_registrations_total",
+        "registrations under --resolver-prefix (a lease granted and the proxy's key put on it)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_registration_renewals_total",
+        "renewals of the registration's lease"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_registration_failures_total",
+        "registrations that failed or were lost (lease expired or not renewed in time); each is retried"
+    );
+    describe_gauge!(
+        "etcd_cache_proxy_registered",
+        "1 while the proxy is registered under --resolver-prefix, else 0"
     );
     describe_counter!(
         "etcd_cache_proxy_watches_rejoined_total",

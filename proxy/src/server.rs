@@ -33,6 +33,7 @@ use crate::pb::etcdserverpb::{
 };
 use crate::pb::v3electionpb::election_server::ElectionServer;
 use crate::pb::v3lockpb::lock_server::LockServer;
+use crate::register::Registration;
 use crate::state::{Limits, State};
 use crate::upstream::{self, Upstream};
 use crate::watch::{WatchServer, WatchService};
@@ -173,6 +174,7 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         namespace,
         limits,
         config.advertise_client_url.clone(),
+        config.resolver_prefix.clone(),
         shutdown_rx.clone(),
     );
 
@@ -232,6 +234,16 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         source,
     })?;
     tracing::info!(addr = %local, "serving etcd's v3 gRPC API");
+    // Registered once it serves; deregistered when it stops (`register.rs`).
+    let registration = match (&config.resolver_prefix, &config.advertise_client_url) {
+        (Some(prefix), Some(url)) => Some(Registration::start(
+            state.upstream.clone(),
+            prefix.clone(),
+            url.clone(),
+            config.resolver_ttl,
+        )),
+        _ => None,
+    };
 
     let mut signalled = shutdown_rx.clone();
     tokio::spawn(async move {
@@ -253,6 +265,9 @@ pub(crate) async fn run(config: Config) -> Result<()> {
         } => {
             tracing::warn!(in_flight = in_flight.get(), ?timeout, "shutdown timeout: exiting with calls in flight");
         }
+    }
+    if let Some(r) = registration {
+        r.stop().await;
     }
     slot.close().await;
     tracing::info!("stopped");

@@ -37,6 +37,9 @@ pub(crate) struct State {
     /// The URL Cluster.MemberList announces (`--advertise-client-url`); without it,
     /// MemberList is etcd's.
     pub(crate) advertised_url: Option<String>,
+    /// `--resolver-prefix`: where the proxies register (`register.rs`); MemberList
+    /// lists the registered ones.
+    pub(crate) resolver_prefix: Option<String>,
     /// Fires once at shutdown: streams end, unary calls finish.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
@@ -51,6 +54,7 @@ impl State {
         namespace: Namespace,
         limits: Limits,
         advertised_url: Option<String>,
+        resolver_prefix: Option<String>,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Arc<State> {
         let cached_start = Bytes::copy_from_slice(cache_prefix);
@@ -64,6 +68,7 @@ impl State {
             cached_end,
             limits,
             advertised_url,
+            resolver_prefix,
             shutdown,
         })
     }

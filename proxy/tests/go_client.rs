@@ -5,39 +5,9 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
-use support::{EtcdOptions, EtcdServer, Proxy};
-
-/// Builds the Go program once; `None` when `go` is absent.
-fn program() -> Option<PathBuf> {
-    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if Command::new("go").arg("version").output().is_err() {
-                eprintln!("SKIP: `go` is not installed; the clientv3 tests need it");
-                return None;
-            }
-            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("etcd-cache-proxy-gotest");
-            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go");
-            let build = Command::new("go")
-                .args(["build", "-o"])
-                .arg(&out)
-                .arg(".")
-                .current_dir(&src)
-                .output()
-                .expect("running go build");
-            assert!(
-                build.status.success(),
-                "go build failed:\n{}",
-                String::from_utf8_lossy(&build.stderr)
-            );
-            Some(out)
-        })
-        .clone()
-}
+use support::{go_program as program, EtcdOptions, EtcdServer, Proxy};
 
 fn run(mode: &str, proxy: &Proxy, etcd: &EtcdServer) {
     let Some(bin) = program() else { return };

@@ -5,6 +5,10 @@
 //	gotest -proxy URL -etcd URL progress    RequestProgress and WithRequireLeader
 //	gotest -proxy URL -etcd URL autosync    endpoint auto-sync stays on the proxy
 //	gotest -proxy URL -etcd URL restart     a watch that lives through a proxy restart
+//	gotest -etcd URL -prefix P -want A,B resolver
+//	                                        etcd's naming resolver over --resolver-prefix
+//	                                        finds exactly the proxies A,B (host:port) and
+//	                                        a gRPC connection through it reads via them
 //
 // Each mode prints "OK <mode>" and exits 0, or exits non-zero with the reason. The
 // restart mode prints "RESTART NOW" and waits for a line on stdin before it goes on.
@@ -21,12 +25,19 @@ import (
 	"strings"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/naming/endpoints"
+	etcdresolver "go.etcd.io/etcd/client/v3/naming/resolver"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 var (
 	proxyURL = flag.String("proxy", "", "etcd-cache-proxy endpoint")
 	etcdURL  = flag.String("etcd", "", "etcd endpoint")
+	prefix   = flag.String("prefix", "", "--resolver-prefix of the proxies (resolver mode)")
+	wantEPs  = flag.String("want", "", "the registered proxies, host:port, comma-separated (resolver mode)")
 )
 
 func connect(endpoint string, autoSync time.Duration) *clientv3.Client {
@@ -310,6 +321,60 @@ func restart() {
 	fmt.Println("OK restart")
 }
 
+// resolver checks the proxies' registrations the way Go clients read them: etcd's
+// endpoints manager lists exactly the wanted addresses, and a gRPC connection resolved
+// by etcd's naming resolver reaches a proxy and reads through it.
+func resolver() {
+	cli := connect(*etcdURL, 0)
+	defer cli.Close()
+	em, err := endpoints.NewManager(cli, *prefix)
+	if err != nil {
+		log.Fatalf("endpoints manager: %v", err)
+	}
+	ctx, cancel := ctxT(10 * time.Second)
+	defer cancel()
+	eps, err := em.List(ctx)
+	if err != nil {
+		log.Fatalf("list endpoints: %v", err)
+	}
+	var got []string
+	for _, ep := range eps {
+		got = append(got, ep.Addr)
+	}
+	want := strings.Split(*wantEPs, ",")
+	sortStrings(got)
+	sortStrings(want)
+	if !reflect.DeepEqual(got, want) {
+		log.Fatalf("registered %v, want %v", got, want)
+	}
+	b, err := etcdresolver.NewBuilder(cli)
+	if err != nil {
+		log.Fatalf("resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("etcd:///"+*prefix, grpc.WithResolvers(b),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingPolicy":"round_robin"}`))
+	if err != nil {
+		log.Fatalf("dial through the resolver: %v", err)
+	}
+	defer conn.Close()
+	kv := pb.NewKVClient(conn)
+	for i := 0; i < 2*len(want); i++ {
+		if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("/resolved")}); err != nil {
+			log.Fatalf("range through a resolved proxy: %v", err)
+		}
+	}
+	fmt.Println("OK resolver")
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
@@ -322,6 +387,8 @@ func main() {
 		autosync()
 	case "restart":
 		restart()
+	case "resolver":
+		resolver()
 	default:
 		log.Fatalf("unknown mode %q", flag.Arg(0))
 	}

@@ -25,7 +25,8 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts the proxy in front of `etcd` (an endpoint URL) with extra flags (`{self}`
-    /// in one stands for the proxy's URL), and waits until it serves a Range.
+    /// in one stands for the proxy's URL, `{addr}` for its host:port), and waits until
+    /// it serves a Range.
     pub fn start(etcd: &str, extra: &[&str]) -> Proxy {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -42,7 +43,11 @@ impl Proxy {
             "http"
         };
         let own = format!("{scheme}://{addr}");
-        args.extend(extra.iter().map(|s| s.replace("{self}", &own)));
+        // `{addr}`: its host:port alone (what etcd's naming resolver hands to gRPC).
+        args.extend(extra.iter().map(|s| {
+            s.replace("{self}", &own)
+                .replace("{addr}", &addr.to_string())
+        }));
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("proxy.log");
         let mut p = Proxy {
@@ -253,4 +258,40 @@ pub fn start_fails(etcd: &str, extra: &[&str]) -> String {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "the proxy started: {err}");
     err
+}
+
+/// The Go program of `tests/go/` (Go's clientv3 driven per scenario), built with
+/// `go build` once per test binary; `None`, with a message, when `go` is not installed.
+pub fn go_program() -> Option<PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if Command::new("go").arg("version").output().is_err() {
+                eprintln!("SKIP: `go` is not installed; the clientv3 tests need it");
+                return None;
+            }
+            let name = format!(
+                "etcd-cache-proxy-gotest-{}",
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+                    .unwrap_or_default()
+            );
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go");
+            let build = Command::new("go")
+                .args(["build", "-o"])
+                .arg(&out)
+                .arg(".")
+                .current_dir(&src)
+                .output()
+                .expect("running go build");
+            assert!(
+                build.status.success(),
+                "go build failed:\n{}",
+                String::from_utf8_lossy(&build.stderr)
+            );
+            Some(out)
+        })
+        .clone()
 }
