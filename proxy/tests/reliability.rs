@@ -64,15 +64,16 @@ fn rand_dur(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(lo_ms..=hi_ms))
 }
 
-/// A client of the proxy with short keep-alives (a dead proxy is noticed in ~2 s).
-async fn proxy_client(endpoint: &str) -> Option<Client> {
+/// A client of the proxies (every client-facing one: it fails over between them) with
+/// short keep-alives (a dead proxy is noticed in ~2 s).
+async fn proxy_client(endpoints: &[String]) -> Option<Client> {
     let options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(1))
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
         .with_keep_alive_while_idle(true);
     match timeout(
         Duration::from_secs(3),
-        Client::connect([endpoint], Some(options)),
+        Client::connect(endpoints, Some(options)),
     )
     .await
     {
@@ -235,7 +236,7 @@ impl Remote {
 /// What every stream task shares.
 #[derive(Clone)]
 struct StreamCtx {
-    endpoint: String,
+    endpoints: Vec<String>,
     /// etcd answers RequestProgress before its watches caught up (etcd#15220, before
     /// 3.4.25 and 3.5.8), and the proxy passes etcd's answer on for forwarded watches: then
     /// stream-level progress is asked for only in the final drain, when nothing replays.
@@ -324,7 +325,7 @@ async fn stream_task(
             _ => {
                 failures += 1;
                 if failures.is_multiple_of(10) {
-                    if let Some(c) = proxy_client(&ctx.endpoint).await {
+                    if let Some(c) = proxy_client(&ctx.endpoints).await {
                         ctx.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                         client = c;
                     }
@@ -601,7 +602,7 @@ fn proxy_spec(rng: &mut StdRng, id: usize, class: Class, head: i64) -> SubSpec {
 
 async fn reader(
     seed: u64,
-    endpoint: String,
+    endpoints: Vec<String>,
     direct: Vec<String>,
     gets: Arc<Mutex<Vec<GetRecord>>>,
     counters: Arc<Counters>,
@@ -616,7 +617,7 @@ async fn reader(
             _ = stop.wait_for(|s| *s) => return,
         }
         let Some(c) = via.as_mut() else {
-            via = proxy_client(&endpoint).await;
+            via = proxy_client(&endpoints).await;
             continue;
         };
         let (key, range, prefix) = match rng.random_range(0..3) {
@@ -698,13 +699,15 @@ async fn reader(
 struct Faults {
     etcd_kills: u64,
     proxy_restarts: u64,
+    /// Client-facing proxies killed (SIGKILL), their clients moving to another.
+    proxy_kills: u64,
     cuts: u64,
     blackholes: u64,
 }
 
 impl Faults {
     fn total(&self) -> u64 {
-        self.etcd_kills + self.proxy_restarts + self.cuts + self.blackholes
+        self.etcd_kills + self.proxy_restarts + self.proxy_kills + self.cuts + self.blackholes
     }
 }
 
@@ -725,10 +728,25 @@ struct Summary {
     secs: f64,
 }
 
+/// Where the proxies stand between etcd and the clients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Topology {
+    /// One proxy.
+    One,
+    /// Two proxies side by side, each client on both (it fails over between them).
+    Pair,
+    /// A top proxy A in front of etcd, and two proxies B1, B2 following A; each client
+    /// on both Bs.
+    Tier,
+}
+
 struct World {
     etcd: Arc<std::sync::Mutex<EtcdServer>>,
     cut: TcpProxy,
-    proxy: Arc<std::sync::Mutex<Proxy>>,
+    /// The client-facing proxies.
+    proxies: Vec<Arc<std::sync::Mutex<Proxy>>>,
+    /// The top of a tier (it follows etcd; the client-facing ones follow it).
+    top: Option<Arc<std::sync::Mutex<Proxy>>>,
 }
 
 impl World {
@@ -740,10 +758,16 @@ impl World {
         testkit::blocking(move || e.lock().unwrap().restart()).await;
     }
 
+    /// Stops a proxy gracefully (SIGTERM) and starts it again: a client-facing one, or in
+    /// a tier now and then the top one.
     async fn restart_proxy(&self, rng: &mut StdRng) {
-        let p = self.proxy.clone();
+        let p = match &self.top {
+            Some(top) if rng.random_bool(0.5) => top.clone(),
+            _ => self.proxies[rng.random_range(0..self.proxies.len())].clone(),
+        };
+        let q = p.clone();
         let (status, log) = testkit::blocking(move || {
-            let mut p = p.lock().unwrap();
+            let mut p = q.lock().unwrap();
             let status = p.terminate(Duration::from_secs(15));
             (status, p.log_tail())
         })
@@ -753,8 +777,29 @@ impl World {
             "the proxy's graceful stop (SIGTERM) failed: {status:?}:\n{log}"
         );
         sleep(rand_dur(rng, 100, 1000)).await;
-        let p = self.proxy.clone();
         testkit::blocking(move || p.lock().unwrap().start_again()).await;
+    }
+
+    /// Kills a client-facing proxy (SIGKILL; its clients move to another), and starts it
+    /// again later.
+    async fn kill_proxy(&self, rng: &mut StdRng) {
+        let p = self.proxies[rng.random_range(0..self.proxies.len())].clone();
+        let q = p.clone();
+        testkit::blocking(move || q.lock().unwrap().kill()).await;
+        sleep(rand_dur(rng, 500, 2500)).await;
+        testkit::blocking(move || p.lock().unwrap().start_again()).await;
+    }
+
+    /// Every proxy's log tail and whole log, for a failure's report.
+    fn logs(&self) -> (String, String) {
+        let all: Vec<_> = self.top.iter().chain(&self.proxies).collect();
+        let (mut tail, mut full) = (String::new(), String::new());
+        for (i, p) in all.iter().enumerate() {
+            let p = p.lock().unwrap();
+            tail.push_str(&format!("--- proxy {i} ---\n{}\n", p.log_tail()));
+            full.push_str(&format!("--- proxy {i} ---\n{}\n", p.log_text()));
+        }
+        (tail, full)
     }
 
     async fn blackhole(&self, rng: &mut StdRng) {
@@ -790,35 +835,54 @@ enum Plan {
     Random(Duration),
 }
 
-async fn run(seed: u64, plan: Plan) -> Summary {
+async fn run(seed: u64, plan: Plan, topology: Topology) -> Summary {
     let started = Instant::now();
     println!("proxy_reliability: seed {seed} (replay with ETCD_CACHE_SEED={seed})");
     let etcd = testkit::blocking(|| EtcdServer::start_with(etcd_options())).await;
     let direct = vec![etcd.endpoint()];
     let cut = TcpProxy::start(etcd.client_addr()).await;
     let cut_ep = cut.endpoint();
-    let window = WINDOW.to_string();
-    let proxy = testkit::blocking(move || {
-        Proxy::start(
-            &cut_ep,
-            &[
-                "--prefix",
-                PREFIX,
-                "--history-window",
-                &window,
-                "--progress-notify-interval",
-                "500ms",
-                "--shutdown-timeout",
-                "5s",
-            ],
-        )
-    })
-    .await;
-    let endpoint = proxy.endpoint();
+    let start = |upstream: String| {
+        testkit::blocking(move || {
+            let window = WINDOW.to_string();
+            let p = Proxy::start(
+                &upstream,
+                &[
+                    "--prefix",
+                    PREFIX,
+                    "--history-window",
+                    &window,
+                    "--progress-notify-interval",
+                    "500ms",
+                    "--shutdown-timeout",
+                    "5s",
+                ],
+            );
+            Arc::new(std::sync::Mutex::new(p))
+        })
+    };
+    let (top, proxies) = match topology {
+        Topology::One => (None, vec![start(cut_ep).await]),
+        Topology::Pair => (None, vec![start(cut_ep.clone()).await, start(cut_ep).await]),
+        Topology::Tier => {
+            let top = start(cut_ep).await;
+            let above = top.lock().unwrap().endpoint();
+            (
+                Some(top),
+                vec![start(above.clone()).await, start(above).await],
+            )
+        }
+    };
+    let endpoints: Vec<String> = proxies
+        .iter()
+        .map(|p| p.lock().unwrap().endpoint())
+        .collect();
+    println!("proxy_reliability: {topology:?}: clients on {endpoints:?}");
     let world = World {
         etcd: Arc::new(std::sync::Mutex::new(etcd)),
         cut,
-        proxy: Arc::new(std::sync::Mutex::new(proxy)),
+        proxies,
+        top,
     };
 
     let direct_shared = Arc::new(Mutex::new(direct.clone()));
@@ -839,7 +903,7 @@ async fn run(seed: u64, plan: Plan) -> Summary {
     let gets = Arc::new(Mutex::new(Vec::new()));
     tasks.push(tokio::spawn(reader(
         seed,
-        endpoint.clone(),
+        endpoints.clone(),
         direct.clone(),
         gets.clone(),
         counters.clone(),
@@ -859,7 +923,7 @@ async fn run(seed: u64, plan: Plan) -> Summary {
         }
     );
     let ctx = StreamCtx {
-        endpoint: endpoint.clone(),
+        endpoints: endpoints.clone(),
         progress_untrusted,
         drain: drain_rx,
         stats: stats.clone(),
@@ -870,7 +934,7 @@ async fn run(seed: u64, plan: Plan) -> Summary {
     let mut streams = Vec::new();
     let mut senders = Vec::new();
     for conn in 0..CONNS {
-        let client = proxy_client(&endpoint)
+        let client = proxy_client(&endpoints)
             .await
             .expect("a client of the proxy");
         for k in 0..STREAMS_PER_CONN {
@@ -946,11 +1010,20 @@ async fn run(seed: u64, plan: Plan) -> Summary {
             world.restart_proxy(&mut frng).await;
             faults.proxy_restarts += 1;
             sleep(gap(&mut frng)).await;
+            if topology != Topology::One {
+                world.kill_proxy(&mut frng).await;
+                faults.proxy_kills += 1;
+                sleep(gap(&mut frng)).await;
+            }
         }
         Plan::Random(dur) => {
             let end = Instant::now() + dur;
             while Instant::now() < end {
-                match frng.random_range(0..4) {
+                match frng.random_range(0..5) {
+                    4 if topology != Topology::One => {
+                        world.kill_proxy(&mut frng).await;
+                        faults.proxy_kills += 1;
+                    }
                     0 => {
                         world.kill_etcd(&mut frng).await;
                         faults.etcd_kills += 1;
@@ -1042,11 +1115,11 @@ async fn run(seed: u64, plan: Plan) -> Summary {
     summary.violations = out.len();
     summary.secs = started.elapsed().as_secs_f64();
     println!(
-        "RELIABILITY | proxy | seed {} | revisions {} | truth events {} | events checked {} | responses {} | subscribers {} (dropped by churn {}) over {CONNS} connections x {STREAMS_PER_CONN} streams | resumptions {} after {} stream breaks | gets {} | faults {} ({} etcd kill -9, {} proxy restarts, {} cuts, {} blackholes) | violations {} | {:.1} s",
+        "RELIABILITY | proxy | seed {} | revisions {} | truth events {} | events checked {} | responses {} | subscribers {} (dropped by churn {}) over {CONNS} connections x {STREAMS_PER_CONN} streams | resumptions {} after {} stream breaks | gets {} | faults {} ({} etcd kill -9, {} proxy restarts, {} proxy kill -9, {} cuts, {} blackholes) | violations {} | {:.1} s",
         summary.seed, summary.revisions, summary.truth_events, summary.events_checked,
         summary.responses_checked, summary.subscribers, summary.dropped, summary.resumes,
         summary.breaks, summary.gets_checked, summary.faults.total(), faults.etcd_kills,
-        faults.proxy_restarts, faults.cuts, faults.blackholes, summary.violations, summary.secs
+        faults.proxy_restarts, faults.proxy_kills, faults.cuts, faults.blackholes, summary.violations, summary.secs
     );
     println!(
         "proxy_reliability: writes ok {} failed {}; gets ok {} failed {}; stream-level progress answers {}; client reconnects {}; truth resumes {}",
@@ -1059,10 +1132,7 @@ async fn run(seed: u64, plan: Plan) -> Summary {
         truth.resumes,
     );
     if !out.is_empty() {
-        let (log, full) = {
-            let p = world.proxy.lock().unwrap();
-            (p.log_tail(), p.log_text())
-        };
+        let (log, full) = world.logs();
         let path = std::env::temp_dir().join(format!("proxy-reliability-{seed}.log"));
         let _ = std::fs::write(&path, full);
         let mut msg = format!(
@@ -1087,10 +1157,51 @@ async fn run(seed: u64, plan: Plan) -> Summary {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_watches_through_the_proxy_keep_the_six_guarantees_under_faults() {
     testkit::init_tracing();
-    let s = testkit::bounded(Duration::from_secs(170), run(seed(), Plan::EachOnce)).await;
+    let s = testkit::bounded(
+        Duration::from_secs(170),
+        run(seed(), Plan::EachOnce, Topology::One),
+    )
+    .await;
     assert!(s.faults.total() >= 6);
     assert!(s.resumes > 0, "no watch resumed across a proxy restart");
     assert!(s.events_checked > 0);
+}
+
+/// Two proxies side by side (issue 20), each client on both: a proxy killed with
+/// SIGKILL, its clients resume on the other, with the faults of the short form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_watches_across_two_proxies_keep_the_six_guarantees_under_faults() {
+    testkit::init_tracing();
+    let s = testkit::bounded(
+        Duration::from_secs(200),
+        run(seed(), Plan::EachOnce, Topology::Pair),
+    )
+    .await;
+    assert!(s.faults.proxy_kills >= 1);
+    assert!(s.resumes > 0 && s.events_checked > 0);
+}
+
+/// A tier (issue 20): etcd → A → {B1, B2} → clients, with the faults of the short form
+/// (cuts and blackholes between etcd and A, A or a B restarted, a B killed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_watches_through_a_tier_keep_the_six_guarantees_under_faults() {
+    testkit::init_tracing();
+    let s = testkit::bounded(
+        Duration::from_secs(200),
+        run(seed(), Plan::EachOnce, Topology::Tier),
+    )
+    .await;
+    assert!(s.faults.proxy_kills >= 1);
+    assert!(s.resumes > 0 && s.events_checked > 0);
+}
+
+/// `ETCD_CACHE_PROXY_TOPOLOGY`: one (default), pair or tier, for the soak.
+fn topology_from_env() -> Topology {
+    match std::env::var("ETCD_CACHE_PROXY_TOPOLOGY").as_deref() {
+        Ok("pair") => Topology::Pair,
+        Ok("tier") => Topology::Tier,
+        _ => Topology::One,
+    }
 }
 
 /// The soak: random faults for `ETCD_CACHE_PROXY_SOAK_SECS` (default 300).
@@ -1105,7 +1216,7 @@ async fn proxy_reliability_soak() {
     let dur = Duration::from_secs(secs);
     testkit::bounded(
         dur + Duration::from_secs(180),
-        run(seed(), Plan::Random(dur)),
+        run(seed(), Plan::Random(dur), topology_from_env()),
     )
     .await;
 }

@@ -7,7 +7,10 @@
 //!
 //! A forwarded watch has the id the session gave it: the client's own, or the stream's
 //! next automatic one (one id space with the cache's watches). etcd reads id 0 in a
-//! create as "any id", so the watch the client knows as 0 is [`ZERO`] on etcd's stream.
+//! create as "any id", so the watch the client knows as 0 is [`ZERO`] on etcd's stream;
+//! a client may still ask for [`ZERO`] itself (another proxy in front of this one does,
+//! for its own clients' watch 0) as long as its watch 0 is not live, and the other way
+//! round.
 //!
 //! etcd registers a watch before it records that the watch wants prev_kv
 //! (`serverWatchStream.recvLoop`: `watchStream.Watch`, then `prevKV[id] = true`), so
@@ -120,7 +123,12 @@ impl Forwarded {
         &mut self,
         mut c: WatchCreateRequest,
     ) -> Result<Option<i64>, Status> {
-        if self.ids.contains(&c.watch_id) || c.watch_id == ZERO {
+        let taken = match c.watch_id {
+            0 => self.uses_zero(ZERO),
+            ZERO => self.uses_zero(0),
+            id => self.ids.contains(&id),
+        };
+        if taken || self.ids.contains(&c.watch_id) {
             return Ok(None);
         }
         // The proxy splits responses itself, at its own limit.
@@ -188,6 +196,15 @@ impl Forwarded {
         let watch_id = if watch_id == 0 { ZERO } else { watch_id };
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
             .await
+    }
+
+    /// Whether client id `id` (0 or [`ZERO`], which share etcd's id [`ZERO`]) names a
+    /// watch of this stream that etcd may still answer for: live, being canceled, or
+    /// being retired.
+    fn uses_zero(&self, id: i64) -> bool {
+        self.ids.contains(&id)
+            || self.canceling.contains_key(&id)
+            || self.retiring.contains_key(&id)
     }
 
     /// Takes one pending cancel of `watch_id`, if there is one.
@@ -353,7 +370,7 @@ impl Forwarded {
     /// Books one of etcd's responses; `None` when it is not for the client (see
     /// [`next`](Self::next)).
     fn take(&mut self, mut r: WatchResponse) -> Option<WatchResponse> {
-        if r.watch_id == ZERO {
+        if r.watch_id == ZERO && self.uses_zero(0) {
             r.watch_id = 0;
         }
         self.upstream.observe(r.header.as_ref());
@@ -443,6 +460,26 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    /// The client's watch 0 and its own watch [`ZERO`] (another proxy's watch 0, in a
+    /// tier) share etcd's id [`ZERO`]: responses go to whichever is live.
+    #[tokio::test]
+    async fn etcds_zero_is_the_clients_zero_or_its_own() {
+        let mut f = forwarded();
+        f.ids.insert(ZERO);
+        assert_eq!(
+            f.take(events(ZERO, 5)).unwrap().watch_id,
+            ZERO,
+            "the client's own"
+        );
+        f.ids.remove(&ZERO);
+        f.ids.insert(0);
+        assert_eq!(
+            f.take(events(ZERO, 6)).unwrap().watch_id,
+            0,
+            "the client's 0"
+        );
     }
 
     /// What etcd's send loop had queued for a watch the client canceled (it may come
