@@ -19,9 +19,10 @@ use support::{client, go_program, EtcdOptions, EtcdServer, Proxy};
 const PREFIX: &str = "___etcd_cache_proxies";
 const TTL: u64 = 2;
 
-fn registered_proxy(etcd: &EtcdServer) -> Proxy {
+/// A proxy in front of `upstream` (an endpoint URL), registered under [`PREFIX`].
+fn registered_proxy(upstream: &str) -> Proxy {
     Proxy::start(
-        &etcd.endpoint(),
+        upstream,
         &[
             "--advertise-client-url",
             "{addr}",
@@ -88,8 +89,8 @@ async fn member_urls(via: &str) -> Vec<String> {
 async fn registered_proxies_are_listed_and_leave_when_they_stop_or_die() {
     let etcd = EtcdServer::start_with(EtcdOptions::default());
     let mut direct = client(&etcd.endpoint()).await;
-    let mut a = registered_proxy(&etcd);
-    let mut b = registered_proxy(&etcd);
+    let mut a = registered_proxy(&etcd.endpoint());
+    let mut b = registered_proxy(&etcd.endpoint());
     let (addr_a, addr_b) = (a.addr().to_string(), b.addr().to_string());
     registered_becomes(
         &mut direct,
@@ -143,8 +144,8 @@ async fn registered_proxies_are_listed_and_leave_when_they_stop_or_die() {
 fn go_clients_find_the_proxies_with_etcds_resolver() {
     let Some(bin) = go_program() else { return };
     let etcd = EtcdServer::start_with(EtcdOptions::default());
-    let a = registered_proxy(&etcd);
-    let b = registered_proxy(&etcd);
+    let a = registered_proxy(&etcd.endpoint());
+    let b = registered_proxy(&etcd.endpoint());
     let want = format!("{},{}", a.addr(), b.addr());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -180,8 +181,8 @@ fn go_clients_find_the_proxies_with_etcds_resolver() {
 async fn a_watch_resumes_on_another_proxy_without_a_gap() {
     let etcd = EtcdServer::start_with(EtcdOptions::default());
     let mut direct = client(&etcd.endpoint()).await;
-    let mut a = registered_proxy(&etcd);
-    let b = registered_proxy(&etcd);
+    let mut a = registered_proxy(&etcd.endpoint());
+    let b = registered_proxy(&etcd.endpoint());
     let mut via_a = client(&a.endpoint()).await;
     let mut stream = via_a
         .watch("/m/", Some(WatchOptions::new().with_prefix()))
@@ -258,17 +259,7 @@ async fn a_proxy_cut_off_longer_than_its_ttl_registers_again() {
     let etcd = EtcdServer::start_with(EtcdOptions::default());
     let mut direct = client(&etcd.endpoint()).await;
     let cut = testkit::TcpProxy::start(etcd.client_addr()).await;
-    let proxy = Proxy::start(
-        &cut.endpoint(),
-        &[
-            "--advertise-client-url",
-            "{addr}",
-            "--resolver-prefix",
-            PREFIX,
-            "--resolver-ttl",
-            &TTL.to_string(),
-        ],
-    );
+    let proxy = registered_proxy(&cut.endpoint());
     let me = [proxy.addr().to_string()];
     registered_becomes(&mut direct, &me, Duration::from_secs(10)).await;
     // Silence between the proxy and etcd: no renewal reaches etcd.

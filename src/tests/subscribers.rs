@@ -20,6 +20,15 @@ async fn burst(h: &Harness, fast: &mut WatchStream, from: i64, to: i64) {
     }
 }
 
+/// Two prefix subscribers, their `created` taken: one to leave unread, one to read.
+async fn slow_and_fast(h: &Harness) -> (WatchStream, WatchStream) {
+    let mut slow = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    let mut fast = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    created(&mut slow).await;
+    created(&mut fast).await;
+    (slow, fast)
+}
+
 /// 10a. A capacity-1 subscriber that is not polled during 1000 revisions then reads
 /// every one of them, in order, once.
 #[tokio::test(start_paused = true)]
@@ -86,10 +95,7 @@ async fn slow_subscriber_out_of_window_is_compacted() {
         ..config()
     };
     let h = ready(cfg, &["3.5.13"], &[], 10).await;
-    let mut slow = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-    let mut fast = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-    created(&mut slow).await;
-    created(&mut fast).await;
+    let (mut slow, mut fast) = slow_and_fast(&h).await;
     burst(&h, &mut fast, 11, 1010).await;
     assert_eq!(h.cache.history_span(), (911, 1010));
     // What was queued before it lagged is still delivered.
@@ -551,10 +557,7 @@ async fn a_lagging_subscriber_keeps_the_history_it_needs_when_asked() {
             ..config()
         };
         let h = ready(cfg, &["3.5.13"], &[], 10).await;
-        let mut slow = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-        let mut fast = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
-        created(&mut slow).await;
-        created(&mut fast).await;
+        let (mut slow, mut fast) = slow_and_fast(&h).await;
         burst(&h, &mut fast, 11, 110).await;
         let mut expect = 11;
         while expect <= 110 {
