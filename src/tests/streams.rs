@@ -323,3 +323,39 @@ fn option_builders_are_const_as_in_etcd_client() {
     assert_eq!(W.watch_id(), 3);
     assert!(G.serializable());
 }
+
+/// `messages` takes everything ready in one call (up to its bound), in order, waiting
+/// only for the first; then it waits again.
+#[tokio::test(start_paused = true)]
+async fn messages_takes_every_ready_response_at_once() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    let mut other = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
+    let mut out = Vec::new();
+    assert_eq!(s.messages(&mut out, 16).await.unwrap(), 1, "created alone");
+    assert!(out[0].created());
+    assert!(resp(&mut other).await.created());
+    for rev in 11..=15 {
+        h.watch
+            .events(vec![put("/app/a", &rev.to_string(), 11, rev, rev - 10)]);
+    }
+    // `other` reads them one by one: all five are delivered by then.
+    for rev in 11..=15 {
+        assert_eq!(resp(&mut other).await.revision(), rev);
+    }
+    out.clear();
+    assert_eq!(s.messages(&mut out, 3).await.unwrap(), 3, "bounded by max");
+    assert_eq!(s.messages(&mut out, 16).await.unwrap(), 2, "the rest");
+    let revs: Vec<i64> = out.iter().map(|r| r.revision()).collect();
+    assert_eq!(revs, [11, 12, 13, 14, 15]);
+    // Nothing ready: it waits for the next one.
+    let mut next = task::spawn(async {
+        let mut more = Vec::new();
+        s.messages(&mut more, 16).await.map(|n| (n, more))
+    });
+    assert_pending!(next.poll());
+    h.watch.events(vec![put("/app/a", "16", 11, 16, 6)]);
+    advance(Duration::from_millis(1)).await;
+    let (n, more) = assert_ready!(next.poll()).unwrap();
+    assert_eq!((n, more[0].revision()), (1, 16));
+}

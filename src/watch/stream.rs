@@ -384,6 +384,40 @@ impl WatchResponseStream {
             .transpose()
     }
 
+    /// Everything ready now, up to `max` responses, waiting only for the first: a batch
+    /// receive, so that a consumer woken once drains every revision queued for it (each
+    /// response is still one revision of one watch, in order). Appends to `out` and
+    /// returns how many it added; 0 once the stream has ended (as `Ok(None)` from
+    /// [`message`](Self::message)).
+    ///
+    /// # Errors
+    /// [`Error::Failed`] once, if the cache stopped on a permanent failure; what came
+    /// before it in the same call stays in `out`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: responses are removed from the stream only as they are added to
+    /// `out`.
+    pub async fn messages(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> Result<usize> {
+        let Some(first) = self.message().await? else {
+            return Ok(0);
+        };
+        out.push(first);
+        let mut added = 1;
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        while added < max {
+            match Pin::new(&mut *self).poll_next(&mut cx) {
+                Poll::Ready(Some(Ok(r))) => {
+                    out.push(r);
+                    added += 1;
+                }
+                Poll::Ready(Some(Err(e))) => return Err(e),
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        Ok(added)
+    }
+
     fn header(&mut self, revision: i64) -> crate::ResponseHeader {
         self.reported = self.reported.max(revision);
         self.control.shared.header(self.reported)
@@ -753,6 +787,33 @@ impl WatchStream {
     /// Cancel safe: a response is removed from the stream only when it is returned.
     pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
         self.responses.message().await
+    }
+
+    /// Everything ready now, up to `max` responses, waiting only for the first (a
+    /// batch receive; see [`WatchResponseStream::messages`]). Appends to `out` and
+    /// returns how many it added; 0 once the stream has ended.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use etcd_cache::WatchOptions;
+    ///
+    /// let mut stream = cache.watch("/app/", Some(WatchOptions::new().with_prefix())).await?;
+    /// let mut batch = Vec::new();
+    /// while stream.messages(&mut batch, 256).await? > 0 {
+    ///     for resp in batch.drain(..) {
+    ///         println!("{} events at {}", resp.events().len(), resp.revision());
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Failed`] once, if the cache stopped on a permanent failure.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`message`](Self::message).
+    pub async fn messages(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> Result<usize> {
+        self.responses.messages(out, max).await
     }
 
     /// Splits the stream into its request sender and its response stream, as
