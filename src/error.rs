@@ -199,6 +199,16 @@ pub enum Error {
         source: std::sync::Arc<Error>,
     },
 
+    /// [`TypedView::by_index`](crate::TypedView::by_index) named an index the view was
+    /// not built with.
+    #[error("the typed view has no index named {name:?} (its indexes: {known})")]
+    UnknownIndex {
+        /// The name asked for.
+        name: String,
+        /// The view's index names, comma-separated ("none" when it has none).
+        known: String,
+    },
+
     /// A bug in the cache (its follower task panicked). Please report it.
     #[error("internal error in etcd-cache: {reason}")]
     Internal {

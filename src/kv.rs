@@ -1,7 +1,8 @@
 //! Key-values and events. Keys and values are [`Bytes`], so a clone is a reference-count
 //! increment and a delivery never copies them.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
@@ -38,6 +39,39 @@ pub(crate) struct KvInner {
     pub(crate) mod_revision: i64,
     pub(crate) version: i64,
     pub(crate) lease: i64,
+    /// What one typed view ([`crate::TypedView`]) decoded of the value: decoded once,
+    /// by whoever asks first, and shared by the store, the history, every delivery and
+    /// every read that holds this key-value. Not part of equality or hashing.
+    pub(crate) memo: Memo,
+}
+
+/// The decoded form of one key-value, for the view that owns it (16 bytes when empty).
+#[derive(Default)]
+pub(crate) struct Memo(OnceLock<Box<Owned>>);
+
+/// A decoded value and the view that decoded it.
+struct Owned {
+    owner: u64,
+    value: Box<dyn Any + Send + Sync>,
+}
+
+impl Clone for Memo {
+    /// A copy of a key-value starts without a memo (it may not hold the same value).
+    fn clone(&self) -> Self {
+        Memo::default()
+    }
+}
+
+impl PartialEq for Memo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Memo {}
+
+impl std::hash::Hash for Memo {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl std::fmt::Debug for KeyValue {
@@ -70,7 +104,29 @@ impl KeyValue {
             mod_revision,
             version,
             lease,
+            memo: Memo::default(),
         }))
+    }
+
+    /// The value `derive` makes of this key-value for view `owner`: made by the first
+    /// caller and kept, then handed to every later caller of that view (a clone; the
+    /// values kept are `Arc`s). A key-value holds one view's memo: another view's
+    /// caller derives its own value each time.
+    pub(crate) fn memo<V: Any + Send + Sync + Clone>(
+        &self,
+        owner: u64,
+        derive: impl Fn(&KeyValue) -> V,
+    ) -> V {
+        let kept = self.0.memo.0.get_or_init(|| {
+            Box::new(Owned {
+                owner,
+                value: Box::new(derive(self)),
+            })
+        });
+        match kept.value.downcast_ref::<V>() {
+            Some(v) if kept.owner == owner => v.clone(),
+            _ => derive(self),
+        }
     }
 
     /// The key.

@@ -191,6 +191,7 @@ mod range_request;
 mod shared_events;
 mod stats;
 mod store;
+mod typed;
 
 #[cfg(test)]
 mod tests;
@@ -219,6 +220,15 @@ pub use range_request::{SortOrder, SortTarget};
 pub use read::{GetOptions, GetResponse};
 pub use stats::CacheStats;
 pub use status::{CacheStatus, StatusStream};
+#[cfg(feature = "json")]
+pub use typed::JsonCodec;
+#[cfg(feature = "prost")]
+pub use typed::ProstCodec;
+pub use typed::{
+    decode_with, BoxError, Codec, DecodeError, Decoded, FnCodec, ListWatch, ListWatchEvent,
+    TypedEvent, TypedKv, TypedList, TypedView, TypedViewBuilder, TypedWatchResponse,
+    TypedWatchStream,
+};
 pub use watch::{
     ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream, WatchScope, WatchStream,

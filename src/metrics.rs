@@ -338,3 +338,43 @@ impl Metrics {
         })
     }
 }
+
+/// One typed view's metrics (`etcd_cache_typed_decodes_total` and
+/// `etcd_cache_typed_decode_failures_total`, labelled with the cache and the view's
+/// prefix).
+pub(crate) struct ViewMetrics {
+    #[cfg(feature = "metrics")]
+    decodes: metrics::Counter,
+    #[cfg(feature = "metrics")]
+    failures: metrics::Counter,
+}
+
+#[allow(unused_variables)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+impl ViewMetrics {
+    pub(crate) fn new(cache: &[u8], view: &[u8]) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let cache = String::from_utf8_lossy(cache).into_owned();
+            let view = String::from_utf8_lossy(view).into_owned();
+            ViewMetrics {
+                decodes: metrics::counter!("etcd_cache_typed_decodes_total", "cache" => cache.clone(), "view" => view.clone()),
+                failures: metrics::counter!("etcd_cache_typed_decode_failures_total", "cache" => cache, "view" => view),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        ViewMetrics {}
+    }
+
+    /// One value decoded (`ok` false: the codec refused it).
+    #[inline]
+    pub(crate) fn decoded(&self, ok: bool) {
+        #[cfg(feature = "metrics")]
+        {
+            self.decodes.increment(1);
+            if !ok {
+                self.failures.increment(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The indexes of a typed view: a task follows the view with a [`ListWatch`] and
+//! publishes, after each revision, the objects and one map per index (persistent maps:
+//! a publication is a clone of a few pointers), so that a lookup reads one revision's
+//! state in O(matches).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use imbl::{HashMap, OrdMap, OrdSet};
+use tokio::sync::{watch, Notify};
+
+use crate::error::{Error, Result};
+use crate::typed::list_watch::{ListWatch, ListWatchEvent, Step};
+use crate::typed::{TypedKv, TypedList, TypedView};
+
+/// Index keys of an object.
+type KeysOf<T> = Box<dyn Fn(&T) -> Vec<String> + Send + Sync>;
+
+/// One declared index.
+pub(crate) struct IndexSpec<T> {
+    name: String,
+    keys: KeysOf<T>,
+}
+
+impl<T> IndexSpec<T> {
+    pub(crate) fn new(
+        name: String,
+        keys: impl Fn(&T) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        IndexSpec {
+            name,
+            keys: Box::new(keys),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The view's objects and indexes at one revision.
+pub(crate) struct State<T> {
+    /// `None` until the first state is complete.
+    revision: Option<i64>,
+    objects: OrdMap<Bytes, TypedKv<T>>,
+    /// Per index (in declaration order): index key -> the keys of its objects.
+    by: Vec<HashMap<String, OrdSet<Bytes>>>,
+}
+
+impl<T> Clone for State<T> {
+    fn clone(&self) -> Self {
+        State {
+            revision: self.revision,
+            objects: self.objects.clone(),
+            by: self.by.clone(),
+        }
+    }
+}
+
+impl<T> State<T> {
+    fn empty(indexes: usize) -> Self {
+        State {
+            revision: None,
+            objects: OrdMap::new(),
+            by: vec![HashMap::new(); indexes],
+        }
+    }
+
+    fn insert(&mut self, specs: &[IndexSpec<T>], object: TypedKv<T>) {
+        let key = object.kv().key_bytes().clone();
+        self.remove(specs, &key);
+        if let Some(value) = object.object() {
+            for (spec, map) in specs.iter().zip(self.by.iter_mut()) {
+                for ix in (spec.keys)(value) {
+                    map.entry(ix).or_default().insert(key.clone());
+                }
+            }
+        }
+        self.objects.insert(key, object);
+    }
+
+    fn remove(&mut self, specs: &[IndexSpec<T>], key: &Bytes) {
+        let Some(old) = self.objects.remove(key) else {
+            return;
+        };
+        let Some(value) = old.object() else { return };
+        for (spec, map) in specs.iter().zip(self.by.iter_mut()) {
+            for ix in (spec.keys)(value) {
+                if let Some(keys) = map.get_mut(&ix) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        map.remove(&ix);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The objects index `at` holds under `key`.
+    pub(crate) fn lookup(&self, at: usize, key: &str) -> TypedList<T> {
+        let items = self.by[at]
+            .get(key)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| self.objects.get(k).cloned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        TypedList {
+            revision: self.revision.unwrap_or(0),
+            items,
+        }
+    }
+}
+
+/// The handle of a view's indexes: the published state, and a way to ask the task for
+/// a progress answer (so the state reaches a revision with no change in the view).
+pub(crate) struct Indexes<T> {
+    names: Vec<String>,
+    state: watch::Receiver<Arc<State<T>>>,
+    nudge: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<T> Drop for Indexes<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<T: Send + Sync + 'static> Indexes<T> {
+    /// Starts the task that keeps the indexes of `view` (its handle holds no
+    /// `Indexes`, so the task ends when the last view handle drops this).
+    pub(crate) fn start(
+        rt: &tokio::runtime::Handle,
+        view: TypedView<T>,
+        specs: Vec<IndexSpec<T>>,
+    ) -> Self {
+        let names = specs.iter().map(|s| s.name.clone()).collect();
+        let (tx, state) = watch::channel(Arc::new(State::empty(specs.len())));
+        let nudge = Arc::new(Notify::new());
+        let task = rt.spawn(follow(view.list_watch(), specs, tx, nudge.clone()));
+        Indexes {
+            names,
+            state,
+            nudge,
+            task,
+        }
+    }
+
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    pub(crate) fn unknown(&self, name: &str) -> Error {
+        Error::UnknownIndex {
+            name: name.to_string(),
+            known: self.names.join(", "),
+        }
+    }
+
+    /// The published state once it is at `revision` or later.
+    pub(crate) async fn at_least(&self, revision: i64) -> Result<Arc<State<T>>> {
+        let mut rx = self.state.clone();
+        loop {
+            {
+                let state = rx.borrow_and_update();
+                if state.revision.is_some_and(|r| r >= revision) {
+                    return Ok(state.clone());
+                }
+            }
+            self.nudge.notify_one();
+            rx.changed().await.map_err(|_| Error::Closed)?;
+        }
+    }
+}
+
+/// The task: applies the list-watch to the state, publishes it after each revision.
+/// Asked (by a lookup) to catch up with the cache, it takes the cache's revision, then
+/// every response already queued for its watch: the cache hands a revision's events to
+/// its watches before it publishes the revision, so once the queue is empty the state
+/// holds every change up to the revision it took, whether or not any was in the view.
+async fn follow<T: Send + Sync + 'static>(
+    mut lw: ListWatch<T>,
+    specs: Vec<IndexSpec<T>>,
+    tx: watch::Sender<Arc<State<T>>>,
+    nudge: Arc<Notify>,
+) {
+    let mut follower = Follower {
+        current: State::empty(specs.len()),
+        next: None,
+        specs,
+        tx,
+    };
+    loop {
+        let step = tokio::select! {
+            step = lw.step() => step,
+            () = nudge.notified() => {
+                let cache_revision = lw.cache_revision();
+                while let Some(step) = lw.step().now_or_never() {
+                    if !follower.apply(step, lw.revision()) {
+                        return;
+                    }
+                }
+                if lw.is_watching() {
+                    follower.publish(cache_revision);
+                }
+                continue;
+            }
+        };
+        if !follower.apply(step, lw.revision()) {
+            return;
+        }
+    }
+}
+
+/// The index task's state: the published one and the one being listed.
+struct Follower<T> {
+    current: State<T>,
+    next: Option<State<T>>,
+    specs: Vec<IndexSpec<T>>,
+    tx: watch::Sender<Arc<State<T>>>,
+}
+
+impl<T> Follower<T> {
+    /// Applies one step; false when the list-watch has ended (the cache is closed).
+    /// `revision` is the list-watch's once every queued event is out.
+    fn apply(&mut self, step: Option<Result<Step<T>>>, revision: Option<i64>) -> bool {
+        match step {
+            None => return false,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "typed view index: list-watch error, retrying");
+            }
+            Some(Ok(Step::Event(event))) => match event {
+                ListWatchEvent::Init { .. } => self.next = Some(State::empty(self.specs.len())),
+                ListWatchEvent::InitApply(object) => {
+                    if let Some(state) = self.next.as_mut() {
+                        state.insert(&self.specs, object);
+                    }
+                }
+                ListWatchEvent::InitDone { .. } => {
+                    if let Some(state) = self.next.take() {
+                        self.current = state;
+                    }
+                }
+                ListWatchEvent::Apply(object) => self.current.insert(&self.specs, object),
+                ListWatchEvent::Delete { key, .. } => self.current.remove(&self.specs, &key),
+            },
+            Some(Ok(Step::Progress)) => {}
+        }
+        // Publish whole revisions only: when everything queued has been applied.
+        if let Some(revision) = revision {
+            self.publish(revision);
+        }
+        true
+    }
+
+    /// Publishes the state as being at `revision` (if that is newer), unless a new
+    /// state is being listed.
+    fn publish(&mut self, revision: i64) {
+        if self.next.is_some() || self.current.revision.is_some_and(|r| r >= revision) {
+            return;
+        }
+        self.current.revision = Some(revision);
+        self.tx.send_replace(Arc::new(self.current.clone()));
+    }
+}

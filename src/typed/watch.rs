@@ -1,0 +1,180 @@
+//! A cache watch whose events carry the view's objects: [`TypedWatchStream`].
+
+use std::fmt;
+
+use crate::error::Result;
+use crate::kv::{EventType, KeyValue};
+use crate::typed::{Decoded, TypedKv, TypedView};
+use crate::watch::{WatchResponse, WatchStream};
+
+/// The stream of [`TypedView::watch`]: a [`WatchStream`] of the cache whose events
+/// carry the decoded objects (the same `Arc` for every watcher of the view).
+///
+/// ```no_run
+/// # async fn f(view: etcd_cache::TypedView<String>) -> etcd_cache::Result<()> {
+/// use etcd_cache::WatchOptions;
+///
+/// let mut stream = view.watch(view.prefix().to_vec(), Some(WatchOptions::new().with_prefix())).await?;
+/// while let Some(resp) = stream.message().await? {
+///     for ev in resp.events() {
+///         match ev.object() {
+///             Some(obj) => println!("{:?} is now {obj}", ev.kv().key()),
+///             None => println!("{:?} deleted or not decodable", ev.kv().key()),
+///         }
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct TypedWatchStream<T> {
+    view: TypedView<T>,
+    stream: WatchStream,
+}
+
+impl<T> fmt::Debug for TypedWatchStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedWatchStream")
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> TypedWatchStream<T> {
+    pub(crate) fn new(view: TypedView<T>, stream: WatchStream) -> Self {
+        TypedWatchStream { view, stream }
+    }
+
+    /// The next response, its events with their objects; `None` when the stream ends
+    /// (as [`WatchStream::message`]).
+    ///
+    /// # Errors
+    /// As [`WatchStream::message`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`WatchStream::message`].
+    pub async fn message(&mut self) -> Result<Option<TypedWatchResponse<T>>> {
+        Ok(self
+            .stream
+            .message()
+            .await?
+            .map(|response| TypedWatchResponse::new(&self.view, response)))
+    }
+
+    /// The untyped stream under it: add or cancel watches, request progress.
+    pub fn stream(&mut self) -> &mut WatchStream {
+        &mut self.stream
+    }
+}
+
+/// One response of a [`TypedWatchStream`].
+pub struct TypedWatchResponse<T> {
+    response: WatchResponse,
+    events: Vec<TypedEvent<T>>,
+}
+
+impl<T> fmt::Debug for TypedWatchResponse<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedWatchResponse")
+            .field("response", &self.response)
+            .finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
+    fn new(view: &TypedView<T>, response: WatchResponse) -> Self {
+        let events = response
+            .events()
+            .iter()
+            .filter_map(|ev| {
+                let kv = ev.kv()?.clone();
+                let value = match ev.event_type() {
+                    EventType::Put => Some(view.decode(&kv)),
+                    EventType::Delete => None,
+                };
+                Some(TypedEvent {
+                    event_type: ev.event_type(),
+                    kv,
+                    value,
+                    prev: ev.prev_kv().map(|p| view.typed_kv(p.clone())),
+                })
+            })
+            .collect();
+        TypedWatchResponse { response, events }
+    }
+}
+
+impl<T> TypedWatchResponse<T> {
+    /// The untyped response: header, watch id, created, canceled, compact revision.
+    pub fn response(&self) -> &WatchResponse {
+        &self.response
+    }
+
+    /// The revision of the response (its header's).
+    pub fn revision(&self) -> i64 {
+        self.response.revision()
+    }
+
+    /// The events, with their objects.
+    pub fn events(&self) -> &[TypedEvent<T>] {
+        &self.events
+    }
+}
+
+/// One event of a [`TypedWatchResponse`].
+pub struct TypedEvent<T> {
+    event_type: EventType,
+    kv: KeyValue,
+    value: Option<Decoded<T>>,
+    prev: Option<TypedKv<T>>,
+}
+
+impl<T> Clone for TypedEvent<T> {
+    fn clone(&self) -> Self {
+        TypedEvent {
+            event_type: self.event_type,
+            kv: self.kv.clone(),
+            value: self.value.clone(),
+            prev: self.prev.clone(),
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for TypedEvent<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedEvent")
+            .field("event_type", &self.event_type)
+            .field("kv", &self.kv)
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+impl<T> TypedEvent<T> {
+    /// Put or delete.
+    pub fn event_type(&self) -> EventType {
+        self.event_type
+    }
+
+    /// The key-value of the event (for a delete: the key, an empty value and the
+    /// delete's revision).
+    pub fn kv(&self) -> &KeyValue {
+        &self.kv
+    }
+
+    /// The new object (`None` for a delete), or why the new value did not decode.
+    pub fn value(
+        &self,
+    ) -> Option<std::result::Result<&std::sync::Arc<T>, &crate::typed::DecodeError>> {
+        self.value.as_ref().map(|v| v.as_ref())
+    }
+
+    /// The new object, if this is a put whose value decoded.
+    pub fn object(&self) -> Option<&std::sync::Arc<T>> {
+        self.value.as_ref().and_then(|v| v.as_ref().ok())
+    }
+
+    /// The previous object, when the watch asked for previous key-values and the key
+    /// existed.
+    pub fn prev(&self) -> Option<&TypedKv<T>> {
+        self.prev.as_ref()
+    }
+}
