@@ -359,25 +359,6 @@ impl Cache {
         WatchScope::new(self.shared.clone(), self.handle.clone(), max_watchers)
     }
 
-    /// A typed view of the cache (or of a prefix inside it): each value decoded once
-    /// by `codec` into an `Arc` shared by every read, watch, list-watch stream and
-    /// index of the view. See [`TypedView`](crate::TypedView) and docs/TYPED.md.
-    ///
-    /// ```no_run
-    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
-    /// let numbers = cache
-    ///     .typed(etcd_cache::decode_with(|kv: &etcd_cache::KeyValue| Ok(kv.value_str()?.parse::<i64>()?)))
-    ///     .prefix("/app/counters/")
-    ///     .build()?;
-    /// for item in numbers.list().await?.items() {
-    ///     println!("{:?} = {:?}", item.key(), item.value());
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn typed<C: crate::typed::Codec>(&self, codec: C) -> crate::typed::TypedViewBuilder<C> {
-        crate::typed::TypedViewBuilder::new(self.clone(), codec)
-    }
-
     /// Counters: revision, watchers, lagging, history span, store size, connections.
     ///
     /// ```no_run

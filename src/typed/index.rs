@@ -11,8 +11,8 @@ use imbl::{HashMap, OrdMap, OrdSet};
 use tokio::sync::{watch, Notify};
 
 use crate::error::{Error, Result};
+use crate::typed::decoder::{Source, TypedKv, TypedList};
 use crate::typed::list_watch::{ListWatch, ListWatchEvent, Step};
-use crate::typed::{TypedKv, TypedList, TypedView};
 
 /// Index keys of an object.
 type KeysOf<T> = Box<dyn Fn(&T) -> Vec<String> + Send + Sync>;
@@ -130,17 +130,17 @@ impl<T> Drop for Indexes<T> {
 }
 
 impl<T: Send + Sync + 'static> Indexes<T> {
-    /// Starts the task that keeps the indexes of `view` (its handle holds no
-    /// `Indexes`, so the task ends when the last view handle drops this).
+    /// Starts the task that keeps the indexes of the view of `source` (the task holds
+    /// no `Indexes`: it ends when the last view handle drops this).
     pub(crate) fn start(
         rt: &tokio::runtime::Handle,
-        view: TypedView<T>,
+        source: Arc<Source<T>>,
         specs: Vec<IndexSpec<T>>,
     ) -> Self {
         let names = specs.iter().map(|s| s.name.clone()).collect();
         let (tx, state) = watch::channel(Arc::new(State::empty(specs.len())));
         let nudge = Arc::new(Notify::new());
-        let task = rt.spawn(follow(view.list_watch(), specs, tx, nudge.clone()));
+        let task = rt.spawn(follow(ListWatch::new(source), specs, tx, nudge.clone()));
         Indexes {
             names,
             state,

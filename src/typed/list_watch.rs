@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::kv::EventType;
 use crate::read::GetOptions;
-use crate::typed::{TypedKv, TypedView};
+use crate::typed::decoder::{Source, TypedKv};
 use crate::watch::{WatchOptions, WatchStream};
 
 /// One item of a [`ListWatch`]. A state is `Init`, then `InitApply` for each object,
@@ -93,7 +94,8 @@ enum Phase {
     Ended,
 }
 
-/// The list-then-watch stream of a [`TypedView`] ([`TypedView::list_watch`]): the
+/// The list-then-watch stream of a [`TypedView`](crate::TypedView)
+/// ([`TypedView::list_watch`](crate::TypedView::list_watch)): the
 /// view's objects at one revision (`Init`, `InitApply`..., `InitDone`), then every
 /// change after it (`Apply`, `Delete`), with no gap and nothing twice. When the cache
 /// cannot replay the changes since the last one handed out (the watch fell out of the
@@ -125,7 +127,7 @@ enum Phase {
 /// # Ok(()) }
 /// ```
 pub struct ListWatch<T> {
-    view: TypedView<T>,
+    view: Arc<Source<T>>,
     phase: Phase,
     pending: VecDeque<ListWatchEvent<T>>,
     /// The revision of everything handed out once `pending` is empty.
@@ -144,7 +146,7 @@ impl<T> fmt::Debug for ListWatch<T> {
 }
 
 impl<T: Send + Sync + 'static> ListWatch<T> {
-    pub(crate) fn new(view: TypedView<T>) -> Self {
+    pub(crate) fn new(view: Arc<Source<T>>) -> Self {
         ListWatch {
             view,
             phase: Phase::List { delay: None },
@@ -193,7 +195,7 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
 
     /// The cache's revision now.
     pub(crate) fn cache_revision(&self) -> i64 {
-        self.view.cache().revision()
+        self.view.cache.revision()
     }
 
     pub(crate) async fn step(&mut self) -> Option<Result<Step<T>>> {
@@ -205,8 +207,8 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
                     .with_prefix()
                     .with_prev_key()
                     .with_start_revision(revision + 1);
-                let prefix = self.view.prefix().to_vec();
-                match self.view.cache().watch(prefix, Some(options)).await {
+                let prefix = self.view.prefix.clone();
+                match self.view.cache.watch(prefix, Some(options)).await {
                     Ok(stream) => self.phase = Phase::Watch(Box::new(stream)),
                     Err(e) => return self.failed(e),
                 }
@@ -275,14 +277,14 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
 
     /// Reads the state and queues it; returns its revision.
     async fn list(&mut self) -> Result<i64> {
-        let cache = self.view.cache();
+        let cache = &self.view.cache;
         if !cache.is_ready() {
             cache.wait_ready().await?;
         }
         let list = self
             .view
             .range(
-                self.view.prefix().to_vec(),
+                self.view.prefix.clone(),
                 Some(GetOptions::new().with_prefix()),
             )
             .await?;

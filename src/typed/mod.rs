@@ -13,119 +13,48 @@
 //!   [`ListWatch`] and publishes persistent maps).
 
 pub(crate) mod codec;
+pub(crate) mod decoder;
 pub(crate) mod index;
 pub(crate) mod list_watch;
 pub(crate) mod watch;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::kv::KeyValue;
-use crate::metrics::ViewMetrics;
 use crate::read::GetOptions;
 use crate::watch::WatchOptions;
+use decoder::Source;
 
 #[cfg(feature = "json")]
 pub use codec::JsonCodec;
 #[cfg(feature = "prost")]
 pub use codec::ProstCodec;
 pub use codec::{decode_with, BoxError, Codec, DecodeError, FnCodec};
+pub use decoder::{Decoded, TypedKv, TypedList};
 pub use list_watch::{ListWatch, ListWatchEvent};
 pub use watch::{TypedEvent, TypedWatchResponse, TypedWatchStream};
 
-/// Distinguishes the memos of different views on one key-value.
-static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
-
-/// A decoded value: the shared object, or why the value did not decode.
-pub type Decoded<T> = std::result::Result<Arc<T>, DecodeError>;
-
-/// A key-value and its decoded object.
-pub struct TypedKv<T> {
-    kv: KeyValue,
-    value: Decoded<T>,
-}
-
-impl<T> Clone for TypedKv<T> {
-    fn clone(&self) -> Self {
-        TypedKv {
-            kv: self.kv.clone(),
-            value: self.value.clone(),
-        }
-    }
-}
-
-impl<T: fmt::Debug> fmt::Debug for TypedKv<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TypedKv")
-            .field("key", &String::from_utf8_lossy(self.kv.key()))
-            .field("mod_revision", &self.kv.mod_revision())
-            .field("value", &self.value)
-            .finish()
-    }
-}
-
-impl<T> TypedKv<T> {
-    /// The key.
-    pub fn key(&self) -> &[u8] {
-        self.kv.key()
-    }
-
-    /// The key-value the object was decoded from (its bytes, revisions and lease).
-    pub fn kv(&self) -> &KeyValue {
-        &self.kv
-    }
-
-    /// The revision of this value.
-    pub fn mod_revision(&self) -> i64 {
-        self.kv.mod_revision()
-    }
-
-    /// The object, or why this value did not decode.
+impl Cache {
+    /// A typed view of the cache (or of a prefix inside it): each value decoded once
+    /// by `codec` into an `Arc` shared by every read, watch, list-watch stream and
+    /// index of the view. See [`TypedView`] and docs/TYPED.md.
     ///
-    /// # Errors
-    /// The [`DecodeError`] of this key's value.
-    pub fn value(&self) -> std::result::Result<&Arc<T>, &DecodeError> {
-        self.value.as_ref()
-    }
-
-    /// The object, if the value decoded.
-    pub fn object(&self) -> Option<&Arc<T>> {
-        self.value.as_ref().ok()
-    }
-}
-
-/// Objects read at one revision.
-pub struct TypedList<T> {
-    revision: i64,
-    items: Vec<TypedKv<T>>,
-}
-
-impl<T> fmt::Debug for TypedList<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TypedList")
-            .field("revision", &self.revision)
-            .field("items", &self.items.len())
-            .finish()
-    }
-}
-
-impl<T> TypedList<T> {
-    /// The revision the objects were read at.
-    pub fn revision(&self) -> i64 {
-        self.revision
-    }
-
-    /// The objects, in key order (those that did not decode included, as errors).
-    pub fn items(&self) -> &[TypedKv<T>] {
-        &self.items
-    }
-
-    /// Takes the objects.
-    pub fn into_items(self) -> Vec<TypedKv<T>> {
-        self.items
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// let numbers = cache
+    ///     .typed(etcd_cache::decode_with(|kv: &etcd_cache::KeyValue| Ok(kv.value_str()?.parse::<i64>()?)))
+    ///     .prefix("/app/counters/")
+    ///     .build()?;
+    /// for item in numbers.list().await?.items() {
+    ///     println!("{:?} = {:?}", item.key(), item.value());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn typed<C: Codec>(&self, codec: C) -> TypedViewBuilder<C> {
+        TypedViewBuilder::new(self.clone(), codec)
     }
 }
 
@@ -201,28 +130,10 @@ impl<C: Codec> TypedViewBuilder<C> {
                 reason: "a typed view with indexes must be built inside a tokio runtime (its index task runs there)".into(),
             })?)
         };
-        let view = TypedView {
-            inner: Arc::new(Inner {
-                metrics: ViewMetrics::new(cache_prefix, &self.prefix),
-                cache: self.cache,
-                codec: Box::new(self.codec),
-                owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
-                prefix: self.prefix,
-                decodes: AtomicU64::new(0),
-                failures: AtomicU64::new(0),
-            }),
-            indexes: None,
-        };
-        Ok(match runtime {
-            None => view,
-            Some(rt) => {
-                let indexes = index::Indexes::start(&rt, view.clone(), self.indexes);
-                TypedView {
-                    indexes: Some(Arc::new(indexes)),
-                    ..view
-                }
-            }
-        })
+        let source = Arc::new(Source::new(self.cache, Box::new(self.codec), self.prefix));
+        let indexes =
+            runtime.map(|rt| Arc::new(index::Indexes::start(&rt, source.clone(), self.indexes)));
+        Ok(TypedView { source, indexes })
     }
 }
 
@@ -266,14 +177,14 @@ impl<C: Codec> TypedViewBuilder<C> {
 /// # Ok(()) }
 /// ```
 pub struct TypedView<T> {
-    inner: Arc<Inner<T>>,
+    source: Arc<Source<T>>,
     indexes: Option<Arc<index::Indexes<T>>>,
 }
 
 impl<T> Clone for TypedView<T> {
     fn clone(&self) -> Self {
         TypedView {
-            inner: self.inner.clone(),
+            source: self.source.clone(),
             indexes: self.indexes.clone(),
         }
     }
@@ -282,54 +193,33 @@ impl<T> Clone for TypedView<T> {
 impl<T: Send + Sync + 'static> fmt::Debug for TypedView<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TypedView")
-            .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
+            .field("prefix", &String::from_utf8_lossy(&self.source.prefix))
             .field("type", &std::any::type_name::<T>())
             .field("decodes", &self.decodes())
             .finish()
     }
 }
 
-struct Inner<T> {
-    cache: Cache,
-    codec: Box<dyn Codec<Value = T>>,
-    owner: u64,
-    prefix: Vec<u8>,
-    metrics: ViewMetrics,
-    decodes: AtomicU64,
-    failures: AtomicU64,
-}
-
 impl<T: Send + Sync + 'static> TypedView<T> {
     /// The view's prefix.
     pub fn prefix(&self) -> &[u8] {
-        &self.inner.prefix
+        &self.source.prefix
     }
 
     /// The cache the view reads.
     pub fn cache(&self) -> &Cache {
-        &self.inner.cache
+        &self.source.cache
     }
 
     /// The number of values decoded so far (one per value the view met, whatever the
     /// number of readers and watchers), and of those that did not decode.
     pub fn decodes(&self) -> (u64, u64) {
-        (
-            self.inner.decodes.load(Ordering::Relaxed),
-            self.inner.failures.load(Ordering::Relaxed),
-        )
+        self.source.decodes()
     }
 
     /// The object of `kv`: decoded on the first call for this key-value, then shared.
     pub fn decode(&self, kv: &KeyValue) -> Decoded<T> {
-        let inner = &*self.inner;
-        kv.memo(inner.owner, |kv| inner.decode_now(kv))
-    }
-
-    pub(crate) fn typed_kv(&self, kv: KeyValue) -> TypedKv<T> {
-        TypedKv {
-            value: self.decode(&kv),
-            kv,
-        }
+        self.source.decode(kv)
     }
 
     /// The object at `key` (a consistent read, as [`Cache::get`]), or `None`.
@@ -339,12 +229,12 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     pub async fn get(&self, key: impl Into<Vec<u8>>) -> Result<Option<TypedKv<T>>> {
         let key = key.into();
         self.check_key(&key)?;
-        let mut resp = self.inner.cache.get(key, None).await?;
+        let mut resp = self.source.cache.get(key, None).await?;
         Ok(resp
             .take_kvs()
             .into_iter()
             .next()
-            .map(|kv| self.typed_kv(kv)))
+            .map(|kv| self.source.typed_kv(kv)))
     }
 
     /// Every object of the view at one revision (a consistent read).
@@ -353,7 +243,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     /// As [`Cache::get`].
     pub async fn list(&self) -> Result<TypedList<T>> {
         self.range(
-            self.inner.prefix.clone(),
+            self.source.prefix.clone(),
             Some(GetOptions::new().with_prefix()),
         )
         .await
@@ -370,16 +260,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     ) -> Result<TypedList<T>> {
         let key = key.into();
         self.check_key(&key)?;
-        let mut resp = self.inner.cache.get(key, options).await?;
-        Ok(TypedList {
-            revision: resp.revision(),
-            items: resp
-                .take_kvs()
-                .into_iter()
-                .filter(|kv| kv.key().starts_with(&self.inner.prefix))
-                .map(|kv| self.typed_kv(kv))
-                .collect(),
-        })
+        self.source.range(key, options).await
     }
 
     /// A watch of the cache ([`Cache::watch`], the same options and guarantees) whose
@@ -394,14 +275,14 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     ) -> Result<TypedWatchStream<T>> {
         let key = key.into();
         self.check_key(&key)?;
-        let stream = self.inner.cache.watch(key, options).await?;
-        Ok(TypedWatchStream::new(self.clone(), stream))
+        let stream = self.source.cache.watch(key, options).await?;
+        Ok(TypedWatchStream::new(self.source.clone(), stream))
     }
 
     /// The view's objects at one revision, then every change after it, as one stream
     /// (see [`ListWatch`]).
     pub fn list_watch(&self) -> ListWatch<T> {
-        ListWatch::new(self.clone())
+        ListWatch::new(self.source.clone())
     }
 
     /// The objects whose index `name` holds `key`, at one revision, consistent as a
@@ -428,18 +309,18 @@ impl<T: Send + Sync + 'static> TypedView<T> {
         // The consistent-read barrier: etcd's revision when asked, and the cache's
         // snapshot proven equal to it for the view's keys.
         let barrier = self
-            .inner
+            .source
             .cache
             .get(
-                self.inner.prefix.clone(),
+                self.source.prefix.clone(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             )
             .await?
             .revision();
         // The snapshot that answered is at most the cache's revision now: the index
         // state at that revision (or later) is the view's content at the barrier.
-        let applied = self.inner.cache.revision();
-        let limit = self.inner.cache.consistent_read_timeout();
+        let applied = self.source.cache.revision();
+        let limit = self.source.cache.consistent_read_timeout();
         let state = tokio::time::timeout(limit, indexes.at_least(applied))
             .await
             .map_err(|_| Error::Timeout)??;
@@ -449,25 +330,11 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
-        if key.starts_with(&self.inner.prefix) {
+        if key.starts_with(&self.source.prefix) {
             Ok(())
         } else {
-            Err(out_of_range(key, &self.inner.prefix))
+            Err(out_of_range(key, &self.source.prefix))
         }
-    }
-}
-
-impl<T: Send + Sync + 'static> Inner<T> {
-    fn decode_now(&self, kv: &KeyValue) -> Decoded<T> {
-        self.decodes.fetch_add(1, Ordering::Relaxed);
-        let decoded = self.codec.decode(kv);
-        self.metrics.decoded(decoded.is_ok());
-        decoded.map(Arc::new).map_err(|e| {
-            self.failures.fetch_add(1, Ordering::Relaxed);
-            let e = DecodeError::new(kv, &e);
-            tracing::warn!(error = %e, "typed view: a value does not decode");
-            e
-        })
     }
 }
 

@@ -1,13 +1,15 @@
 //! A cache watch whose events carry the view's objects: [`TypedWatchStream`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::Result;
 use crate::kv::{EventType, KeyValue};
-use crate::typed::{Decoded, TypedKv, TypedView};
+use crate::typed::codec::DecodeError;
+use crate::typed::decoder::{Decoded, Source, TypedKv};
 use crate::watch::{WatchResponse, WatchStream};
 
-/// The stream of [`TypedView::watch`]: a [`WatchStream`] of the cache whose events
+/// The stream of [`TypedView::watch`](crate::TypedView::watch): a [`WatchStream`] of the cache whose events
 /// carry the decoded objects (the same `Arc` for every watcher of the view).
 ///
 /// ```no_run
@@ -26,7 +28,7 @@ use crate::watch::{WatchResponse, WatchStream};
 /// # Ok(()) }
 /// ```
 pub struct TypedWatchStream<T> {
-    view: TypedView<T>,
+    source: Arc<Source<T>>,
     stream: WatchStream,
 }
 
@@ -39,8 +41,8 @@ impl<T> fmt::Debug for TypedWatchStream<T> {
 }
 
 impl<T: Send + Sync + 'static> TypedWatchStream<T> {
-    pub(crate) fn new(view: TypedView<T>, stream: WatchStream) -> Self {
-        TypedWatchStream { view, stream }
+    pub(crate) fn new(source: Arc<Source<T>>, stream: WatchStream) -> Self {
+        TypedWatchStream { source, stream }
     }
 
     /// The next response, its events with their objects; `None` when the stream ends
@@ -56,7 +58,7 @@ impl<T: Send + Sync + 'static> TypedWatchStream<T> {
             .stream
             .message()
             .await?
-            .map(|response| TypedWatchResponse::new(&self.view, response)))
+            .map(|response| TypedWatchResponse::new(&self.source, response)))
     }
 
     /// The untyped stream under it: add or cancel watches, request progress.
@@ -80,7 +82,7 @@ impl<T> fmt::Debug for TypedWatchResponse<T> {
 }
 
 impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
-    fn new(view: &TypedView<T>, response: WatchResponse) -> Self {
+    fn new(view: &Source<T>, response: WatchResponse) -> Self {
         let events = response
             .events()
             .iter()
@@ -161,14 +163,12 @@ impl<T> TypedEvent<T> {
     }
 
     /// The new object (`None` for a delete), or why the new value did not decode.
-    pub fn value(
-        &self,
-    ) -> Option<std::result::Result<&std::sync::Arc<T>, &crate::typed::DecodeError>> {
+    pub fn value(&self) -> Option<std::result::Result<&Arc<T>, &DecodeError>> {
         self.value.as_ref().map(|v| v.as_ref())
     }
 
     /// The new object, if this is a put whose value decoded.
-    pub fn object(&self) -> Option<&std::sync::Arc<T>> {
+    pub fn object(&self) -> Option<&Arc<T>> {
         self.value.as_ref().and_then(|v| v.as_ref().ok())
     }
 
