@@ -25,7 +25,14 @@ const ARGS: &[(&str, &[&str])] = &[(
 const LIMIT: Duration = Duration::from_secs(90);
 
 /// The examples written with this test in mind; each must be found.
-const EXPECTED: &[&str] = &["get_then_watch", "multiplexed", "tenants", "health", "demo"];
+const EXPECTED: &[&str] = &[
+    "get_then_watch",
+    "multiplexed",
+    "tenants",
+    "health",
+    "demo",
+    "typed_config",
+];
 
 /// Every example: `examples/NAME.rs` and `examples/NAME/main.rs`, sorted.
 fn examples() -> Vec<String> {

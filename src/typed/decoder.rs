@@ -131,6 +131,11 @@ impl<T: Send + Sync + 'static> Source<T> {
         }
     }
 
+    /// This view's tag on the memos it keeps.
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner
+    }
+
     /// Values decoded, and of those, refused.
     pub(crate) fn decodes(&self) -> (u64, u64) {
         (

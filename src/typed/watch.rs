@@ -70,7 +70,7 @@ impl<T: Send + Sync + 'static> TypedWatchStream<T> {
 /// One response of a [`TypedWatchStream`].
 pub struct TypedWatchResponse<T> {
     response: WatchResponse,
-    events: Vec<TypedEvent<T>>,
+    events: Arc<[TypedEvent<T>]>,
 }
 
 impl<T> fmt::Debug for TypedWatchResponse<T> {
@@ -82,24 +82,40 @@ impl<T> fmt::Debug for TypedWatchResponse<T> {
 }
 
 impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
+    /// The typed events of `response`: made once per set of shared events (the memo of
+    /// the response's events, tagged with the view), and shared by every watcher of the
+    /// view that gets them; built for this response alone when the memo holds another
+    /// view's.
     fn new(view: &Source<T>, response: WatchResponse) -> Self {
-        let events = response
-            .events()
-            .iter()
-            .filter_map(|ev| {
-                let kv = ev.kv()?.clone();
-                let value = match ev.event_type() {
-                    EventType::Put => Some(view.decode(&kv)),
-                    EventType::Delete => None,
-                };
-                Some(TypedEvent {
-                    event_type: ev.event_type(),
-                    kv,
-                    value,
-                    prev: ev.prev_kv().map(|p| view.typed_kv(p.clone())),
+        if response.events().is_empty() {
+            return TypedWatchResponse {
+                response,
+                events: Arc::from(Vec::new()),
+            };
+        }
+        let build = |events: &[crate::kv::Event]| -> Arc<[TypedEvent<T>]> {
+            events
+                .iter()
+                .filter_map(|ev| {
+                    let kv = ev.kv()?.clone();
+                    let value = match ev.event_type() {
+                        EventType::Put => Some(view.decode(&kv)),
+                        EventType::Delete => None,
+                    };
+                    Some(TypedEvent {
+                        event_type: ev.event_type(),
+                        kv,
+                        value,
+                        prev: ev.prev_kv().map(|p| view.typed_kv(p.clone())),
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
+        let owner = view.owner();
+        let events = match response.events_memo(|events| (owner, build(events))) {
+            Some((o, events)) if *o == owner => events.clone(),
+            _ => build(response.events()),
+        };
         TypedWatchResponse { response, events }
     }
 }
