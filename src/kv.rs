@@ -315,3 +315,34 @@ impl Event {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_memo_is_made_once_for_its_owner_and_never_handed_to_another() {
+        let kv = KeyValue::new("/k", "v", 1, 1, 1, 0);
+        let calls = Cell::new(0);
+        let derive = |kv: &KeyValue| {
+            calls.set(calls.get() + 1);
+            Arc::new(kv.value().len())
+        };
+        let first = kv.memo(1, derive);
+        let clone = kv.clone();
+        let again = clone.memo(1, derive);
+        assert!(Arc::ptr_eq(&first, &again), "the same Arc for every holder");
+        assert_eq!(calls.get(), 1);
+        // Another view (owner) or another type: derived each time, never the first's.
+        let other = kv.memo(2, derive);
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert_eq!(kv.memo(1, |_| "a str"), "a str");
+        assert_eq!(calls.get(), 2);
+        // A copy (not a clone of the handle) starts empty; equality ignores the memo.
+        let copy = KeyValue(Arc::new((*kv.0).clone()));
+        assert_eq!(copy, kv);
+        copy.memo(1, derive);
+        assert_eq!(calls.get(), 3);
+    }
+}

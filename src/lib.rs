@@ -206,6 +206,11 @@ pub use etcd_client;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+// So are docs/TYPED.md's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/TYPED.md")]
+struct TypedDoctests;
+
 pub use cache::Cache;
 pub use config::{
     CacheBuilder, ProgressTrust, ReadFallback, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
