@@ -175,6 +175,86 @@ fn go_clients_find_the_proxies_with_etcds_resolver() {
     }
 }
 
+/// Go's clientv3 watcher on a connection that etcd's naming resolver keeps on the live
+/// registered proxies: both proxies it started with are killed (SIGKILL) in turn, a
+/// third registers meanwhile, and the watch resumes each time on a live one, from the
+/// revision after its last event: every put once, in order (the Go program checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_watch_through_the_resolver_survives_its_proxies_dying() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let Some(bin) = go_program() else { return };
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let mut direct = client(&etcd.endpoint()).await;
+    let mut a = registered_proxy(&etcd.endpoint());
+    let mut b = registered_proxy(&etcd.endpoint());
+    let (addr_a, addr_b) = (a.addr().to_string(), b.addr().to_string());
+    registered_becomes(
+        &mut direct,
+        &[addr_a, addr_b.clone()],
+        Duration::from_secs(10),
+    )
+    .await;
+    const PER_STEP: usize = 40;
+    let mut child = Command::new(&bin)
+        .args(["-etcd", &etcd.endpoint(), "-prefix", PREFIX, "-key", "/rw/"])
+        .args(["-count", &(3 * PER_STEP).to_string(), "resolver-watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the Go watcher is ready within 30 s");
+    assert_eq!(line.as_deref(), Some("READY"));
+    let mut next = 0;
+    let mut write = async |direct: &mut Client| {
+        for _ in 0..PER_STEP {
+            direct
+                .put(format!("/rw/{next:04}"), "v", None)
+                .await
+                .unwrap();
+            next += 1;
+        }
+    };
+    write(&mut direct).await;
+    a.kill();
+    write(&mut direct).await;
+    let c = registered_proxy(&etcd.endpoint());
+    registered_becomes(
+        &mut direct,
+        &[addr_b, c.addr().to_string()],
+        Duration::from_secs(3 * TTL + 10),
+    )
+    .await;
+    b.kill();
+    write(&mut direct).await;
+    let done = tokio::time::timeout(Duration::from_secs(90), async {
+        while let Some(line) = rx.recv().await {
+            if line == "OK resolver-watch" {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        done == Ok(true) && status.success(),
+        "the Go watcher: {status}, {stderr}"
+    );
+}
+
 /// A client on two registered proxies whose proxy dies resumes its watch on the other,
 /// from its last revision: every event once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,12 @@
 //	                                        etcd's naming resolver over --resolver-prefix
 //	                                        finds exactly the proxies A,B (host:port) and
 //	                                        a gRPC connection through it reads via them
+//	gotest -etcd URL -prefix P -key K -count N resolver-watch
+//	                                        a clientv3 watcher on a connection resolved
+//	                                        over P watches the keys under K; prints
+//	                                        "READY" once created, then must see the puts
+//	                                        of K0000..K<N-1> in order, each once, whatever
+//	                                        proxy dies meanwhile
 //
 // Each mode prints "OK <mode>" and exits 0, or exits non-zero with the reason. The
 // restart mode prints "RESTART NOW" and waits for a line on stdin before it goes on.
@@ -38,6 +44,8 @@ var (
 	etcdURL  = flag.String("etcd", "", "etcd endpoint")
 	prefix   = flag.String("prefix", "", "--resolver-prefix of the proxies (resolver mode)")
 	wantEPs  = flag.String("want", "", "the registered proxies, host:port, comma-separated (resolver mode)")
+	watchKey = flag.String("key", "", "the key prefix to watch (resolver-watch mode)")
+	count    = flag.Int("count", 0, "the puts to expect (resolver-watch mode)")
 )
 
 func connect(endpoint string, autoSync time.Duration) *clientv3.Client {
@@ -367,6 +375,55 @@ func resolver() {
 	fmt.Println("OK resolver")
 }
 
+// resolverWatch: clientv3's watcher over a gRPC connection that etcd's naming resolver
+// keeps pointed at the live registered proxies (round robin). When the proxy carrying
+// the watch stream dies, the watcher opens a new stream (on another proxy) and resumes
+// from the revision after the last event it delivered: every put must arrive once, in
+// order.
+func resolverWatch() {
+	cli := connect(*etcdURL, 0)
+	defer cli.Close()
+	b, err := etcdresolver.NewBuilder(cli)
+	if err != nil {
+		log.Fatalf("resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("etcd:///"+*prefix, grpc.WithResolvers(b),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingPolicy":"round_robin"}`))
+	if err != nil {
+		log.Fatalf("dial through the resolver: %v", err)
+	}
+	defer conn.Close()
+	w := clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), cli)
+	defer w.Close()
+	ctx, cancel := ctxT(90 * time.Second)
+	defer cancel()
+	wch := w.Watch(ctx, *watchKey, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if first, ok := <-wch; !ok || !first.Created {
+		log.Fatalf("no created response: %v", first.Err())
+	}
+	fmt.Println("READY")
+	next, last := 0, int64(0)
+	for next < *count {
+		wr, ok := <-wch
+		if !ok {
+			log.Fatalf("the watch ended after %d of %d events: %v", next, *count, ctx.Err())
+		}
+		if err := wr.Err(); err != nil {
+			log.Fatalf("the watch failed after %d of %d events: %v", next, *count, err)
+		}
+		for _, e := range wr.Events {
+			want := fmt.Sprintf("%s%04d", *watchKey, next)
+			if string(e.Kv.Key) != want || e.Kv.ModRevision <= last {
+				log.Fatalf("event %d: %s at revision %d, want %s after revision %d (a gap or a duplicate)",
+					next, e.Kv.Key, e.Kv.ModRevision, want, last)
+			}
+			next, last = next+1, e.Kv.ModRevision
+		}
+	}
+	fmt.Println("OK resolver-watch")
+}
+
 func sortStrings(s []string) {
 	for i := 1; i < len(s); i++ {
 		for j := i; j > 0 && s[j] < s[j-1]; j-- {
@@ -389,6 +446,8 @@ func main() {
 		restart()
 	case "resolver":
 		resolver()
+	case "resolver-watch":
+		resolverWatch()
 	default:
 		log.Fatalf("unknown mode %q", flag.Arg(0))
 	}
