@@ -6,11 +6,15 @@
 //! every read that hold that key-value share one decode: a value is decoded once, by
 //! whichever reader or watcher meets it first, whatever the number of subscribers.
 //!
-//! - [`codec`]: the [`Codec`] trait, JSON and protobuf codecs, [`DecodeError`].
-//! - [`watch`]: [`TypedWatchStream`], a cache watch whose events carry objects.
-//! - [`list_watch`]: [`ListWatch`], the list-then-watch stream with its re-list.
-//! - [`index`]: the indexes a view keeps (a task that follows the view with a
+//! - `codec.rs`: the [`Codec`] trait, JSON and protobuf codecs, [`DecodeError`].
+//! - `decoder.rs`: what every part of a view shares (the cache, the prefix, the codec
+//!   and the decode through the key-value's memo), [`TypedKv`], [`TypedList`].
+//! - `watch.rs`: [`TypedWatchStream`], a cache watch whose events carry objects.
+//! - `list_watch.rs`: [`ListWatch`], the list-then-watch stream with its re-list.
+//! - `index.rs`: the indexes a view keeps (a task that follows the view with a
 //!   [`ListWatch`] and publishes persistent maps).
+//!
+//! This file holds the builder and the view; the files above never import it.
 
 pub(crate) mod codec;
 pub(crate) mod decoder;
