@@ -178,8 +178,19 @@ async fn main() {
     let puts = env_usize("TYPED_PUTS", if quick { 200 } else { 1000 });
     let keys = env_usize("TYPED_KEYS", if quick { 20_000 } else { 100_000 });
     let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
+    // The default window holds the default puts; only a longer run raises it (so that
+    // no subscriber's watch ends with the compaction signal), and says so.
     let cache = testkit::ready_cache(client.clone(), |b| {
-        b.prefix("/t/").history_window(puts + 64)
+        let b = b.prefix("/t/");
+        if puts + 64 > etcd_cache::DEFAULT_HISTORY_WINDOW {
+            println!(
+                "typed: history_window raised to {} for {puts} puts",
+                puts + 64
+            );
+            b.history_window(puts + 64)
+        } else {
+            b
+        }
     })
     .await;
     let view = cache.typed(JsonCodec::<Config>::new()).build().unwrap();

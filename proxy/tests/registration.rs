@@ -53,6 +53,15 @@ async fn registered(etcd: &mut Client) -> Vec<(String, serde_json::Value)> {
         .collect()
 }
 
+/// Two proxies registered in front of `etcd`, once both are listed.
+async fn two_registered(etcd: &EtcdServer, direct: &mut Client) -> (Proxy, Proxy) {
+    let a = registered_proxy(&etcd.endpoint());
+    let b = registered_proxy(&etcd.endpoint());
+    let want = [a.addr().to_string(), b.addr().to_string()];
+    registered_becomes(direct, &want, Duration::from_secs(10)).await;
+    (a, b)
+}
+
 /// Waits until the registered addresses are `want` (sorted); fails after `limit`.
 async fn registered_becomes(etcd: &mut Client, want: &[String], limit: Duration) -> Duration {
     let started = Instant::now();
@@ -89,15 +98,8 @@ async fn member_urls(via: &str) -> Vec<String> {
 async fn registered_proxies_are_listed_and_leave_when_they_stop_or_die() {
     let etcd = EtcdServer::start_with(EtcdOptions::default());
     let mut direct = client(&etcd.endpoint()).await;
-    let mut a = registered_proxy(&etcd.endpoint());
-    let mut b = registered_proxy(&etcd.endpoint());
+    let (mut a, mut b) = two_registered(&etcd, &mut direct).await;
     let (addr_a, addr_b) = (a.addr().to_string(), b.addr().to_string());
-    registered_becomes(
-        &mut direct,
-        &[addr_a.clone(), addr_b.clone()],
-        Duration::from_secs(10),
-    )
-    .await;
     // The value etcd's endpoints manager writes: an add update, grpc-proxy's metadata.
     for (addr, v) in registered(&mut direct).await {
         assert_eq!(v["Op"], 0, "{v}");
@@ -187,15 +189,8 @@ async fn a_go_watch_through_the_resolver_survives_its_proxies_dying() {
     let Some(bin) = go_program() else { return };
     let etcd = EtcdServer::start_with(EtcdOptions::default());
     let mut direct = client(&etcd.endpoint()).await;
-    let mut a = registered_proxy(&etcd.endpoint());
-    let mut b = registered_proxy(&etcd.endpoint());
-    let (addr_a, addr_b) = (a.addr().to_string(), b.addr().to_string());
-    registered_becomes(
-        &mut direct,
-        &[addr_a, addr_b.clone()],
-        Duration::from_secs(10),
-    )
-    .await;
+    let (mut a, mut b) = two_registered(&etcd, &mut direct).await;
+    let addr_b = b.addr().to_string();
     const PER_STEP: usize = 40;
     let mut child = Command::new(&bin)
         .args(["-etcd", &etcd.endpoint(), "-prefix", PREFIX, "-key", "/rw/"])

@@ -67,10 +67,15 @@ impl<T: Send + Sync + 'static> TypedWatchStream<T> {
     }
 }
 
+/// The typed events a view keeps in a set of events' memo, tagged with the view.
+type Memo<T> = (u64, Arc<[TypedEvent<T>]>);
+
 /// One response of a [`TypedWatchStream`].
 pub struct TypedWatchResponse<T> {
     response: WatchResponse,
-    events: Arc<[TypedEvent<T>]>,
+    /// This response's own typed events, when the events' memo holds another view's;
+    /// `None` when they are read from the memo (or there are none).
+    own: Option<Arc<[TypedEvent<T>]>>,
 }
 
 impl<T> fmt::Debug for TypedWatchResponse<T> {
@@ -88,9 +93,10 @@ impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
     /// view's.
     fn new(view: &Source<T>, response: WatchResponse) -> Self {
         if response.events().is_empty() {
+            // Created, progress, canceled: nothing to build, nothing to allocate.
             return TypedWatchResponse {
                 response,
-                events: Arc::from(Vec::new()),
+                own: None,
             };
         }
         let build = |events: &[crate::kv::Event]| -> Arc<[TypedEvent<T>]> {
@@ -112,15 +118,17 @@ impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
                 .collect()
         };
         let owner = view.owner();
-        let events = match response.events_memo(|events| (owner, build(events))) {
-            Some((o, events)) if *o == owner => events.clone(),
-            _ => build(response.events()),
+        // Read back by reference in `events()`: no reference count taken per watcher
+        // (1,000 watchers of one revision would all bump the same counter).
+        let own = match response.events_memo(|events| (owner, build(events))) {
+            Some((o, _)) if *o == owner => None,
+            _ => Some(build(response.events())),
         };
-        TypedWatchResponse { response, events }
+        TypedWatchResponse { response, own }
     }
 }
 
-impl<T> TypedWatchResponse<T> {
+impl<T: Send + Sync + 'static> TypedWatchResponse<T> {
     /// The untyped response: header, watch id, created, canceled, compact revision.
     pub fn response(&self) -> &WatchResponse {
         &self.response
@@ -133,7 +141,13 @@ impl<T> TypedWatchResponse<T> {
 
     /// The events, with their objects.
     pub fn events(&self) -> &[TypedEvent<T>] {
-        &self.events
+        if let Some(own) = &self.own {
+            return own;
+        }
+        // Set in `new` (this view's, as checked there), so the closure never runs.
+        self.response
+            .events_memo(|_| -> Memo<T> { (0, Arc::from(Vec::new())) })
+            .map_or(&[], |(_, events)| &**events)
     }
 }
 

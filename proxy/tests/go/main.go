@@ -355,16 +355,7 @@ func resolver() {
 	if !reflect.DeepEqual(got, want) {
 		log.Fatalf("registered %v, want %v", got, want)
 	}
-	b, err := etcdresolver.NewBuilder(cli)
-	if err != nil {
-		log.Fatalf("resolver: %v", err)
-	}
-	conn, err := grpc.NewClient("etcd:///"+*prefix, grpc.WithResolvers(b),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingPolicy":"round_robin"}`))
-	if err != nil {
-		log.Fatalf("dial through the resolver: %v", err)
-	}
+	conn := resolvedConn(cli)
 	defer conn.Close()
 	kv := pb.NewKVClient(conn)
 	for i := 0; i < 2*len(want); i++ {
@@ -383,16 +374,7 @@ func resolver() {
 func resolverWatch() {
 	cli := connect(*etcdURL, 0)
 	defer cli.Close()
-	b, err := etcdresolver.NewBuilder(cli)
-	if err != nil {
-		log.Fatalf("resolver: %v", err)
-	}
-	conn, err := grpc.NewClient("etcd:///"+*prefix, grpc.WithResolvers(b),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingPolicy":"round_robin"}`))
-	if err != nil {
-		log.Fatalf("dial through the resolver: %v", err)
-	}
+	conn := resolvedConn(cli)
 	defer conn.Close()
 	w := clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), cli)
 	defer w.Close()
@@ -422,6 +404,22 @@ func resolverWatch() {
 		}
 	}
 	fmt.Println("OK resolver-watch")
+}
+
+// resolvedConn is a gRPC connection that etcd's naming resolver (over -prefix, read
+// through cli) keeps on the live registered proxies, round robin.
+func resolvedConn(cli *clientv3.Client) *grpc.ClientConn {
+	b, err := etcdresolver.NewBuilder(cli)
+	if err != nil {
+		log.Fatalf("resolver: %v", err)
+	}
+	conn, err := grpc.NewClient("etcd:///"+*prefix, grpc.WithResolvers(b),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingPolicy":"round_robin"}`))
+	if err != nil {
+		log.Fatalf("dial through the resolver: %v", err)
+	}
+	return conn
 }
 
 func sortStrings(s []string) {
