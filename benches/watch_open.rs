@@ -10,6 +10,12 @@
 //! open; etcd spends about as much on any message as on a direct watch create, so no
 //! per-open round trip reaches a tenth of a direct open's CPU.
 //!
+//! Watches added to one stream (`WatchStream::watch`, as the proxy adds a client's
+//! creates) do not wait for the probe each: it is asked for as each is added and shared
+//! by every watch waiting, and their `created` responses follow in order. `Cache::watch`
+//! returns an open watch (as `etcd_client::Client::watch` returns once etcd created it),
+//! so opens one after another with it wait one probe each.
+//!
 //! `cargo bench --bench watch_open` (`ETCD_CACHE_BENCH_QUICK=1`: 500 opens instead of
 //! 2,000; `WATCH_OPEN_CONCURRENT=N` sets the all-at-once count, default 10,000).
 
@@ -68,7 +74,38 @@ async fn main() {
         etcd_cpu(pid) - cpu0,
         "-",
     );
+    // Direct, pipelined: every create sent on one stream, then every `created` read.
+    let (cpu0, t0) = (etcd_cpu(pid), Instant::now());
+    for _ in 0..n {
+        stream.watch("/w/k", None).await.unwrap();
+    }
+    for _ in 0..n {
+        let r = stream.message().await.unwrap().expect("created");
+        assert!(r.created());
+    }
+    row(
+        "direct etcd watch, one stream, pipelined",
+        n,
+        t0.elapsed(),
+        etcd_cpu(pid) - cpu0,
+        "-",
+    );
     drop(stream);
+    // Direct, as `Cache::watch` is used: `Client::watch` one after another, each a new
+    // stream that returns once etcd has created its watch.
+    let mut keep = Vec::with_capacity(n);
+    let (cpu0, t0) = (etcd_cpu(pid), Instant::now());
+    for _ in 0..n {
+        keep.push(direct.watch("/w/k", None).await.unwrap());
+    }
+    row(
+        "direct etcd Client::watch, one after another",
+        n,
+        t0.elapsed(),
+        etcd_cpu(pid) - cpu0,
+        "-",
+    );
+    drop(keep);
 
     for linearizable in [true, false] {
         let cache = testkit::ready_cache(client.clone(), |b| {
@@ -115,6 +152,34 @@ async fn main() {
             &requests(p0),
         );
         drop(keep);
+        // Added one after another to one stream (as the proxy adds a client's creates):
+        // `watch()` returns at once; the time runs until every `created` is read.
+        let mut stream = cache.watch_stream();
+        let (cpu0, t0, p0) = (
+            etcd_cpu(pid),
+            Instant::now(),
+            cache.stats().progress_requests,
+        );
+        for _ in 0..n {
+            stream.watch("/w/k", None).await.unwrap();
+        }
+        let added = t0.elapsed();
+        for _ in 0..n {
+            let r = stream.message().await.unwrap().expect("created");
+            assert!(r.created());
+        }
+        row(
+            &format!("cache {label}, one stream, one after another"),
+            n,
+            t0.elapsed(),
+            etcd_cpu(pid) - cpu0,
+            &format!(
+                "{}; watch() {:.1} µs/call",
+                requests(p0),
+                added.as_secs_f64() * 1e6 / n as f64
+            ),
+        );
+        drop(stream);
         let (cpu0, t0, p0) = (
             etcd_cpu(pid),
             Instant::now(),

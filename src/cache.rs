@@ -269,6 +269,12 @@ impl Cache {
     /// below the window gets a canceled response with `compact_revision` set (as etcd
     /// sends for a compacted revision), and then the watch ends.
     ///
+    /// It returns an open watch, as `etcd_client::Client::watch` returns once etcd has
+    /// created it: a watch from now has learned the cluster's revision (one round trip,
+    /// shared with every watch and read waiting), and a write made after this returns is
+    /// delivered. To add many watches without a round trip each, add them to one stream
+    /// ([`watch_stream`](Self::watch_stream)): [`WatchStream::watch`] returns at once.
+    ///
     /// ```no_run
     /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
     /// use etcd_cache::WatchOptions;
@@ -292,7 +298,7 @@ impl Cache {
         options: Option<WatchOptions>,
     ) -> Result<WatchStream> {
         let mut stream = self.watch_stream();
-        stream.watch(key, options).await?;
+        stream.watch_open(key, options).await?;
         Ok(stream)
     }
 

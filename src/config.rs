@@ -395,8 +395,9 @@ impl CacheBuilder {
     }
 
     /// Whether a watch without a start revision starts after the *cluster's* current
-    /// revision (one count-only round trip per watch, as etcd itself starts it: no
-    /// write that completed before `watch()` is delivered), or after the cache's own
+    /// revision (one count-only round trip, shared by every watch and consistent read
+    /// waiting at the time, as etcd itself starts it: no write that completed before
+    /// `watch()` was called is delivered), or after the cache's own
     /// revision (no round trip; a write the cache had not applied yet when `watch()` was
     /// called is delivered too). Default `true`. While the cache is not ready, or if the
     /// round trip fails, the cache's revision is used.

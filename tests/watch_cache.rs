@@ -564,6 +564,108 @@ async fn watch_from_now_skips_writes_completed_before_it() {
     .await;
 }
 
+/// Watches from now added one after another to one stream: `WatchStream::watch`
+/// returns without waiting for etcd, so 2,000 adds share a few barrier reads (etcd's own
+/// count of Range calls), their `created` responses come in the order of the adds, none
+/// is below a write that completed before its add, and each watch gets every write
+/// from its start on: none before its add, none missed after its `created`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_added_to_one_stream_share_round_trips_and_start_after_earlier_writes() {
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (etcd, mut client, cache) = testkit::cache_on_etcd(|b| b.prefix("/adds/")).await;
+        let addr = etcd.client_addr();
+        let ranges = || async move {
+            testkit::blocking(move || testkit::grpc_started(addr, "Range"))
+                .await
+                .expect("etcd's /metrics")
+        };
+        const N: usize = 2_000;
+        let mut stream = cache.watch_stream();
+        let mut writes = Vec::new(); // (adds made before it, its revision)
+        let ranges_before = ranges().await;
+        for i in 0..N {
+            if i % 100 == 50 {
+                let put = client.put("/adds/k", format!("{i}"), None).await.unwrap();
+                writes.push((i, put.header().unwrap().revision()));
+            }
+            stream.watch("/adds/k", None).await.unwrap();
+        }
+        // `created` responses in the order of the adds; the events of the watches
+        // created first come between them.
+        let mut created = Vec::with_capacity(N);
+        let mut got: Vec<Vec<i64>> = vec![Vec::new(); N];
+        while created.len() < N {
+            let r = tokio::time::timeout(Duration::from_secs(20), stream.message())
+                .await
+                .expect("a response within 20 s")
+                .unwrap()
+                .unwrap();
+            if r.created() {
+                assert_eq!(r.watch_id(), created.len() as i64, "in order: {r:?}");
+                created.push(r.revision());
+            } else {
+                let seen = &mut got[r.watch_id() as usize];
+                seen.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+            }
+        }
+        let range_calls = ranges().await - ranges_before;
+        for &(adds_before, revision) in &writes {
+            for (id, &c) in created.iter().enumerate().skip(adds_before) {
+                assert!(
+                    c >= revision,
+                    "watch {id}, added after the write at {revision}, created at {c}"
+                );
+            }
+        }
+        assert!(
+            range_calls <= 100,
+            "{N} watches added on one stream (with {} writes between): {range_calls} Range calls to etcd",
+            writes.len()
+        );
+        let last = client.put("/adds/k", "last", None).await.unwrap();
+        writes.push((N, last.header().unwrap().revision()));
+        let mut done = 0;
+        while done < N {
+            let r = next_events(&mut stream).await;
+            let seen = &mut got[r.watch_id() as usize];
+            seen.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+            if seen.last() == Some(&writes[writes.len() - 1].1) {
+                done += 1;
+            }
+        }
+        // Each watch gets every write from some revision on: after the last write
+        // before its add, and at the latest from the one after its `created` (whose
+        // header is the stream's, which other watches' events may have moved on).
+        let all: Vec<i64> = writes.iter().map(|w| w.1).collect();
+        for (id, seen) in got.iter().enumerate() {
+            let before = writes
+                .iter()
+                .filter(|w| w.0 <= id)
+                .map(|w| w.1)
+                .max()
+                .unwrap_or(0);
+            let first = seen[0];
+            let want: Vec<i64> = all.iter().copied().filter(|&r| r >= first).collect();
+            assert_eq!(seen, &want, "watch {id}: every write from its first on");
+            assert!(
+                first > before,
+                "watch {id} got {first}, written before it was added"
+            );
+            assert!(
+                all.iter().all(|&r| r <= created[id] || r >= first),
+                "watch {id} (created at {}) missed writes: {seen:?}",
+                created[id]
+            );
+        }
+        println!(
+            "ADDS | {N} watches from now added to one stream: {range_calls} Range calls to etcd"
+        );
+        cache.close().await;
+    })
+    .await;
+}
+
 /// One read request, described once and built for both the cache and etcd-client.
 #[derive(Debug, Clone, Copy)]
 struct Form {

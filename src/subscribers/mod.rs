@@ -118,6 +118,7 @@ impl Subscribers {
     ///
     /// # Errors
     /// [`Error::Closed`] if the cache closed.
+    #[cfg(test)]
     pub(crate) fn register(
         &self,
         filter: Filter,
@@ -127,7 +128,32 @@ impl Subscribers {
         revision: impl Fn() -> i64,
         slot: &Slot,
     ) -> Result<Registered> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.reserve_id();
+        self.register_as(id, filter, start_revision, now, history, revision, slot)
+    }
+
+    /// A registry id for a subscriber registered later with
+    /// [`register_as`](Self::register_as) (a watch whose start is still being learned:
+    /// a cancel can name it meanwhile).
+    pub(crate) fn reserve_id(&self) -> SubId {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// As [`register`](Self::register), under an id from [`reserve_id`](Self::reserve_id).
+    ///
+    /// # Errors
+    /// [`Error::Closed`] if the cache closed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn register_as(
+        &self,
+        id: SubId,
+        filter: Filter,
+        start_revision: i64,
+        now: i64,
+        history: &RwLock<History>,
+        revision: impl Fn() -> i64,
+        slot: &Slot,
+    ) -> Result<Registered> {
         let mut index = self.index.lock();
         if index.closed {
             return Err(Error::Closed);

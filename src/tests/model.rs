@@ -175,6 +175,63 @@ struct Watch {
     /// Every matching event up to here was delivered (or proven absent by progress).
     covered: i64,
     cancel_requested: bool,
+    /// Added from now to an open stream: its start is learned after the call (a
+    /// barrier read sent during it), so its `created` may be at any revision from
+    /// `created_rev` to etcd's when the `created` is read.
+    opening: bool,
+    /// For an opening watch whose `created` showed the stream's revision rather than
+    /// its own: it starts somewhere in `(covered, skippable]`, which its first event
+    /// tells (0: known).
+    skippable: i64,
+}
+
+impl Watch {
+    /// Checks its `created` at `rev`, the stream having reported `prev`, etcd at
+    /// `etcd_rev`.
+    fn check_created(&mut self, rev: i64, prev: i64, etcd_rev: i64) -> Result<(), String> {
+        let want = prev.max(self.created_rev);
+        if !self.opening {
+            if rev != want {
+                return Err(format!(
+                    "{}: created at {rev}, want {want} (the watch's {} and the stream's {prev})",
+                    self.label, self.created_rev
+                ));
+            }
+            return Ok(());
+        }
+        let most = prev.max(etcd_rev);
+        if rev < want || rev > most {
+            return Err(format!(
+                "{}: created at {rev}, want {want}..={most} (opening: the watch's {}, the stream's {prev}, etcd's {etcd_rev})",
+                self.label, self.created_rev
+            ));
+        }
+        if rev > prev {
+            self.covered = rev;
+        } else {
+            self.skippable = prev;
+        }
+        Ok(())
+    }
+
+    /// Settles an opening watch's start when it first delivers: `Some(revision)` of
+    /// its first event (anything after `covered` up to `skippable` may be where it
+    /// starts), or `None` for a progress claim (it is owed nothing up to `skippable`).
+    fn settle_start(&mut self, first_event: Option<i64>) {
+        if self.skippable > self.covered {
+            self.covered = match first_event {
+                Some(r) if r <= self.skippable => r - 1,
+                _ => self.skippable,
+            };
+        }
+        self.skippable = 0;
+    }
+
+    /// Settles an opening watch's start for a compaction signal: it may have started
+    /// as early as `covered`, so what it is owed is counted from there.
+    fn settle_start_earliest(&mut self) {
+        self.skippable = 0;
+    }
 }
 
 struct Stream {

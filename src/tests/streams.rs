@@ -31,10 +31,14 @@ async fn several_watches_share_one_stream_and_cancel_by_id() {
     assert_eq!(s.watch_id(), 0);
     h.watch.events(vec![put(&k("b"), "1", 11, 11, 1)]);
     h.watch.events(vec![put(&k("a"), "1", 12, 12, 1)]);
-    let r = resp(&mut s).await;
-    assert_eq!((r.watch_id(), r.events()[0].revision()), (1, 11));
-    let r = resp(&mut s).await;
-    assert_eq!((r.watch_id(), r.events()[0].revision()), (0, 12));
+    // Each watch's responses are in order; the two watches' may interleave either way.
+    let (r0, r1) = (resp(&mut s).await, resp(&mut s).await);
+    let mut got = [
+        (r0.watch_id(), r0.events()[0].revision()),
+        (r1.watch_id(), r1.events()[0].revision()),
+    ];
+    got.sort_unstable();
+    assert_eq!(got, [(0, 12), (1, 11)]);
     assert_eq!(h.cache.watcher_count(), 2);
 
     s.cancel(1).await.unwrap();
@@ -358,4 +362,126 @@ async fn messages_takes_every_ready_response_at_once() {
     advance(Duration::from_millis(1)).await;
     let (n, more) = assert_ready!(next.poll()).unwrap();
     assert_eq!((n, more[0].revision()), (1, 16));
+}
+
+/// Watches from now added one after another on a stream do not wait for etcd each:
+/// `watch()` returns at once, the watches share barrier reads, their `created`
+/// responses come in the order of the requests, and each starts after a revision etcd
+/// had when it was added (a write the cache had not applied yet is not delivered).
+#[tokio::test(start_paused = true)]
+async fn watches_added_one_after_another_share_one_barrier_read() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let calls = || h.up.current_calls.load(std::sync::atomic::Ordering::SeqCst);
+    let mut s = h.cache.watch_stream();
+    // etcd has written revision 11 (on /app/a); the cache has not applied it yet.
+    h.up.set_current_revision(11);
+    let before = calls();
+    const N: i64 = 1_000;
+    for _ in 0..N {
+        let mut added = task::spawn(s.watch(k("a"), None));
+        // Returns without waiting for etcd.
+        assert_ready!(added.poll()).unwrap();
+    }
+    for id in 0..N {
+        let r = resp(&mut s).await;
+        assert!(r.created() && r.watch_id() == id, "created in order: {r:?}");
+        assert_eq!(r.revision(), 11, "created at etcd's revision when added");
+    }
+    assert!(
+        calls() - before <= 2,
+        "{N} opens, {} barrier reads",
+        calls() - before
+    );
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    h.watch.events(vec![put(&k("a"), "2", 11, 12, 2)]);
+    let mut seen = vec![0; N as usize];
+    for _ in 0..N {
+        let r = resp(&mut s).await;
+        assert_eq!(r.events()[0].revision(), 12, "11 was written before: {r:?}");
+        seen[r.watch_id() as usize] += 1;
+    }
+    assert!(seen.iter().all(|&n| n == 1), "each watch once");
+}
+
+/// A watch added from now starts after etcd's revision when it was added, even if the
+/// stream is read only much later: what was written after it is delivered, although
+/// the cache applied it before the stream was polled.
+#[tokio::test(start_paused = true)]
+async fn a_watch_added_to_a_stream_read_late_starts_when_added() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let (mut tx, mut rx) = h.cache.watch_stream().split();
+    tx.watch(k("a"), None).await.unwrap();
+    settle().await; // the barrier read answers 10; nobody reads the stream
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    h.watch.events(vec![put(&k("a"), "2", 11, 12, 2)]);
+    settle().await;
+    let r = within(rx.message()).await.unwrap().unwrap();
+    assert!(r.created() && r.revision() == 10, "{r:?}");
+    for want in [11, 12] {
+        let r = within(rx.message()).await.unwrap().unwrap();
+        assert_eq!(r.events()[0].revision(), want);
+    }
+}
+
+/// A watch canceled while it is still learning its start: its `created`, then its
+/// `canceled`, nothing else; its slot is freed; a watch added after it keeps its turn.
+#[tokio::test(start_paused = true)]
+async fn a_watch_canceled_while_opening_gets_created_then_canceled() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch_stream();
+    h.up.set_stalled(true); // the barrier read does not answer yet
+    s.watch(k("a"), None).await.unwrap();
+    s.cancel(0).await.unwrap();
+    s.watch(k("a"), Some(WatchOptions::new().with_start_revision(11)))
+        .await
+        .unwrap();
+    let mut next = task::spawn(next(&mut s));
+    settle().await;
+    assert_pending!(next.poll(), "nothing before the first watch's created");
+    drop(next);
+    h.up.set_stalled(false);
+    let kinds: Vec<_> = [resp(&mut s).await, resp(&mut s).await, resp(&mut s).await]
+        .iter()
+        .map(|r| (r.watch_id(), r.created(), r.canceled()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(0, true, false), (0, false, true), (1, true, false)]
+    );
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    let r = resp(&mut s).await;
+    assert_eq!((r.watch_id(), r.events()[0].revision()), (1, 11));
+    assert_eq!(
+        h.cache.watcher_count(),
+        1,
+        "the canceled watch's slot is free"
+    );
+}
+
+/// A stream dropped while a watch is opening leaves nothing behind.
+#[tokio::test(start_paused = true)]
+async fn a_stream_dropped_while_a_watch_opens_leaves_nothing() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch_stream();
+    s.watch(k("a"), None).await.unwrap();
+    drop(s);
+    settle().await;
+    assert_eq!(h.cache.watcher_count(), 0);
+    assert_eq!(h.cache.lagging_count(), 0);
+}
+
+/// `Cache::watch` returns an open watch, as `etcd_client::Client::watch` returns once
+/// etcd created it: a write after it returns is delivered.
+#[tokio::test(start_paused = true)]
+async fn cache_watch_returns_an_open_watch() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut opened = task::spawn(h.cache.watch(k("a"), None));
+    assert_pending!(opened.poll(), "waits for etcd's revision");
+    settle().await;
+    let mut s = assert_ready!(opened.poll()).unwrap();
+    assert_eq!(h.cache.watcher_count(), 1);
+    h.watch.events(vec![put(&k("a"), "1", 11, 11, 1)]);
+    let r = resp(&mut s).await;
+    assert!(r.created() && r.revision() == 10);
+    assert_eq!(resp(&mut s).await.events()[0].revision(), 11);
 }

@@ -67,7 +67,7 @@ impl WatchScope {
         options: Option<WatchOptions>,
     ) -> Result<WatchStream> {
         let mut stream = self.watch_stream();
-        stream.watch(key, options).await?;
+        stream.watch_open(key, options).await?;
         Ok(stream)
     }
 

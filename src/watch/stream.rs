@@ -15,10 +15,11 @@ use futures_core::Stream;
 use futures_util::stream::{SelectAll, StreamExt};
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 use tokio::time::{Duration, Instant, Sleep};
 
 use super::options::{Request, WatchOptions};
-use super::register::register;
+use super::register::{add, register, Added};
 use super::response::WatchResponse;
 use super::subscription::{Item, Subscription, Tagged};
 use crate::error::{Error, Result};
@@ -61,6 +62,15 @@ struct ControlInner {
 enum Incoming {
     /// A watch, registered.
     Watch(Subscription),
+    /// A watch from now whose start is being learned: a task asks for the cluster's
+    /// revision and registers it the moment the answer comes (a slow reader of the
+    /// stream does not hold it back). What follows it on the stream waits for it, so
+    /// that replies keep the order of the requests.
+    Opening {
+        watch_id: i64,
+        sub_id: SubId,
+        task: JoinHandle<Result<Subscription>>,
+    },
     /// A cancel of the watch `watch_id` (registry id `sub_id`): its id is free already.
     Cancel { watch_id: i64, sub_id: SubId },
 }
@@ -69,6 +79,7 @@ impl Incoming {
     fn watch_id(&self) -> Option<i64> {
         match self {
             Incoming::Watch(sub) => Some(sub.watch_id),
+            Incoming::Opening { watch_id, .. } => Some(*watch_id),
             Incoming::Cancel { .. } => None,
         }
     }
@@ -181,7 +192,13 @@ impl std::fmt::Debug for WatchRequestSender {
 }
 
 impl WatchRequestSender {
-    /// Adds a watch to the stream; its `created` response carries its watch id.
+    /// Adds a watch to the stream; its `created` response carries its watch id. It
+    /// returns without waiting for etcd, as etcd-client's sends the create and returns:
+    /// a watch from now starts after the cluster's revision learned by a round trip
+    /// sent after this call and shared by every watch waiting (watches added one after
+    /// another share it), and its `created` reports that revision. Replies keep the
+    /// order of the requests. Use [`Cache::watch`](crate::Cache::watch) for a watch that
+    /// is open when the call returns.
     ///
     /// # Errors
     /// [`Error::InvalidRange`], [`Error::OutOfRange`], [`Error::WatchLimit`],
@@ -192,22 +209,92 @@ impl WatchRequestSender {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<()> {
-        let sub = self.register(key.into(), options).await?;
-        self.control
-            .inner
-            .lock()
-            .incoming
-            .push(Incoming::Watch(sub));
+        let added = self.add(key.into(), options).await?;
+        self.control.inner.lock().incoming.push(added);
         self.control.notify();
         Ok(())
     }
 
-    /// Registers a watch with the cache under a new id on this stream; the caller hands
-    /// it to the response half.
+    /// Adds a watch under a new id on this stream without waiting for etcd: a watch
+    /// from now is handed over while its start is learned (its `created` response
+    /// follows once it is), as etcd answers a create on its stream; the caller hands it
+    /// to the response half.
+    async fn add(&self, key: Vec<u8>, options: Option<WatchOptions>) -> Result<Incoming> {
+        let (request, watch_id, span) = self.reserve(&key, options)?;
+        let control = &self.control;
+        let added = add(&control.shared, request, control.scope.as_ref());
+        match tracing::Instrument::instrument(added, span.clone()).await {
+            Ok(Added::Registered(registration)) => Ok(Incoming::Watch(self.registered(
+                registration,
+                watch_id,
+                &span,
+            ))),
+            Ok(Added::Opening(opening)) => {
+                let sub_id = opening.sub_id();
+                control.inner.lock().ids.insert(watch_id, sub_id);
+                let shared = control.shared.clone();
+                let opened = async move {
+                    let registration = opening.open(&shared).await?;
+                    Ok(Subscription::new(shared, registration, watch_id))
+                };
+                // Dropped unread (the stream is gone), its subscription ends itself.
+                let task = tokio::spawn(tracing::Instrument::instrument(opened, span));
+                Ok(Incoming::Opening {
+                    watch_id,
+                    sub_id,
+                    task,
+                })
+            }
+            Err(e) => {
+                control.inner.lock().ids.remove(watch_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers a watch with the cache under a new id on this stream, waiting for
+    /// its start (one round trip for a watch from now); the caller hands it to the
+    /// response half.
     async fn register(&self, key: Vec<u8>, options: Option<WatchOptions>) -> Result<Subscription> {
+        let (request, watch_id, span) = self.reserve(&key, options)?;
+        let control = &self.control;
+        let registered = register(&control.shared, request, control.scope.as_ref());
+        match tracing::Instrument::instrument(registered, span.clone()).await {
+            Ok(registration) => Ok(self.registered(registration, watch_id, &span)),
+            Err(e) => {
+                control.inner.lock().ids.remove(watch_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The registered watch, with its id on the stream.
+    fn registered(
+        &self,
+        registration: super::register::Registration,
+        watch_id: i64,
+        span: &tracing::Span,
+    ) -> Subscription {
+        let control = &self.control;
+        let sub = Subscription::new(control.shared.clone(), registration, watch_id);
+        span.record("revision", sub.created_revision());
+        span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
+        control.inner.lock().ids.insert(watch_id, sub.sub_id);
+        sub
+    }
+
+    /// Checks a watch request and reserves its id on the stream.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRange`], [`Error::OutOfRange`], [`Error::WatchIdInUse`].
+    fn reserve(
+        &self,
+        key: &[u8],
+        options: Option<WatchOptions>,
+    ) -> Result<(Request, i64, tracing::Span)> {
         let options = options.unwrap_or_default();
         let control = &self.control;
-        let request = Request::new(&control.shared, &key, &options)?;
+        let request = Request::new(&control.shared, key, &options)?;
         // Reserve the id first, so that a refused id costs no registration.
         let watch_id = {
             let mut inner = control.inner.lock();
@@ -231,24 +318,12 @@ impl WatchRequestSender {
         };
         let span = tracing::debug_span!(
             "etcd_cache.watch",
-            key = %String::from_utf8_lossy(&key),
+            key = %String::from_utf8_lossy(key),
             watch_id,
             start_revision = request.start_revision,
             revision = tracing::field::Empty,
         );
-        let registered = register(&control.shared, request, control.scope.as_ref());
-        let registration = match tracing::Instrument::instrument(registered, span.clone()).await {
-            Ok(r) => r,
-            Err(e) => {
-                control.inner.lock().ids.remove(watch_id);
-                return Err(e);
-            }
-        };
-        let sub = Subscription::new(control.shared.clone(), registration, watch_id);
-        span.record("revision", sub.created_revision());
-        span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
-        control.inner.lock().ids.insert(watch_id, sub.sub_id);
-        Ok(sub)
+        Ok((request, watch_id, span))
     }
 
     /// Cancels the watch `watch_id`, as etcd cancels one: its id is free at once (a
@@ -359,6 +434,9 @@ struct Multi {
     /// Replies after [`WatchResponseStream::first_reply`], in the order of their
     /// requests.
     replies: VecDeque<Reply>,
+    /// Requests from an [`Incoming::Opening`] on, in order: the opening waits for its
+    /// start, and what follows it waits for the opening.
+    held: VecDeque<Incoming>,
 }
 
 impl std::fmt::Debug for WatchResponseStream {
@@ -506,9 +584,71 @@ impl WatchResponseStream {
             .extend(inner.progress_requests.drain(..));
         drop(inner);
         for item in incoming {
-            match item {
-                Incoming::Watch(sub) => self.add(sub),
-                Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
+            self.take_request(item);
+        }
+    }
+
+    /// Takes one request from the sender, in order: behind a watch still opening, it
+    /// waits.
+    fn take_request(&mut self, item: Incoming) {
+        if self.opening() || matches!(item, Incoming::Opening { .. }) {
+            self.multi
+                .get_or_insert_with(Box::default)
+                .held
+                .push_back(item);
+            return;
+        }
+        match item {
+            Incoming::Watch(sub) => self.add(sub),
+            Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
+            Incoming::Opening { .. } => unreachable!("held above"),
+        }
+    }
+
+    /// Whether a watch added to the stream is still learning its start.
+    fn opening(&self) -> bool {
+        self.multi.as_ref().is_some_and(|m| !m.held.is_empty())
+    }
+
+    /// Registers the watches whose start has been learned, and takes the requests
+    /// that waited behind them, in order, up to the next watch still opening.
+    fn poll_openings(&mut self, cx: &mut Context<'_>) {
+        loop {
+            let Some(multi) = self.multi.as_mut() else {
+                return;
+            };
+            let opened = match multi.held.front_mut() {
+                None => return,
+                Some(Incoming::Opening { task, .. }) => match Pin::new(task).poll(cx) {
+                    Poll::Ready(opened) => Some(opened),
+                    Poll::Pending => return,
+                },
+                Some(_) => None,
+            };
+            let Some(item) = multi.held.pop_front() else {
+                return;
+            };
+            match (item, opened) {
+                (Incoming::Opening { .. }, Some(Ok(Ok(sub)))) => self.add(sub),
+                // The cache closed meanwhile (the stream ends with it), or the runtime
+                // is shutting down.
+                (
+                    Incoming::Opening {
+                        watch_id, sub_id, ..
+                    },
+                    Some(failed),
+                ) => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(e) => e.to_string(),
+                        Ok(Ok(_)) => String::new(),
+                    };
+                    tracing::debug!(watch_id, error, "watch not opened");
+                    self.control.forget(watch_id, sub_id);
+                }
+                (Incoming::Watch(sub), _) => self.add(sub),
+                (Incoming::Cancel { watch_id, sub_id }, _) => self.cancel(watch_id, sub_id),
+                (Incoming::Opening { .. }, None) => unreachable!("an opening is polled first"),
             }
         }
     }
@@ -594,6 +734,7 @@ impl Stream for WatchResponseStream {
         let this = self.get_mut();
         this.control.waker.register(cx.waker());
         this.take_news();
+        this.poll_openings(cx);
         match this.next_reply() {
             Some(Reply::Created { watch_id, revision }) => {
                 let h = this.header(revision);
@@ -621,7 +762,9 @@ impl Stream for WatchResponseStream {
                 return Poll::Ready(Some(resp));
             }
         }
-        if let Some(&request) = this.progress_requests.front() {
+        // A progress request answers for the watches added before it: not before they
+        // are open.
+        if let Some(&request) = this.progress_requests.front().filter(|_| !this.opening()) {
             let provable = this.provable().filter(|&r| r >= this.reported);
             let due = Instant::now() >= request.deadline;
             match provable.filter(|&r| r >= request.at_least || due) {
@@ -657,7 +800,7 @@ impl Stream for WatchResponseStream {
             }
         }
         let shared = &this.control.shared;
-        if this.len() == 0 && this.progress_requests.is_empty() {
+        if this.len() == 0 && this.progress_requests.is_empty() && !this.opening() {
             if this.end_when_empty || sender_gone || shared.view.is_closed() {
                 return Poll::Ready(None);
             }
@@ -754,9 +897,23 @@ impl WatchStream {
     ) -> Result<()> {
         // Both halves are here: hand the watch to the response half directly, after the
         // cancels before it.
+        let added = self.sender.add(key.into(), options).await?;
+        self.responses.take_news();
+        self.responses.take_request(added);
+        Ok(())
+    }
+
+    /// Adds a watch and waits until it is open (for a watch from now, until the
+    /// cluster's revision is known), as `etcd_client::Client::watch` returns a stream
+    /// whose watch etcd has created: a write made after this returns is delivered.
+    pub(crate) async fn watch_open(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        options: Option<WatchOptions>,
+    ) -> Result<()> {
         let sub = self.sender.register(key.into(), options).await?;
         self.responses.take_news();
-        self.responses.add(sub);
+        self.responses.take_request(Incoming::Watch(sub));
         Ok(())
     }
 

@@ -28,6 +28,24 @@ pub fn is_healthy(addr: SocketAddr) -> bool {
     }
 }
 
+/// How many calls of gRPC method `method` (`"Range"`, `"Watch"`, ...) etcd at `addr`
+/// has started, from its `/metrics` (`grpc_server_started_total`); `None` if it cannot
+/// be read.
+pub fn grpc_started(addr: SocketAddr, method: &str) -> Option<u64> {
+    let (code, body) = http_request(addr, "GET", "/metrics", None, Duration::from_secs(5)).ok()?;
+    if code != 200 {
+        return None;
+    }
+    let label = format!("grpc_method=\"{method}\"");
+    let mut total = 0;
+    for line in body.lines() {
+        if line.starts_with("grpc_server_started_total{") && line.contains(&label) {
+            total += line.rsplit(' ').next()?.parse::<f64>().ok()? as u64;
+        }
+    }
+    Some(total)
+}
+
 /// `POST /v3/maintenance/status` on `addr` (etcd's grpc-gateway), parsed by hand.
 pub fn member_status(addr: SocketAddr) -> Option<MemberStatus> {
     let (code, body) = http_request(

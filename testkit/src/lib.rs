@@ -66,7 +66,7 @@ pub use fixture::{
     VERDICT_TIMEOUT,
 };
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
-pub use http::{http_request, is_healthy, member_status, MemberStatus};
+pub use http::{grpc_started, http_request, is_healthy, member_status, MemberStatus};
 pub use run::{blocking, bounded, init_tracing};
 pub use tcp_proxy::TcpProxy;
 pub use tls::{ClientIdentity, ServerTls, TestPki};

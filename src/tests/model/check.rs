@@ -107,6 +107,7 @@ impl Model {
                 if !w.created || w.compacted_at_creation.is_some() {
                     continue;
                 }
+                w.settle_start(None);
                 if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
                     return Err(format!(
                         "s{}: stream progress at {rev}, but {} has not been delivered {m} (covered to {})",
@@ -121,10 +122,7 @@ impl Model {
             // nothing else (etcd sends nothing of it after the cancel).
             let w = &mut s.canceling[at].1;
             if !w.created && resp.created() {
-                let want = prev.max(w.created_rev);
-                if rev != want {
-                    return Err(format!("{}: created at {rev}, want {want}", w.label));
-                }
+                w.check_created(rev, prev, truth.etcd_rev)?;
                 w.created = true;
                 line = format!("{}: created at {rev} (canceled)", w.label);
             } else if w.created && resp.canceled() && resp.compact_revision() == 0 {
@@ -147,18 +145,13 @@ impl Model {
                         w.label
                     ));
                 }
-                let want = prev.max(w.created_rev);
-                if rev != want {
-                    return Err(format!(
-                        "{}: created at {rev}, want {want} (the watch's {} and the stream's {prev})",
-                        w.label, w.created_rev
-                    ));
-                }
+                w.check_created(rev, prev, truth.etcd_rev)?;
                 w.created = true;
                 line = format!("{}: created at {rev}", w.label);
             } else if resp.created() {
                 return Err(format!("{}: created twice", w.label));
             } else if resp.canceled() {
+                w.settle_start_earliest();
                 let c = resp.compact_revision();
                 if c == 0 {
                     if !w.cancel_requested {
@@ -232,6 +225,7 @@ impl Model {
                         w.label, truth.etcd_rev
                     ));
                 }
+                w.settle_start(None);
                 if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
                     return Err(format!(
                         "{}: progress at {rev}, but {m} has not been delivered (covered to {})",
@@ -259,6 +253,7 @@ impl Model {
                         w.label
                     ));
                 }
+                w.settle_start(Some(r));
                 if r <= w.covered {
                     return Err(format!(
                         "{}: revision {r} after {} (a duplicate or out of order)",

@@ -126,6 +126,8 @@ impl Model {
             created: false,
             covered: position,
             cancel_requested: false,
+            opening: false,
+            skippable: 0,
         };
         let desc = format!(
             "{range:?} start {start_opt} (owed from {}){}{}{}{} id {chosen}{}",
@@ -196,7 +198,9 @@ impl Model {
                     }
                 }
                 let s = &mut self.streams[si];
-                s.watches.insert(id, watch(format!("s{name}/w{id}")));
+                let mut w = watch(format!("s{name}/w{id}"));
+                w.opening = start_opt == 0 && connected;
+                s.watches.insert(id, w);
                 self.note(format!("add to s{name} watch {id}: {desc}"));
             }
         }
