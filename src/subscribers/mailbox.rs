@@ -548,7 +548,7 @@ mod tests {
         subs.lock().dispatch(&b11);
         let slot = subs.acquire(None).unwrap();
         let Registered::Live { mailbox, .. } = subs
-            .register(f.clone(), 11, 0, &history, || 11, &slot)
+            .register_as(subs.reserve_id(), f.clone(), 11, 0, &history, || 11, &slot)
             .unwrap()
         else {
             panic!("11 is inside the window");

@@ -112,34 +112,17 @@ impl Subscribers {
         })
     }
 
-    /// Registers a subscriber with `filter` that starts at `start_revision` (0: after
-    /// `now` or the cache's revision, whichever is newer). `revision` reads the cache's
-    /// revision; it is read under the index lock, where the follower publishes it.
-    ///
-    /// # Errors
-    /// [`Error::Closed`] if the cache closed.
-    #[cfg(test)]
-    pub(crate) fn register(
-        &self,
-        filter: Filter,
-        start_revision: i64,
-        now: i64,
-        history: &RwLock<History>,
-        revision: impl Fn() -> i64,
-        slot: &Slot,
-    ) -> Result<Registered> {
-        let id = self.reserve_id();
-        self.register_as(id, filter, start_revision, now, history, revision, slot)
-    }
-
     /// A registry id for a subscriber registered later with
-    /// [`register_as`](Self::register_as) (a watch whose start is still being learned:
-    /// a cancel can name it meanwhile).
+    /// [`register_as`](Self::register_as) (a cancel can name a watch by it while it
+    /// learns where it starts).
     pub(crate) fn reserve_id(&self) -> SubId {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// As [`register`](Self::register), under an id from [`reserve_id`](Self::reserve_id).
+    /// Registers a subscriber under `id` (from [`reserve_id`](Self::reserve_id)) with
+    /// `filter`, starting at `start_revision` (0: after `now` or the cache's revision,
+    /// whichever is newer). `revision` reads the cache's revision; it is read under the
+    /// index lock, where the follower publishes it.
     ///
     /// # Errors
     /// [`Error::Closed`] if the cache closed.

@@ -392,7 +392,8 @@ impl<'c> World<'c> {
                 let published = self.published;
                 let registered = self
                     .subs
-                    .register(
+                    .register_as(
+                        self.subs.reserve_id(),
                         filter(),
                         self.case.start,
                         0,
