@@ -142,45 +142,14 @@ impl Opening {
     }
 
     /// Learns the cluster's revision (from a barrier read sent after this call, or the
-    /// cache's own if it cannot: a warning says so) and registers the watch after it.
+    /// cache's own if it cannot: a warning says so) and registers the watch after it,
+    /// at once (its reader may be slow), as [`register`] does.
     ///
     /// # Errors
     /// [`Error::Closed`] if the cache closed meanwhile.
     pub(super) async fn open(self, shared: &Shared) -> Result<Registration> {
         let now = cluster_revision_for_watch(shared).await;
-        self.finish(shared, now)
-    }
-
-    /// Registers the watch, starting after `now`.
-    ///
-    /// # Errors
-    /// [`Error::Closed`] if the cache closed meanwhile.
-    fn finish(self, shared: &Shared, now: i64) -> Result<Registration> {
-        let prepared = self.prepared;
-        if now == 0 {
-            // Etcd's revision could not be had: after the cache's, as `register` does.
-            return prepared.finish(shared, 0);
-        }
-        // The stream may take the answer late, when the cache has applied revisions
-        // after it: the watch starts right after the answer all the same (replayed from
-        // the history), as if registered the moment it came.
-        let registered = shared.subscribers.register_as(
-            prepared.sub_id,
-            prepared.request.filter.clone(),
-            now + 1,
-            0,
-            &shared.history,
-            || shared.view.revision(),
-            &prepared.slot,
-        )?;
-        shared.metrics.watch_opened(prepared.started.elapsed());
-        Ok(Registration {
-            request: prepared.request,
-            registered,
-            slot: prepared.slot,
-            // Its `created` response reports the revision it starts after.
-            revision: now,
-        })
+        self.prepared.finish(shared, now)
     }
 }
 

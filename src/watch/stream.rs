@@ -196,7 +196,7 @@ impl WatchRequestSender {
     /// returns without waiting for etcd, as etcd-client's sends the create and returns:
     /// a watch from now starts after the cluster's revision learned by a round trip
     /// sent after this call and shared by every watch waiting (watches added one after
-    /// another share it), and its `created` reports that revision. Replies keep the
+    /// another share it), and its `created` reports where it starts. Replies keep the
     /// order of the requests. Use [`Cache::watch`](crate::Cache::watch) for a watch that
     /// is open when the call returns.
     ///
