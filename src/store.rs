@@ -120,6 +120,22 @@ impl Store {
         self.map = map;
     }
 
+    /// Replaces the content after a re-list, keeping each key-value that did not change
+    /// (same key and `mod_revision`: the same version in etcd) instead of its fresh
+    /// copy, so that what was derived from it (a typed view's decoded object) is kept,
+    /// and the copy is freed.
+    pub(crate) fn relisted(&mut self, mut map: KvMap) {
+        for old in self.map.iter() {
+            let unchanged = map
+                .get(&old.0 .0.key[..])
+                .is_some_and(|new| new.0.mod_revision() == old.0.mod_revision());
+            if unchanged {
+                map.insert(old.clone());
+            }
+        }
+        self.replace(map);
+    }
+
     /// Applies one upstream event and returns it with its previous key-value.
     pub(crate) fn apply(&mut self, event_type: EventType, kv: KeyValue) -> Event {
         let prev_kv = match event_type {

@@ -515,6 +515,71 @@ impl Consumer {
     }
 }
 
+/// A re-list after a compaction gap keeps the key-values that did not change, and their
+/// decoded objects with them: only the changed value is decoded again (also when etcd
+/// answers the read, as it does while the cache cannot prove it is current: the cache's
+/// copies of unchanged versions replace etcd's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_after_a_compaction_gap_decodes_only_what_changed() {
+    testkit::init_tracing();
+    testkit::bounded(Duration::from_secs(90), async {
+        let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
+        for i in 0..20 {
+            let value = service(&format!("team-{i}"), 8000 + i);
+            direct
+                .put(format!("/app/k{i:02}"), value, None)
+                .await
+                .unwrap();
+        }
+        let proxy = TcpProxy::start(etcd.client_addr()).await;
+        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
+        let cache = testkit::ready_cache(via_proxy, |b| {
+            b.prefix("/app/")
+                .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        })
+        .await;
+        let calls = Arc::new(AtomicU64::new(0));
+        // No index: nothing reads in the background, so every decode is counted here.
+        let counter = calls.clone();
+        let view = cache
+            .typed(decode_with(move |kv: &KeyValue| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(serde_json::from_slice::<Service>(kv.value())?)
+            }))
+            .build()
+            .unwrap();
+        assert_eq!(view.list().await.unwrap().items().len(), 20);
+        assert_eq!(calls.load(Ordering::SeqCst), 20);
+        let lists = cache.stats().lists;
+
+        // Cut off; one value changes; etcd compacts past it; the cache re-lists.
+        proxy.set_refuse(true);
+        proxy.drop_all_connections();
+        direct
+            .put("/app/k00", service("team-new", 9000), None)
+            .await
+            .unwrap();
+        let put = direct.put("/other/x", "x", None).await.unwrap();
+        let last = put.header().unwrap().revision();
+        direct.compact(last, None).await.unwrap();
+        proxy.set_refuse(false);
+        cache.wait_for_revision(last).await.unwrap();
+        assert!(cache.stats().lists > lists, "re-listed");
+
+        let listed = view.list().await.unwrap();
+        assert_eq!(listed.items().len(), 20);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            21,
+            "only the changed value is decoded again"
+        );
+        let k00 = view.get("/app/k00").await.unwrap().unwrap();
+        assert_eq!(k00.object().unwrap().port, 9000);
+        cache.close().await;
+    })
+    .await;
+}
+
 /// Single-key writes (one event per revision, so that every change is a state etcd had).
 async fn write(client: &mut Client, from: u64, n: u64) -> i64 {
     let mut last = 0;

@@ -80,8 +80,10 @@ impl Writer {
                 kept_watchers = kept,
                 "re-listed after a compaction gap"
             );
+            self.store.relisted(map);
+        } else {
+            self.store.replace(map);
         }
-        self.store.replace(map);
         shared.history.write().reset(revision);
         self.publish(&mut index, revision);
         drop(index);

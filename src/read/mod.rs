@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use crate::config::ReadFallback;
 use crate::error::{Error, Result};
+use crate::kv::KeyValue;
 use crate::range_request::RangeRequest;
 use crate::shared::Shared;
 pub use options::{GetOptions, GetResponse};
@@ -88,8 +89,11 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
         serializable: false,
         ..request.clone()
     };
-    let resp = shared.upstream.range(request.clone()).await?;
+    let mut resp = shared.upstream.range(request.clone()).await?;
     shared.counters.saw_cluster_revision(resp.revision);
+    if !request.keys_only {
+        share_held(shared, &mut resp.result.kvs);
+    }
     // As from memory: the revision the answer reflects; the header is etcd's.
     let revision = if request.revision > 0 {
         request.revision
@@ -98,6 +102,21 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
     };
     let header = crate::watch::response::response_header(&resp.header, resp.revision);
     Ok(GetResponse::new(revision, header, resp.result).answered_by_etcd())
+}
+
+/// Replaces each key-value etcd sent that the cache holds in the same version (same
+/// key and `mod_revision`) by the cache's own: one copy in memory, and what was
+/// derived from it (a typed view's decoded object) is shared instead of made again.
+fn share_held(shared: &Shared, kvs: &mut [KeyValue]) {
+    shared.view.with_snapshot(|snapshot| {
+        for kv in kvs.iter_mut() {
+            if let Some(held) = snapshot.map.get(kv.key()) {
+                if held.0.mod_revision() == kv.mod_revision() {
+                    *kv = held.0.clone();
+                }
+            }
+        }
+    });
 }
 
 /// What a read does when the cache cannot answer it in time: etcd answers, or the

@@ -531,6 +531,15 @@ async fn relist_keeps_single_keys_that_provably_did_not_change() {
     for s in [&mut on_a, &mut on_b, &mut on_c, &mut all] {
         created(s).await;
     }
+    let held = |key: &str| {
+        let cache = h.cache.clone();
+        let key = k(key);
+        async move {
+            let opts = GetOptions::new().with_serializable();
+            cache.get(key, Some(opts)).await.unwrap().kvs()[0].clone()
+        }
+    };
+    let (a_before, b_before) = (held("a").await, held("b").await);
     h.watch.fail();
     // In the gap: a changed, c was created and deleted, b untouched (created at 3).
     h.up.set_kvs(
@@ -550,6 +559,11 @@ async fn relist_keeps_single_keys_that_provably_did_not_change() {
         assert_eq!(is_compacted(&next(s).await), Some(26));
         assert!(next(s).await.unwrap().is_none());
     }
+    // The store kept the key-value of the key that did not change (and its memo: a
+    // typed view's decoded object), and took the new one of the key that did.
+    let b_prev = r.events()[0].prev_kv().unwrap();
+    assert!(std::sync::Arc::ptr_eq(&b_prev.0, &b_before.0));
+    assert!(!std::sync::Arc::ptr_eq(&held("a").await.0, &a_before.0));
 }
 
 /// A list that fails half-way is retried from its first page after a backoff, and the

@@ -279,7 +279,8 @@ async fn consistent_get_at_an_older_revision_waits_for_the_cluster_revision() {
 #[tokio::test(start_paused = true)]
 async fn consistent_get_falls_back_on_untrusted_server() {
     let h = ready(config(), &["3.4.23"], &[("/app/a", "a0")], 10).await;
-    h.up.set_current_revision(15);
+    // etcd at 15, "/app/a" unchanged (its fresh copy, at the same mod_revision).
+    h.up.set_data(&[("/app/a", "a0")], 15);
     let t0 = Instant::now();
     let r = within(h.cache.get(key_a(), None)).await.unwrap();
     assert_eq!(
@@ -291,6 +292,14 @@ async fn consistent_get_falls_back_on_untrusted_server() {
     assert_eq!(h.cache.stats().fallback_reads, 1);
     assert_eq!(r.revision(), 15, "etcd's answer");
     assert_eq!(h.up.requests(), 0);
+    // etcd's copy of a version the cache holds is replaced by the cache's own (one copy
+    // in memory; what was derived from it, such as a typed object, is shared).
+    let held = h
+        .cache
+        .get(key_a(), Some(GetOptions::new().with_serializable()))
+        .await
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(&r.kvs()[0].0, &held.kvs()[0].0));
 }
 
 /// 8b'. The fallback sends etcd the range's start, not the user's key: for an empty key
