@@ -217,8 +217,9 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
         .collect();
     let (done_tx, done_rx) = watch::channel(0i64);
     let t = Instant::now();
-    let mut tasks = Vec::with_capacity(n);
-    for (i, sub) in subs.iter().enumerate() {
+    // Opened all at once, as a service's subscribers open theirs: every watch from now
+    // waiting at the same time shares one barrier read to etcd.
+    let opens = subs.iter().enumerate().map(|(i, sub)| {
         let (key, opts) = match sub {
             Sub::All => (prefix.clone(), WatchOptions::new().with_prefix()),
             Sub::Group(d) => (
@@ -236,10 +237,13 @@ async fn run(args: Args, endpoints: Vec<String>) -> Result<bool, String> {
         } else {
             opts
         };
-        let mut stream = cache
-            .watch(key, Some(opts))
-            .await
-            .map_err(|e| e.to_string())?;
+        cache.watch(key, Some(opts))
+    });
+    let streams = futures_util::future::try_join_all(opens)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tasks = Vec::with_capacity(n);
+    for mut stream in streams {
         let mut done = done_rx.clone();
         let key_prefix_len = prefix.len() + 4;
         tasks.push(tokio::spawn(async move {
