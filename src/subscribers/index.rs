@@ -9,12 +9,18 @@
 //! - prefixes: a hash map from prefix to groups, probed once per distinct prefix length;
 //! - other ranges (from-key, explicit ranges that are not prefixes, all keys): a list
 //!   of the distinct ranges, scanned per event (there are few distinct ranges in practice).
+//!
+//! The hash tables hold only group ids (8 bytes an entry): the key, prefix or filter an
+//! entry stands for is read from its group, so an exact-key subscriber's key is not
+//! stored again for each table. A key or prefix has at most eight groups (a filter is its
+//! range and three flags), so the entries that share a hash stay few.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::task::Waker;
 
-use bytes::Bytes;
+use hashbrown::HashTable;
 use indexmap::IndexMap;
 use slab::Slab;
 
@@ -28,13 +34,14 @@ pub(crate) type SubId = u64;
 type GroupId = usize;
 
 /// The members of a group. Most exact-key groups have one member, which is kept inline;
-/// larger groups use an `IndexMap` for O(1) removal and a dense iteration.
+/// larger groups use an `IndexMap` for O(1) removal and a dense iteration, boxed so that
+/// a one-member group does not carry its 72 bytes.
 #[derive(Default)]
 enum Members {
     #[default]
     Empty,
     One(SubId, Arc<Mailbox>),
-    Many(IndexMap<SubId, Arc<Mailbox>>),
+    Many(Box<IndexMap<SubId, Arc<Mailbox>>>),
 }
 
 impl Members {
@@ -42,7 +49,7 @@ impl Members {
         match std::mem::take(self) {
             Members::Empty => *self = Members::One(id, mailbox),
             Members::One(first, first_mailbox) => {
-                let mut map = IndexMap::with_capacity(2);
+                let mut map = Box::new(IndexMap::with_capacity(2));
                 map.insert(first, first_mailbox);
                 map.insert(id, mailbox);
                 *self = Members::Many(map);
@@ -99,9 +106,13 @@ struct Group {
 #[derive(Default)]
 pub(crate) struct Index {
     groups: Slab<Group>,
-    by_filter: HashMap<Filter, GroupId>,
-    exact: HashMap<Bytes, Vec<GroupId>>,
-    prefix: HashMap<Bytes, Vec<GroupId>>,
+    hasher: RandomState,
+    /// Every group, by its filter.
+    by_filter: HashTable<GroupId>,
+    /// The groups of single keys, by the key (several filters may share a key).
+    exact: HashTable<GroupId>,
+    /// The groups of prefixes, by the prefix.
+    prefix: HashTable<GroupId>,
     /// Distinct prefix lengths with a count of prefix groups of that length.
     prefix_lens: Vec<(usize, usize)>,
     ranges: Vec<GroupId>,
@@ -117,19 +128,28 @@ pub(crate) struct Index {
 impl Index {
     /// Adds a subscriber.
     pub(crate) fn insert(&mut self, id: SubId, filter: Filter, mailbox: Arc<Mailbox>) {
-        let gid = match self.by_filter.get(&filter) {
+        let hash = self.hasher.hash_one(&filter);
+        let groups = &self.groups;
+        let gid = match self.by_filter.find(hash, |&g| groups[g].filter == filter) {
             Some(&g) => g,
             None => {
                 let g = self.groups.insert(Group {
-                    filter: filter.clone(),
+                    filter,
                     members: Members::default(),
                 });
-                let range = &filter.range;
+                let (groups, hasher) = (&self.groups, &self.hasher);
+                let rehash_start =
+                    |&x: &GroupId| hasher.hash_one(&groups[x].filter.range.start[..]);
+                self.by_filter
+                    .insert_unique(hash, g, |&x| hasher.hash_one(&groups[x].filter));
+                let range = &groups[g].filter.range;
                 if range.is_single() {
-                    self.exact.entry(range.start.clone()).or_default().push(g);
+                    let key_hash = hasher.hash_one(&range.start[..]);
+                    self.exact.insert_unique(key_hash, g, rehash_start);
                 } else if let Some(p) = range.as_prefix() {
-                    self.prefix.entry(p.clone()).or_default().push(g);
                     let len = p.len();
+                    let key_hash = hasher.hash_one(&p[..]);
+                    self.prefix.insert_unique(key_hash, g, rehash_start);
                     match self.prefix_lens.iter_mut().find(|(l, _)| *l == len) {
                         Some((_, n)) => *n += 1,
                         None => {
@@ -140,7 +160,6 @@ impl Index {
                 } else {
                     self.ranges.push(g);
                 }
-                self.by_filter.insert(filter, g);
                 g
             }
         };
@@ -155,20 +174,17 @@ impl Index {
         let mailbox = group.members.remove(id);
         if group.members.is_empty() {
             let group = self.groups.remove(gid);
-            self.by_filter.remove(&group.filter);
-            let range = &group.filter.range;
-            let drop_from = |map: &mut HashMap<Bytes, Vec<GroupId>>, key: &Bytes| {
-                if let Some(v) = map.get_mut(key) {
-                    v.retain(|&g| g != gid);
-                    if v.is_empty() {
-                        map.remove(key);
-                    }
+            let drop_from = |table: &mut HashTable<GroupId>, hash: u64| {
+                if let Ok(entry) = table.find_entry(hash, |&g| g == gid) {
+                    entry.remove();
                 }
             };
+            drop_from(&mut self.by_filter, self.hasher.hash_one(&group.filter));
+            let range = &group.filter.range;
             if range.is_single() {
-                drop_from(&mut self.exact, &range.start);
+                drop_from(&mut self.exact, self.hasher.hash_one(&range.start[..]));
             } else if let Some(p) = range.as_prefix() {
-                drop_from(&mut self.prefix, p);
+                drop_from(&mut self.prefix, self.hasher.hash_one(&p[..]));
                 let len = p.len();
                 if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
                     self.prefix_lens[i].1 -= 1;
@@ -186,15 +202,23 @@ impl Index {
     /// Calls `f` with every group whose range holds `key`.
     #[inline]
     fn for_groups(&self, key: &[u8], mut f: impl FnMut(GroupId)) {
-        if let Some(gs) = self.exact.get(key) {
-            gs.iter().for_each(|&g| f(g));
+        if !self.exact.is_empty() {
+            for &g in self.exact.iter_hash(self.hasher.hash_one(key)) {
+                if self.groups[g].filter.range.start[..] == *key {
+                    f(g);
+                }
+            }
         }
         for &(len, _) in &self.prefix_lens {
             if len > key.len() {
                 break;
             }
-            if let Some(gs) = self.prefix.get(&key[..len]) {
-                gs.iter().for_each(|&g| f(g));
+            let p = &key[..len];
+            for &g in self.prefix.iter_hash(self.hasher.hash_one(p)) {
+                // A prefix group's range starts at its prefix.
+                if self.groups[g].filter.range.start[..] == *p {
+                    f(g);
+                }
             }
         }
         for &g in &self.ranges {
@@ -298,6 +322,60 @@ mod tests {
         assert!(index.remove(1).is_some());
         assert!(index.remove(2).is_some());
         assert!(index.exact.is_empty() && index.groups.is_empty());
+    }
+
+    /// A group of one exact-key subscriber is its filter and one member: the map of a
+    /// larger group is boxed, not carried by every group (docs/PERFORMANCE.md, idle
+    /// subscriber memory).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_one_member_group_is_its_filter_and_one_member() {
+        assert_eq!(std::mem::size_of::<Members>(), 24);
+        assert_eq!(
+            std::mem::size_of::<Group>(),
+            std::mem::size_of::<Filter>() + 24
+        );
+    }
+
+    /// The tables hold group ids only: several filters on one key or prefix are all
+    /// found, and removing one keeps the others.
+    #[test]
+    fn filters_sharing_a_key_or_prefix_are_found_and_removed_one_by_one() {
+        let lag = LagCount::default();
+        let mut index = Index::default();
+        let single = shape(b"a", RangeSpec::Single);
+        let prefix = shape(b"a", RangeSpec::Prefix);
+        let with_prev = |mut f: Filter| {
+            f.prev_kv = true;
+            f
+        };
+        let filters = [
+            single.clone(),
+            with_prev(single),
+            prefix.clone(),
+            with_prev(prefix),
+        ];
+        for (i, f) in filters.iter().enumerate() {
+            index.insert(i as u64, f.clone(), Mailbox::new(8, 0, false, &lag));
+        }
+        assert_eq!(index.groups.len(), 4);
+        let found = |index: &Index, key: &[u8]| {
+            let mut ids = Vec::new();
+            index.for_groups(key, |g| {
+                ids.extend(index.groups[g].members.iter().map(|(id, _)| id))
+            });
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(found(&index, b"a"), vec![0, 1, 2, 3]);
+        assert_eq!(found(&index, b"ab"), vec![2, 3]);
+        assert!(index.remove(1).is_some());
+        assert!(index.remove(2).is_some());
+        assert_eq!(found(&index, b"a"), vec![0, 3]);
+        assert_eq!(found(&index, b"ab"), vec![3]);
+        assert!(index.remove(0).is_some() && index.remove(3).is_some());
+        assert!(index.groups.is_empty() && index.by_filter.is_empty());
+        assert!(index.exact.is_empty() && index.prefix.is_empty() && index.prefix_lens.is_empty());
     }
 
     fn arb_shape() -> impl Strategy<Value = Filter> {
