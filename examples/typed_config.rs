@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_cache::{Cache, JsonCodec, ListWatch, ListWatchEvent, TypedView};
+use etcd_cache::{Cache, JsonCodec, ListWatch, ListWatchEvent, TypedKv, TypedView};
 
 #[derive(Debug, PartialEq, serde::Deserialize)]
 struct Service {
@@ -34,7 +34,7 @@ type State = BTreeMap<String, Option<Arc<Service>>>;
 
 /// Applies list-watch events until the state is at `until`.
 async fn follow(
-    lw: &mut ListWatch<Service>,
+    lw: &mut ListWatch<TypedKv<Service>>,
     state: &mut State,
     at: &mut i64,
     until: i64,
@@ -102,7 +102,7 @@ async fn run(endpoints: Vec<String>) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    let mut subscribers: Vec<(ListWatch<Service>, State, i64)> = (0..100)
+    let mut subscribers: Vec<(ListWatch<TypedKv<Service>>, State, i64)> = (0..100)
         .map(|_| (view.list_watch(), State::new(), 0))
         .collect();
     let head = cache

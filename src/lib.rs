@@ -185,6 +185,7 @@ mod error;
 mod history;
 mod key_range;
 mod kv;
+mod list_watch;
 mod metrics;
 mod progress;
 mod range_request;
@@ -221,6 +222,7 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use kv::{Event, EventType, KeyValue};
+pub use list_watch::{ListItem, ListWatch, ListWatchEvent};
 pub use range_request::{SortOrder, SortTarget};
 pub use read::{GetOptions, GetResponse};
 pub use stats::CacheStats;
@@ -230,9 +232,8 @@ pub use typed::JsonCodec;
 #[cfg(feature = "prost")]
 pub use typed::ProstCodec;
 pub use typed::{
-    decode_with, BoxError, Codec, DecodeError, Decoded, FnCodec, ListWatch, ListWatchEvent,
-    TypedEvent, TypedKv, TypedList, TypedView, TypedViewBuilder, TypedWatchResponse,
-    TypedWatchStream,
+    decode_with, BoxError, Codec, DecodeError, Decoded, FnCodec, TypedEvent, TypedKv, TypedList,
+    TypedView, TypedViewBuilder, TypedWatchResponse, TypedWatchStream,
 };
 pub use watch::{
     ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,

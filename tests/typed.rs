@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_cache::{
-    decode_with, Cache, Error, JsonCodec, KeyValue, ListWatch, ListWatchEvent, ProstCodec, TypedKv,
-    TypedView, TypedWatchStream, WatchOptions,
+    decode_with, Cache, Error, JsonCodec, KeyValue, ListItem, ListWatch, ListWatchEvent,
+    ProstCodec, TypedKv, TypedView, TypedWatchStream, WatchOptions,
 };
 use etcd_client::{Client, GetOptions as EtcdGet};
 use testkit::{EtcdOptions, TcpProxy};
@@ -55,7 +55,7 @@ async fn next_events(s: &mut TypedWatchStream<Service>) -> etcd_cache::TypedWatc
     }
 }
 
-async fn next_item(lw: &mut ListWatch<Service>) -> ListWatchEvent<Service> {
+async fn next_item<I: ListItem>(lw: &mut ListWatch<I>) -> ListWatchEvent<I> {
     loop {
         match tokio::time::timeout(WAIT, lw.next())
             .await
@@ -423,6 +423,14 @@ async fn index_lookups_match_a_scan_at_one_revision() {
     .await;
 }
 
+fn key_of(item: &impl ListItem) -> Vec<u8> {
+    item.key_value().key().to_vec()
+}
+
+fn value_of(item: &impl ListItem) -> Vec<u8> {
+    item.key_value().value().to_vec()
+}
+
 /// Applies list-watch events to a state (the consumer's side), checking each complete
 /// state against etcd at its revision. Returns when the state is at `until`.
 struct Consumer {
@@ -459,7 +467,7 @@ impl Consumer {
     }
 
     /// Consumes until the state is at `until` or later, checking after every change.
-    async fn run(&mut self, lw: &mut ListWatch<Service>, client: &mut Client, until: i64) {
+    async fn run<I: ListItem>(&mut self, lw: &mut ListWatch<I>, client: &mut Client, until: i64) {
         while self.revision < until || self.next.is_some() {
             let event = next_item(lw).await;
             match event {
@@ -471,10 +479,7 @@ impl Consumer {
                     self.next = Some(BTreeMap::new());
                 }
                 ListWatchEvent::InitApply(o) => {
-                    self.next
-                        .as_mut()
-                        .unwrap()
-                        .insert(o.key().to_vec(), o.kv().value().to_vec());
+                    self.next.as_mut().unwrap().insert(key_of(&o), value_of(&o));
                 }
                 ListWatchEvent::InitDone { revision } => {
                     assert!(revision >= self.revision, "a state never goes back");
@@ -488,9 +493,10 @@ impl Consumer {
                     self.checked += 1;
                 }
                 ListWatchEvent::Apply(o) => {
-                    assert!(o.mod_revision() > self.revision, "no change twice");
-                    self.revision = o.mod_revision();
-                    self.state.insert(o.key().to_vec(), o.kv().value().to_vec());
+                    let revision = o.key_value().mod_revision();
+                    assert!(revision > self.revision, "no change twice");
+                    self.revision = revision;
+                    self.state.insert(key_of(&o), value_of(&o));
                     assert_eq!(
                         self.state,
                         Self::etcd_at(client, self.revision).await,
@@ -622,8 +628,14 @@ async fn list_watch_equals_etcd_through_a_slow_consumer_a_compaction_and_a_kill(
         })
         .await;
         let view = cache.typed(JsonCodec::<Service>::new()).build().unwrap();
+        // The typed view's objects and the cache's key-values, through the same faults.
         let mut lw = view.list_watch();
         let mut consumer = Consumer::new();
+        let mut kv_lw = cache.list_watch("/app/").unwrap();
+        // A prefix the cache does not hold could never be listed: refused at once.
+        let refused = cache.list_watch("/other/").unwrap_err();
+        assert!(matches!(refused, Error::OutOfRange { .. }), "{refused}");
+        let mut kv_consumer = Consumer::new();
         let head = direct
             .get("/", None)
             .await
@@ -632,32 +644,36 @@ async fn list_watch_equals_etcd_through_a_slow_consumer_a_compaction_and_a_kill(
             .unwrap()
             .revision();
         consumer.run(&mut lw, &mut direct, head).await;
-        assert_eq!(consumer.restarts, 0);
+        kv_consumer.run(&mut kv_lw, &mut direct, head).await;
+        assert_eq!((consumer.restarts, kv_consumer.restarts), (0, 0));
 
         // Changes followed one by one.
         let last = write(&mut direct, 30, 20).await;
         consumer.run(&mut lw, &mut direct, last).await;
-        assert_eq!(consumer.restarts, 0);
+        kv_consumer.run(&mut kv_lw, &mut direct, last).await;
+        assert_eq!((consumer.restarts, kv_consumer.restarts), (0, 0));
 
         // A slow consumer: 100 revisions while it reads nothing, over a window of 16.
         let last = write(&mut direct, 50, 100).await;
         cache.wait_for_revision(last).await.unwrap();
         consumer.run(&mut lw, &mut direct, last).await;
+        kv_consumer.run(&mut kv_lw, &mut direct, last).await;
         assert!(
-            consumer.restarts >= 1,
+            consumer.restarts >= 1 && kv_consumer.restarts >= 1,
             "fell out of the window: a new state, not a gap"
         );
 
         // A compaction while the cache is cut off from etcd.
-        let before = consumer.restarts;
+        let before = (consumer.restarts, kv_consumer.restarts);
         proxy.set_refuse(true);
         proxy.drop_all_connections();
         let last = write(&mut direct, 150, 10).await;
         direct.compact(last, None).await.unwrap();
         proxy.set_refuse(false);
         consumer.run(&mut lw, &mut direct, last).await;
+        kv_consumer.run(&mut kv_lw, &mut direct, last).await;
         assert!(
-            consumer.restarts > before,
+            consumer.restarts > before.0 && kv_consumer.restarts > before.1,
             "the compacted gap gives a new state"
         );
 
@@ -672,15 +688,14 @@ async fn list_watch_equals_etcd_through_a_slow_consumer_a_compaction_and_a_kill(
         let mut direct = testkit::client(&[etcd.endpoint()]).await;
         let last = write(&mut direct, 160, 20).await;
         consumer.run(&mut lw, &mut direct, last).await;
-        assert!(
-            consumer.checked >= 40,
-            "{} states checked",
-            consumer.checked
-        );
-        eprintln!(
-            "list-watch: {} states checked against etcd, {} restarts",
-            consumer.checked, consumer.restarts
-        );
+        kv_consumer.run(&mut kv_lw, &mut direct, last).await;
+        for (name, c) in [("typed", &consumer), ("key-value", &kv_consumer)] {
+            assert!(c.checked >= 40, "{name}: {} states checked", c.checked);
+            eprintln!(
+                "{name} list-watch: {} states checked against etcd, {} restarts",
+                c.checked, c.restarts
+            );
+        }
         cache.close().await;
     })
     .await;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::kv::KeyValue;
+use crate::list_watch::{ListItem, ListWatch};
 use crate::metrics::ViewMetrics;
 use crate::read::GetOptions;
 use crate::typed::codec::{Codec, DecodeError};
@@ -43,6 +44,26 @@ impl<T: fmt::Debug> fmt::Debug for TypedKv<T> {
             .field("value", &self.value)
             .finish()
     }
+}
+
+impl<T: Send + Sync + 'static> ListItem for TypedKv<T> {
+    fn key_value(&self) -> &KeyValue {
+        &self.kv
+    }
+}
+
+impl<T> crate::list_watch::private::Sealed for TypedKv<T> {}
+
+/// The list-watch of the view of `source`: its key-values as objects.
+pub(crate) fn list_watch<T: Send + Sync + 'static>(
+    source: &Arc<Source<T>>,
+) -> ListWatch<TypedKv<T>> {
+    let view = source.clone();
+    ListWatch::new(
+        source.cache.clone(),
+        source.prefix.clone(),
+        Arc::new(move |kv| view.typed_kv(kv)),
+    )
 }
 
 impl<T> TypedKv<T> {

@@ -11,8 +11,8 @@ use imbl::{HashMap, OrdMap, OrdSet};
 use tokio::sync::{watch, Notify};
 
 use crate::error::{Error, Result};
+use crate::list_watch::{ListWatch, ListWatchEvent, Step};
 use crate::typed::decoder::{Source, TypedKv, TypedList};
-use crate::typed::list_watch::{ListWatch, ListWatchEvent, Step};
 
 /// Index keys of an object.
 type KeysOf<T> = Box<dyn Fn(&T) -> Vec<String> + Send + Sync>;
@@ -140,7 +140,12 @@ impl<T: Send + Sync + 'static> Indexes<T> {
         let names = specs.iter().map(|s| s.name.clone()).collect();
         let (tx, state) = watch::channel(Arc::new(State::empty(specs.len())));
         let nudge = Arc::new(Notify::new());
-        let task = rt.spawn(follow(ListWatch::new(source), specs, tx, nudge.clone()));
+        let task = rt.spawn(follow(
+            crate::typed::decoder::list_watch(&source),
+            specs,
+            tx,
+            nudge.clone(),
+        ));
         Indexes {
             names,
             state,
@@ -182,7 +187,7 @@ impl<T: Send + Sync + 'static> Indexes<T> {
 /// its watches before it publishes the revision, so once the queue is empty the state
 /// holds every change up to the revision it took, whether or not any was in the view.
 async fn follow<T: Send + Sync + 'static>(
-    mut lw: ListWatch<T>,
+    mut lw: ListWatch<TypedKv<T>>,
     specs: Vec<IndexSpec<T>>,
     tx: watch::Sender<Arc<State<T>>>,
     nudge: Arc<Notify>,
@@ -226,7 +231,7 @@ struct Follower<T> {
 impl<T> Follower<T> {
     /// Applies one step; false when the list-watch has ended (the cache is closed).
     /// `revision` is the list-watch's once every queued event is out.
-    fn apply(&mut self, step: Option<Result<Step<T>>>, revision: Option<i64>) -> bool {
+    fn apply(&mut self, step: Option<Result<Step<TypedKv<T>>>>, revision: Option<i64>) -> bool {
         match step {
             None => return false,
             Some(Err(e)) => {

@@ -10,7 +10,6 @@
 //! - `decoder.rs`: what every part of a view shares (the cache, the prefix, the codec
 //!   and the decode through the key-value's memo), [`TypedKv`], [`TypedList`].
 //! - `watch.rs`: [`TypedWatchStream`], a cache watch whose events carry objects.
-//! - `list_watch.rs`: [`ListWatch`], the list-then-watch stream with its re-list.
 //! - `index.rs`: the indexes a view keeps (a task that follows the view with a
 //!   [`ListWatch`] and publishes persistent maps).
 //!
@@ -19,7 +18,6 @@
 pub(crate) mod codec;
 pub(crate) mod decoder;
 pub(crate) mod index;
-pub(crate) mod list_watch;
 pub(crate) mod watch;
 
 use std::fmt;
@@ -28,6 +26,7 @@ use std::sync::Arc;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::kv::KeyValue;
+use crate::list_watch::ListWatch;
 use crate::read::GetOptions;
 use crate::watch::WatchOptions;
 use decoder::Source;
@@ -38,7 +37,6 @@ pub use codec::JsonCodec;
 pub use codec::ProstCodec;
 pub use codec::{decode_with, BoxError, Codec, DecodeError, FnCodec};
 pub use decoder::{Decoded, TypedKv, TypedList};
-pub use list_watch::{ListWatch, ListWatchEvent};
 pub use watch::{TypedEvent, TypedWatchResponse, TypedWatchStream};
 
 impl Cache {
@@ -118,7 +116,7 @@ impl<C: Codec> TypedViewBuilder<C> {
     pub fn build(self) -> Result<TypedView<C::Value>> {
         let cache_prefix = self.cache.prefix();
         if !self.prefix.starts_with(cache_prefix) {
-            return Err(out_of_range(&self.prefix, cache_prefix));
+            return Err(crate::key_range::out_of_prefix(&self.prefix, cache_prefix));
         }
         let mut names: Vec<&str> = self.indexes.iter().map(|i| i.name()).collect();
         names.sort_unstable();
@@ -285,8 +283,8 @@ impl<T: Send + Sync + 'static> TypedView<T> {
 
     /// The view's objects at one revision, then every change after it, as one stream
     /// (see [`ListWatch`]).
-    pub fn list_watch(&self) -> ListWatch<T> {
-        ListWatch::new(self.source.clone())
+    pub fn list_watch(&self) -> ListWatch<TypedKv<T>> {
+        decoder::list_watch(&self.source)
     }
 
     /// The objects whose index `name` holds `key`, at one revision, consistent as a
@@ -337,17 +335,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
         if key.starts_with(&self.source.prefix) {
             Ok(())
         } else {
-            Err(out_of_range(key, &self.source.prefix))
+            Err(crate::key_range::out_of_prefix(key, &self.source.prefix))
         }
-    }
-}
-
-/// The error for `key` (or a view's prefix) outside `prefix`.
-fn out_of_range(key: &[u8], prefix: &[u8]) -> Error {
-    Error::OutOfRange {
-        start: String::from_utf8_lossy(key).into_owned(),
-        end: String::new(),
-        prefix_start: String::from_utf8_lossy(prefix).into_owned(),
-        prefix_end: String::from_utf8_lossy(&crate::key_range::prefix_end(prefix)).into_owned(),
     }
 }

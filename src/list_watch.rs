@@ -2,6 +2,10 @@
 //! change after it; after a gap the cache cannot replay (a compaction, a watch that fell
 //! out of the window), the full state again behind a marker, so that a consumer
 //! replaces its state instead of guessing. kube-runtime's `watcher` is the model.
+//!
+//! The stream is the same for the cache's key-values ([`Cache::list_watch`]) and for a
+//! typed view's objects ([`TypedView::list_watch`](crate::TypedView::list_watch)): it is
+//! generic over its item, made from each key-value by a function the maker gives.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -12,51 +16,75 @@ use bytes::Bytes;
 use futures_core::Stream;
 
 use crate::backoff::Backoff;
+use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::kv::EventType;
+use crate::kv::{EventType, KeyValue};
 use crate::read::GetOptions;
-use crate::typed::decoder::{Source, TypedKv};
 use crate::watch::{WatchOptions, WatchStream};
 
-/// One item of a [`ListWatch`]. A state is `Init`, then `InitApply` for each object,
+/// An item of a [`ListWatch`]: a [`KeyValue`] ([`Cache::list_watch`]) or a typed view's
+/// [`TypedKv`](crate::TypedKv) ([`TypedView::list_watch`](crate::TypedView::list_watch)).
+/// Sealed: the crate makes the items.
+pub trait ListItem: Send + Sync + 'static + private::Sealed {
+    /// The key-value of the item.
+    fn key_value(&self) -> &KeyValue;
+}
+
+impl ListItem for KeyValue {
+    fn key_value(&self) -> &KeyValue {
+        self
+    }
+}
+
+pub(crate) mod private {
+    /// Keeps [`ListItem`](super::ListItem) to the crate's own item types.
+    pub trait Sealed {}
+    impl Sealed for crate::kv::KeyValue {}
+}
+
+/// Makes a list-watch's item from a key-value.
+pub(crate) type MakeItem<I> = Arc<dyn Fn(KeyValue) -> I + Send + Sync>;
+
+/// One item of a [`ListWatch`]. A state is `Init`, then `InitApply` for each item,
 /// then `InitDone`; after it, `Apply` and `Delete` for each change, in revision order.
 /// Another `Init` (with `restarted: true`) starts a whole new state: drop the old one
-/// when its `InitDone` arrives.
-pub enum ListWatchEvent<T> {
+/// when its `InitDone` arrives. `I` is a [`KeyValue`] for [`Cache::list_watch`], a
+/// [`TypedKv`](crate::TypedKv) for a typed view's.
+pub enum ListWatchEvent<I> {
     /// A new state starts. `restarted` is false for the first, true after a gap.
     Init {
         /// Whether an earlier state was given before (and is now replaced).
         restarted: bool,
     },
-    /// One object of the new state.
-    InitApply(TypedKv<T>),
-    /// The new state is complete: it is the view's content at `revision`.
+    /// One key of the new state.
+    InitApply(I),
+    /// The new state is complete: it is what the prefix held at `revision`.
     InitDone {
         /// The revision of the state.
         revision: i64,
     },
-    /// An object was created or changed.
-    Apply(TypedKv<T>),
+    /// A key was created or changed.
+    Apply(I),
     /// A key was deleted.
     Delete {
         /// The key.
         key: Bytes,
         /// The revision of the delete.
         revision: i64,
-        /// The object the key held before.
-        last: Option<TypedKv<T>>,
+        /// What the key held before.
+        last: Option<I>,
     },
 }
 
-impl<T> fmt::Debug for ListWatchEvent<T> {
+impl<I: ListItem> fmt::Debug for ListWatchEvent<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ListWatchEvent::Init { restarted } => write!(f, "Init {{ restarted: {restarted} }}"),
             ListWatchEvent::InitApply(o) => write!(
                 f,
                 "InitApply({:?}@{})",
-                String::from_utf8_lossy(o.key()),
-                o.mod_revision()
+                String::from_utf8_lossy(o.key_value().key()),
+                o.key_value().mod_revision()
             ),
             ListWatchEvent::InitDone { revision } => {
                 write!(f, "InitDone {{ revision: {revision} }}")
@@ -64,8 +92,8 @@ impl<T> fmt::Debug for ListWatchEvent<T> {
             ListWatchEvent::Apply(o) => write!(
                 f,
                 "Apply({:?}@{})",
-                String::from_utf8_lossy(o.key()),
-                o.mod_revision()
+                String::from_utf8_lossy(o.key_value().key()),
+                o.key_value().mod_revision()
             ),
             ListWatchEvent::Delete { key, revision, .. } => {
                 write!(f, "Delete({:?}@{revision})", String::from_utf8_lossy(key))
@@ -74,10 +102,51 @@ impl<T> fmt::Debug for ListWatchEvent<T> {
     }
 }
 
+impl Cache {
+    /// The key-values under `prefix` at one revision, then every change after it, as
+    /// one stream: the loop of "list, watch from the list's revision + 1, list again
+    /// after a compaction" written once (see [`ListWatch`]). A typed view has the same
+    /// stream of objects, [`TypedView::list_watch`](crate::TypedView::list_watch).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `prefix` is outside the cache's prefix (the stream
+    /// could never list it).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use std::collections::BTreeMap;
+    /// use etcd_cache::ListWatchEvent;
+    ///
+    /// let mut state = BTreeMap::new();
+    /// let mut next = BTreeMap::new();
+    /// let mut stream = cache.list_watch("/config/")?;
+    /// while let Some(event) = stream.next().await {
+    ///     match event? {
+    ///         ListWatchEvent::Init { .. } => next.clear(),
+    ///         ListWatchEvent::InitApply(kv) => { next.insert(kv.key().to_vec(), kv); }
+    ///         ListWatchEvent::InitDone { revision } => {
+    ///             state = std::mem::take(&mut next);
+    ///             println!("{} keys at revision {revision}", state.len());
+    ///         }
+    ///         ListWatchEvent::Apply(kv) => { state.insert(kv.key().to_vec(), kv); }
+    ///         ListWatchEvent::Delete { key, .. } => { state.remove(&key[..]); }
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn list_watch(&self, prefix: impl Into<Vec<u8>>) -> Result<ListWatch<KeyValue>> {
+        let prefix = prefix.into();
+        if !prefix.starts_with(self.prefix()) {
+            return Err(crate::key_range::out_of_prefix(&prefix, self.prefix()));
+        }
+        Ok(ListWatch::new(self.clone(), prefix, Arc::new(|kv| kv)))
+    }
+}
+
 /// What [`ListWatch::step`] gives: an event, or the news that the stream has handed out
 /// every change up to a revision (a progress response).
-pub(crate) enum Step<T> {
-    Event(ListWatchEvent<T>),
+pub(crate) enum Step<I> {
+    Event(ListWatchEvent<I>),
     Progress,
 }
 
@@ -94,9 +163,10 @@ enum Phase {
     Ended,
 }
 
-/// The list-then-watch stream of a [`TypedView`](crate::TypedView)
+/// The list-then-watch stream of the keys under a prefix, as key-values
+/// ([`Cache::list_watch`]) or as a typed view's objects
 /// ([`TypedView::list_watch`](crate::TypedView::list_watch)): the
-/// view's objects at one revision (`Init`, `InitApply`..., `InitDone`), then every
+/// keys at one revision (`Init`, `InitApply`..., `InitDone`), then every
 /// change after it (`Apply`, `Delete`), with no gap and nothing twice. When the cache
 /// cannot replay the changes since the last one handed out (the watch fell out of the
 /// window: a slow consumer, a compaction), it starts over with `Init { restarted: true }`
@@ -126,29 +196,36 @@ enum Phase {
 /// }
 /// # Ok(()) }
 /// ```
-pub struct ListWatch<T> {
-    view: Arc<Source<T>>,
+pub struct ListWatch<I> {
+    cache: Cache,
+    prefix: Vec<u8>,
+    make: MakeItem<I>,
     phase: Phase,
-    pending: VecDeque<ListWatchEvent<T>>,
+    pending: VecDeque<ListWatchEvent<I>>,
     /// The revision of everything handed out once `pending` is empty.
     revision: i64,
     started: bool,
     backoff: Backoff,
 }
 
-impl<T> fmt::Debug for ListWatch<T> {
+impl<I> fmt::Debug for ListWatch<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ListWatch")
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .field("revision", &self.revision)
             .field("pending", &self.pending.len())
             .finish()
     }
 }
 
-impl<T: Send + Sync + 'static> ListWatch<T> {
-    pub(crate) fn new(view: Arc<Source<T>>) -> Self {
+impl<I: ListItem> ListWatch<I> {
+    /// The list-watch of the keys under `prefix` (inside the cache's prefix), each
+    /// key-value made an item by `make`.
+    pub(crate) fn new(cache: Cache, prefix: Vec<u8>, make: MakeItem<I>) -> Self {
         ListWatch {
-            view,
+            cache,
+            prefix,
+            make,
             phase: Phase::List { delay: None },
             pending: VecDeque::new(),
             revision: 0,
@@ -165,7 +242,7 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
     ///
     /// # Cancel safety
     /// Cancel safe: an event is handed out once, by the call that returns it.
-    pub async fn next(&mut self) -> Option<Result<ListWatchEvent<T>>> {
+    pub async fn next(&mut self) -> Option<Result<ListWatchEvent<I>>> {
         loop {
             match self.step().await? {
                 Ok(Step::Event(event)) => return Some(Ok(event)),
@@ -176,7 +253,7 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
     }
 
     /// This stream as a [`Stream`].
-    pub fn into_stream(self) -> impl Stream<Item = Result<ListWatchEvent<T>>> + Send {
+    pub fn into_stream(self) -> impl Stream<Item = Result<ListWatchEvent<I>>> + Send {
         futures_util::stream::unfold(self, |mut lw| async move {
             lw.next().await.map(|item| (item, lw))
         })
@@ -195,10 +272,10 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
 
     /// The cache's revision now.
     pub(crate) fn cache_revision(&self) -> i64 {
-        self.view.cache.revision()
+        self.cache.revision()
     }
 
-    pub(crate) async fn step(&mut self) -> Option<Result<Step<T>>> {
+    pub(crate) async fn step(&mut self) -> Option<Result<Step<I>>> {
         loop {
             // The watch opens as soon as the state is read, before the state is
             // handed out, so that a slow consumer of a big state is not left behind.
@@ -207,8 +284,8 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
                     .with_prefix()
                     .with_prev_key()
                     .with_start_revision(revision + 1);
-                let prefix = self.view.prefix.clone();
-                match self.view.cache.watch(prefix, Some(options)).await {
+                let prefix = self.prefix.clone();
+                match self.cache.watch(prefix, Some(options)).await {
                     Ok(stream) => self.phase = Phase::Watch(Box::new(stream)),
                     Err(e) => return self.failed(e),
                 }
@@ -253,13 +330,11 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             self.pending.push_back(match ev.event_type() {
-                                EventType::Put => {
-                                    ListWatchEvent::Apply(self.view.typed_kv(kv.clone()))
-                                }
+                                EventType::Put => ListWatchEvent::Apply((self.make)(kv.clone())),
                                 EventType::Delete => ListWatchEvent::Delete {
                                     key: kv.key_bytes().clone(),
                                     revision: kv.mod_revision(),
-                                    last: ev.prev_kv().map(|p| self.view.typed_kv(p.clone())),
+                                    last: ev.prev_kv().map(|p| (self.make)(p.clone())),
                                 },
                             });
                         }
@@ -277,23 +352,23 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
 
     /// Reads the state and queues it; returns its revision.
     async fn list(&mut self) -> Result<i64> {
-        let cache = &self.view.cache;
+        let cache = &self.cache;
         if !cache.is_ready() {
             cache.wait_ready().await?;
         }
-        let list = self
-            .view
-            .range(
-                self.view.prefix.clone(),
-                Some(GetOptions::new().with_prefix()),
-            )
+        let mut list = cache
+            .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await?;
         let revision = list.revision();
         self.pending.push_back(ListWatchEvent::Init {
             restarted: std::mem::replace(&mut self.started, true),
         });
-        self.pending
-            .extend(list.into_items().into_iter().map(ListWatchEvent::InitApply));
+        let make = &self.make;
+        self.pending.extend(
+            list.take_kvs()
+                .into_iter()
+                .map(|kv| ListWatchEvent::InitApply(make(kv))),
+        );
         self.pending
             .push_back(ListWatchEvent::InitDone { revision });
         self.revision = revision;
@@ -301,7 +376,7 @@ impl<T: Send + Sync + 'static> ListWatch<T> {
     }
 
     /// Hands out `e`, and lists again after a backoff; ends on a closed cache.
-    fn failed(&mut self, e: Error) -> Option<Result<Step<T>>> {
+    fn failed(&mut self, e: Error) -> Option<Result<Step<I>>> {
         if matches!(e, Error::Closed) {
             self.phase = Phase::Ended;
             return None;
