@@ -586,6 +586,69 @@ async fn a_relist_after_a_compaction_gap_decodes_only_what_changed() {
     .await;
 }
 
+/// A list-watch of a part of a view (`list_watch_prefix`), and of the cache's key-values:
+/// each lists and follows only its own prefix; a prefix outside is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_watch_of_a_sub_prefix_sees_only_its_keys() {
+    testkit::init_tracing();
+    testkit::bounded(LIMIT, async {
+        let (_etcd, mut client) = testkit::etcd_with_client(EtcdOptions::default()).await;
+        for key in ["/app/a/1", "/app/a/2", "/app/b/1"] {
+            client.put(key, service("o", 1), None).await.unwrap();
+        }
+        let cache = testkit::ready_cache(client.clone(), |b| b.prefix("/app/")).await;
+        let view = cache.typed(JsonCodec::<Service>::new()).build().unwrap();
+        let refused = view.list_watch_prefix("/other/").unwrap_err();
+        assert!(matches!(refused, Error::OutOfRange { .. }), "{refused}");
+        let mut typed = view.list_watch_prefix("/app/a/").unwrap();
+        let mut raw = cache.list_watch("/app/b/").unwrap();
+
+        async fn initial<I: ListItem>(lw: &mut ListWatch<I>) -> Vec<Vec<u8>> {
+            let mut keys = Vec::new();
+            loop {
+                match next_item(lw).await {
+                    ListWatchEvent::InitApply(o) => keys.push(key_of(&o)),
+                    ListWatchEvent::InitDone { .. } => return keys,
+                    ListWatchEvent::Init { .. } => {}
+                    other => panic!("before InitDone: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(
+            initial(&mut typed).await,
+            vec![b"/app/a/1".to_vec(), b"/app/a/2".to_vec()]
+        );
+        assert_eq!(initial(&mut raw).await, vec![b"/app/b/1".to_vec()]);
+
+        // Writes to both parts, alternating: each stream gets its own, in order.
+        for i in 2..6u16 {
+            client.put("/app/b/x", service("o", i), None).await.unwrap();
+            client
+                .put(format!("/app/a/{i}"), service("o", i), None)
+                .await
+                .unwrap();
+        }
+        for i in 2..6u16 {
+            match next_item(&mut typed).await {
+                ListWatchEvent::Apply(o) => {
+                    assert_eq!(o.key(), format!("/app/a/{i}").as_bytes());
+                    assert_eq!(o.object().unwrap().port, i);
+                }
+                other => panic!("expected a put of /app/a/{i}: {other:?}"),
+            }
+            match next_item(&mut raw).await {
+                ListWatchEvent::Apply(kv) => {
+                    assert_eq!(kv.key(), b"/app/b/x");
+                    assert_eq!(kv.value(), service("o", i).as_bytes());
+                }
+                other => panic!("expected a put of /app/b/x: {other:?}"),
+            }
+        }
+        cache.close().await;
+    })
+    .await;
+}
+
 /// Single-key writes (one event per revision, so that every change is a state etcd had).
 async fn write(client: &mut Client, from: u64, n: u64) -> i64 {
     let mut last = 0;

@@ -58,10 +58,18 @@ impl<T> crate::list_watch::private::Sealed for TypedKv<T> {}
 pub(crate) fn list_watch<T: Send + Sync + 'static>(
     source: &Arc<Source<T>>,
 ) -> ListWatch<TypedKv<T>> {
+    list_watch_under(source, source.prefix.clone())
+}
+
+/// The list-watch of the view's keys under `prefix` (inside the view's prefix).
+pub(crate) fn list_watch_under<T: Send + Sync + 'static>(
+    source: &Arc<Source<T>>,
+    prefix: Vec<u8>,
+) -> ListWatch<TypedKv<T>> {
     let view = source.clone();
     ListWatch::new(
         source.cache.clone(),
-        source.prefix.clone(),
+        prefix,
         Arc::new(move |kv| view.typed_kv(kv)),
     )
 }

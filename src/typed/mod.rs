@@ -287,6 +287,24 @@ impl<T: Send + Sync + 'static> TypedView<T> {
         decoder::list_watch(&self.source)
     }
 
+    /// The list-watch of the view's objects under `prefix` only (a part of the view):
+    /// as [`list_watch`](Self::list_watch), for a sub-range.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `prefix` is outside the view's prefix.
+    ///
+    /// ```no_run
+    /// # fn f(view: etcd_cache::TypedView<String>) -> etcd_cache::Result<()> {
+    /// // The services of one team, in a view of every service.
+    /// let team_a = view.list_watch_prefix("/services/team-a/")?;
+    /// # let _ = team_a; Ok(()) }
+    /// ```
+    pub fn list_watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> Result<ListWatch<TypedKv<T>>> {
+        let prefix = prefix.into();
+        self.check_key(&prefix)?;
+        Ok(decoder::list_watch_under(&self.source, prefix))
+    }
+
     /// The objects whose index `name` holds `key`, at one revision, consistent as a
     /// [`get`](Self::get): at least every revision committed before the call.
     ///
