@@ -25,8 +25,34 @@ use crate::watch::{WatchOptions, WatchStream};
 /// An item of a [`ListWatch`]: a [`KeyValue`] ([`Cache::list_watch`]) or a typed view's
 /// [`TypedKv`](crate::TypedKv) ([`TypedView::list_watch`](crate::TypedView::list_watch)).
 /// Sealed: the crate makes the items.
+///
+/// A consumer written once for both kinds of list-watch:
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use etcd_cache::{ListItem, ListWatchEvent};
+///
+/// /// Applies one event to a map of key to mod revision.
+/// fn apply<I: ListItem>(state: &mut BTreeMap<Vec<u8>, i64>, event: &ListWatchEvent<I>) {
+///     match event {
+///         ListWatchEvent::Init { .. } => state.clear(),
+///         ListWatchEvent::InitApply(item) | ListWatchEvent::Apply(item) => {
+///             let kv = item.key_value();
+///             state.insert(kv.key().to_vec(), kv.mod_revision());
+///         }
+///         ListWatchEvent::Delete { key, .. } => {
+///             state.remove(&key[..]);
+///         }
+///         ListWatchEvent::InitDone { .. } => {}
+///     }
+/// }
+/// let mut state = BTreeMap::new();
+/// apply::<etcd_cache::KeyValue>(&mut state, &ListWatchEvent::Init { restarted: false });
+/// assert!(state.is_empty());
+/// ```
 pub trait ListItem: Send + Sync + 'static + private::Sealed {
-    /// The key-value of the item.
+    /// The key-value of the item: the item itself for a [`KeyValue`], the key-value the
+    /// object was decoded from for a [`TypedKv`](crate::TypedKv).
     fn key_value(&self) -> &KeyValue;
 }
 
