@@ -8,7 +8,7 @@ use crate::key_range::{KeyRange, RangeSpec};
 use crate::shared::Shared;
 use crate::subscribers::filter::Filter;
 
-/// Options for [`Cache::watch`](crate::Cache::watch) and [`WatchStream::watch`], as
+/// Options for [`Cache::watch`](crate::Cache::watch) and [`WatchStream::watch`](crate::WatchStream::watch), as
 /// `etcd_client::WatchOptions`: every builder method of it, with the same meaning.
 ///
 /// ```
