@@ -1,11 +1,11 @@
 //! One gRPC Watch stream's task: it reads the client's requests (as fast as they come,
 //! bounded in bytes), decides which side serves each create (the cache through
-//! [`cached`](super::cached), or etcd through [`forwarded`](super::forwarded)), gives
+//! [`cached`], or etcd through [`forwarded`](super::forwarded)), gives
 //! ids from one id space, keeps the replies to creates and cancels in the order of the
 //! requests across both sides, runs stream-level progress requests through
 //! [`progress`](super::progress), checks its cached watches again when etcd's auth state
 //! moves, ends a `hasleader` stream whose cache lost etcd, and sends what both sides
-//! answer through [`responses`](super::responses), as etcd sends it
+//! answer through [`responses`], as etcd sends it
 //! (`api/v3rpc/watch.go`).
 //!
 //! The session's methods in three files: this one (the stream's state, its loop, the
