@@ -33,7 +33,7 @@ Commands:
           processes; benches and examples are built), `cargo test --workspace --doc`,
           `cargo xtask cycles`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
           --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
-          no-feature `cargo check`; `cargo package -p etcd-cache --locked` (builds the
+          no-feature `cargo check`, `cargo doc` of both crates (RUSTDOCFLAGS=-D warnings); `cargo package -p etcd-cache --locked` (builds the
           packaged crate; `--allow-dirty` added, with a note, only when git reports
           uncommitted changes); `cargo xtask msrv`;
         then the version matrix:

@@ -426,7 +426,8 @@ fn package() -> i32 {
 }
 
 /// `cargo fmt --check` and `cargo clippy -D warnings` (every target, every feature), when
-/// the toolchain has those components; a toolchain without them only gets a note.
+/// the toolchain has those components (a toolchain without them only gets a note), and
+/// `cargo doc` of both crates with rustdoc's warnings (broken links) as errors.
 fn lints() -> i32 {
     // No import circle among the files of src/ and proxy/src/ (`cargo xtask cycles`).
     eprintln!("xtask test: == lints: cycles");
@@ -436,7 +437,7 @@ fn lints() -> i32 {
     // clippy builds every feature at once (unstable-bench-internals, metrics, tls, unstable-test-hooks);
     // the unit tests of the metrics feature run on their own (the default build leaves it
     // off), and the crate must build with no feature.
-    let steps: [(&str, &[&str]); 4] = [
+    let steps: [(&str, &[&str]); 5] = [
         ("fmt", &["fmt", "--all", "--", "--check"]),
         (
             "clippy",
@@ -461,6 +462,18 @@ fn lints() -> i32 {
                 "--no-default-features",
             ],
         ),
+        (
+            "doc",
+            &[
+                "doc",
+                "--no-deps",
+                "--all-features",
+                "-p",
+                "etcd-cache",
+                "-p",
+                "etcd-cache-proxy",
+            ],
+        ),
     ];
     for (name, args) in steps {
         // fmt and clippy are rustup components that may be missing; test and check
@@ -479,6 +492,9 @@ fn lints() -> i32 {
         }
         let mut cmd = cargo();
         cmd.args(args);
+        if name == "doc" {
+            cmd.env("RUSTDOCFLAGS", "-D warnings");
+        }
         let code = run(cmd);
         if code != 0 {
             return code;
