@@ -431,6 +431,13 @@ impl Cache {
         &self.shared.config.prefix
     }
 
+    /// Checks that the keys under `prefix` are inside the cache's range, as a read or a
+    /// watch of them is checked ([`Error::OutOfRange`] otherwise).
+    pub(crate) fn check_prefix(&self, prefix: &[u8]) -> Result<()> {
+        crate::key_range::KeyRange::new(prefix, &crate::key_range::RangeSpec::Prefix)?
+            .check_within(&self.shared.range)
+    }
+
     #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared

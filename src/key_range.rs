@@ -13,16 +13,6 @@ use crate::error::{Error, Result};
 /// The end that means "to the end of the keyspace".
 pub(crate) const END_OF_KEYSPACE: &[u8] = b"\0";
 
-/// The error for `key` (or a view's or a list-watch's prefix) outside `prefix`.
-pub(crate) fn out_of_prefix(key: &[u8], prefix: &[u8]) -> Error {
-    Error::OutOfRange {
-        start: String::from_utf8_lossy(key).into_owned(),
-        end: String::new(),
-        prefix_start: String::from_utf8_lossy(prefix).into_owned(),
-        prefix_end: String::from_utf8_lossy(&prefix_end(prefix)).into_owned(),
-    }
-}
-
 /// Returns the end of the range that holds every key starting with `prefix`.
 pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();

@@ -162,9 +162,7 @@ impl Cache {
     /// ```
     pub fn list_watch(&self, prefix: impl Into<Vec<u8>>) -> Result<ListWatch<KeyValue>> {
         let prefix = prefix.into();
-        if !prefix.starts_with(self.prefix()) {
-            return Err(crate::key_range::out_of_prefix(&prefix, self.prefix()));
-        }
+        self.check_prefix(&prefix)?;
         Ok(ListWatch::new(self.clone(), prefix, Arc::new(|kv| kv)))
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_cache::{
-    decode_with, Cache, Error, JsonCodec, KeyValue, ListItem, ListWatch, ListWatchEvent,
+    decode_with, Cache, Codec, Error, JsonCodec, KeyValue, ListItem, ListWatch, ListWatchEvent,
     ProstCodec, TypedKv, TypedView, TypedWatchStream, WatchOptions,
 };
 use etcd_client::{Client, GetOptions as EtcdGet};
@@ -29,13 +29,18 @@ fn service(owner: &str, port: u16) -> String {
     format!(r#"{{"owner":"{owner}","port":{port}}}"#)
 }
 
-/// A JSON view of `Service` that counts its codec's calls.
+/// A JSON codec of `Service` that counts its calls.
+fn counting_codec(calls: Arc<AtomicU64>) -> impl Codec<Value = Service> {
+    decode_with(move |kv: &KeyValue| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok(serde_json::from_slice::<Service>(kv.value())?)
+    })
+}
+
+/// A JSON view of `Service` that counts its codec's calls, with an index by owner.
 fn counting_view(cache: &Cache, calls: Arc<AtomicU64>) -> TypedView<Service> {
     cache
-        .typed(decode_with(move |kv: &KeyValue| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok(serde_json::from_slice::<Service>(kv.value())?)
-        }))
+        .typed(counting_codec(calls))
         .index("owner", |s: &Service| vec![s.owner.clone()])
         .build()
         .unwrap()
@@ -546,14 +551,7 @@ async fn a_relist_after_a_compaction_gap_decodes_only_what_changed() {
         .await;
         let calls = Arc::new(AtomicU64::new(0));
         // No index: nothing reads in the background, so every decode is counted here.
-        let counter = calls.clone();
-        let view = cache
-            .typed(decode_with(move |kv: &KeyValue| {
-                counter.fetch_add(1, Ordering::SeqCst);
-                Ok(serde_json::from_slice::<Service>(kv.value())?)
-            }))
-            .build()
-            .unwrap();
+        let view = cache.typed(counting_codec(calls.clone())).build().unwrap();
         assert_eq!(view.list().await.unwrap().items().len(), 20);
         assert_eq!(calls.load(Ordering::SeqCst), 20);
         let lists = cache.stats().lists;

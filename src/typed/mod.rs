@@ -116,7 +116,7 @@ impl<C: Codec> TypedViewBuilder<C> {
     pub fn build(self) -> Result<TypedView<C::Value>> {
         let cache_prefix = self.cache.prefix();
         if !self.prefix.starts_with(cache_prefix) {
-            return Err(crate::key_range::out_of_prefix(&self.prefix, cache_prefix));
+            return Err(out_of_range(&self.prefix, cache_prefix));
         }
         let mut names: Vec<&str> = self.indexes.iter().map(|i| i.name()).collect();
         names.sort_unstable();
@@ -353,7 +353,17 @@ impl<T: Send + Sync + 'static> TypedView<T> {
         if key.starts_with(&self.source.prefix) {
             Ok(())
         } else {
-            Err(crate::key_range::out_of_prefix(key, &self.source.prefix))
+            Err(out_of_range(key, &self.source.prefix))
         }
+    }
+}
+
+/// The error for `key` (or a view's prefix) outside `prefix`.
+fn out_of_range(key: &[u8], prefix: &[u8]) -> Error {
+    Error::OutOfRange {
+        start: String::from_utf8_lossy(key).into_owned(),
+        end: String::new(),
+        prefix_start: String::from_utf8_lossy(prefix).into_owned(),
+        prefix_end: String::from_utf8_lossy(&crate::key_range::prefix_end(prefix)).into_owned(),
     }
 }

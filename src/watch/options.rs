@@ -8,8 +8,9 @@ use crate::key_range::{KeyRange, RangeSpec};
 use crate::shared::Shared;
 use crate::subscribers::filter::Filter;
 
-/// Options for [`Cache::watch`](crate::Cache::watch) and [`WatchStream::watch`](crate::WatchStream::watch), as
-/// `etcd_client::WatchOptions`: every builder method of it, with the same meaning.
+/// Options for [`Cache::watch`](crate::Cache::watch) and
+/// [`WatchStream::watch`](crate::WatchStream::watch), as `etcd_client::WatchOptions`:
+/// every builder method of it, with the same meaning.
 ///
 /// ```
 /// use etcd_cache::{WatchFilterType, WatchOptions};
