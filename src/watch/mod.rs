@@ -6,6 +6,7 @@
 //! - [`register`]: the registration of one watch with the cache;
 //! - [`subscription`]: one watch on a stream, over its mailbox;
 //! - [`stream`]: the stream, its request sender and response half;
+//! - [`ready_set`]: a stream's watches after its first, polled as they are woken;
 //! - [`response`]: the responses;
 //! - [`scope`]: watch budgets.
 //!
@@ -33,6 +34,7 @@
 //! one its catch-up too), and then the stream ends with `None`.
 
 mod options;
+mod ready_set;
 mod register;
 pub(crate) mod response;
 mod scope;

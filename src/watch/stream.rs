@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
-use futures_util::stream::{SelectAll, StreamExt};
+use futures_util::stream::StreamExt;
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::{Duration, Instant, Sleep};
 
 use super::options::{Request, WatchOptions};
+use super::ready_set::ReadySet;
 use super::register::{add, register, Added};
 use super::response::WatchResponse;
 use super::subscription::{Item, Subscription, Tagged};
@@ -395,11 +396,10 @@ impl Drop for WatchRequestSender {
 pub struct WatchResponseStream {
     control: Arc<Control>,
     /// The stream's only watch, polled directly: most streams carry one watch, and a
-    /// `SelectAll` would add a task-queue hop and a wake-up per burst to each of them.
+    /// [`ReadySet`] would add a ready-list hop and a wake-up per burst to each of them.
     solo: Option<Subscription>,
     /// What a stream with more than one watch needs; made when a second watch comes
-    /// (most streams carry one, and an empty `SelectAll` alone holds a heap-allocated
-    /// task queue).
+    /// (most streams carry one, and a `ReadySet` holds a heap-allocated ready list).
     multi: Option<Box<Multi>>,
     /// Which of the two goes first next time (fairness).
     solo_first: bool,
@@ -430,7 +430,7 @@ type AnswerWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
 #[derive(Default)]
 struct Multi {
     /// The watches other than the solo one, polled as they are woken.
-    watches: SelectAll<Subscription>,
+    watches: ReadySet<Subscription>,
     /// Replies after [`WatchResponseStream::first_reply`], in the order of their
     /// requests.
     replies: VecDeque<Reply>,
@@ -563,7 +563,7 @@ impl WatchResponseStream {
         } else {
             self.multi
                 .as_mut()
-                .and_then(|m| m.watches.iter_mut().find(|w| named(w)))
+                .and_then(|m| m.watches.find_mut(named))
                 .is_some_and(|w| w.cancel())
         };
         if live {
