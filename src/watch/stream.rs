@@ -574,7 +574,11 @@ impl WatchResponseStream {
     /// Takes what the sender handed over (watches, cancels, progress requests), in
     /// order, if there is news.
     fn take_news(&mut self) {
-        if !self.control.dirty.swap(false, Ordering::AcqRel) {
+        // A load first: most polls find no news, and a swap would take the line
+        // exclusively at every one of them.
+        if !self.control.dirty.load(Ordering::Acquire)
+            || !self.control.dirty.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         let mut inner = self.control.inner.lock();

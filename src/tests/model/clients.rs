@@ -213,7 +213,7 @@ impl Model {
 
     /// The next response of stream `si` if one is ready. Polled three times: a stream
     /// may wake itself and answer on the next poll (a progress request that waited for
-    /// a new revision, a `SelectAll` that yields after polling each watch once).
+    /// a new revision, a watch woken while the stream was being polled).
     pub(super) async fn ready_response(
         &mut self,
         si: usize,
