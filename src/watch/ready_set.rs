@@ -57,8 +57,9 @@ struct Entry<S> {
     waker: Waker,
 }
 
-/// A set of streams polled as they are woken; a `Stream` of their items that is
-/// pending, never ended, while empty (as `SelectAll` after its first item).
+/// A set of streams polled as they are woken; a `Stream` of their items. It never ends
+/// (it is pending while empty, unlike `SelectAll`): its owner tells by
+/// [`len`](Self::len) whether any stream is left.
 pub(super) struct ReadySet<S> {
     entries: Vec<Option<Entry<S>>>,
     free: Vec<usize>,
