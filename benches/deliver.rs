@@ -17,7 +17,8 @@
 //! `one` is `WatchStream::message` per response, `batch` is `WatchStream::messages` (up
 //! to 64 at a time).
 //!
-//! Under `cargo test --all-targets` it does a small smoke run.
+//! Without `--bench` (`cargo test --features unstable-bench-internals --bench deliver`) it
+//! does a small smoke run.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,7 +62,7 @@ fn args() -> Args {
     }
     let bench = std::env::args().any(|x| x == "--bench");
     if !bench {
-        // `cargo test --all-targets`: a smoke run, on streams of five watches.
+        // Under `cargo test`: a smoke run, on streams of five watches.
         a.n = 10;
         a.per_stream = 5;
         a.puts = 200;
@@ -120,7 +121,7 @@ fn run(n: usize, per_stream: usize, puts: usize, rate: usize, recv: Option<Recv>
         .expect("cache")
     };
     let n = if recv.is_some() { n } else { 0 };
-    let done = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut subscribers = Vec::new();
     // Streams that saw a watch canceled (fell behind the history window): the round's
     // figure is then not the live path's, and is reported as such.
     let canceled = Arc::new(AtomicUsize::new(0));
@@ -146,10 +147,9 @@ fn run(n: usize, per_stream: usize, puts: usize, rate: usize, recv: Option<Recv>
                 created += usize::from(r.created());
             }
             let puts = puts * k;
-            let done = done.clone();
             let canceled = canceled.clone();
             let recv = recv.expect("subscribers have a mode");
-            tokio::spawn(async move {
+            subscribers.push(tokio::spawn(async move {
                 let mut seen = 0usize;
                 let mut bytes = 0usize;
                 let mut out = Vec::with_capacity(64);
@@ -183,8 +183,7 @@ fn run(n: usize, per_stream: usize, puts: usize, rate: usize, recv: Option<Recv>
                     }
                 }
                 std::hint::black_box(bytes);
-                done.add_permits(k);
-            });
+            }));
         }
     });
     let value = vec![b'v'; 256];
@@ -208,7 +207,10 @@ fn run(n: usize, per_stream: usize, puts: usize, rate: usize, recv: Option<Recv>
     });
     let feed = writer.join().expect("writer");
     rt.block_on(async {
-        let _all = done.acquire_many(n as u32).await.expect("every subscriber");
+        // A subscriber that failed fails the run here (no hang waiting for it).
+        for subscriber in subscribers.drain(..) {
+            subscriber.await.expect("a subscriber failed");
+        }
         // "none": wait for the cache itself to have taken every put.
         while cache.revision() < feed.revision() {
             tokio::time::sleep(Duration::from_millis(1)).await;

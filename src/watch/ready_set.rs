@@ -1,5 +1,5 @@
 //! [`ReadySet`]: the watches of a stream that carries more than one, polled as they are
-//! woken, each drained of what it has ready before the next.
+//! woken, each taken up to [`BURST`] items in a row before the next.
 //!
 //! It replaces `futures::stream::SelectAll`, which re-queues a stream after every item
 //! (a new task allocation, two reference counts and a wake-up per item: about a third
@@ -95,7 +95,7 @@ impl<S: Stream + Unpin> ReadySet<S> {
         self.len == 0
     }
 
-    /// Adds a stream; it is polled at the next [`poll_next`](Stream::poll_next).
+    /// Adds a stream; it is polled in its turn, as if woken.
     pub(super) fn push(&mut self, stream: S) {
         let slot = self.free.pop().unwrap_or(self.entries.len());
         let flag = Arc::new(SlotWaker {
@@ -121,9 +121,9 @@ impl<S: Stream + Unpin> ReadySet<S> {
         self.entries.iter().flatten().map(|e| &e.stream)
     }
 
-    /// The first stream that `pred` picks, to be changed by the caller: it is polled
-    /// again at the next [`poll_next`](Stream::poll_next), so a change that ends it (or
-    /// gives it an item) is seen without a wake-up.
+    /// The first stream that `pred` picks, to be changed by the caller: it is listed as
+    /// woken and polled in its turn, so a change that ends it (or gives it an item) is
+    /// seen without a wake-up from the stream itself.
     pub(super) fn find_mut(&mut self, mut pred: impl FnMut(&S) -> bool) -> Option<&mut S> {
         let slot = self
             .entries
@@ -165,7 +165,10 @@ impl<S: Stream + Unpin> Stream for ReadySet<S> {
                     return Poll::Ready(Some(item));
                 }
             } else {
-                // Its turn is over: to the back, after those woken before it.
+                // Its turn is over: to the back, after every watch woken before now
+                // (those still on the shared list too, or a busy watch would be taken
+                // again and again while `due` is never empty).
+                this.due.extend(this.list.slots.lock().drain(..));
                 this.due.push_back(slot);
             }
         }
@@ -280,6 +283,30 @@ mod tests {
         let at = got.iter().position(|&v| v == 1000).expect("b's item");
         assert_eq!(at, BURST, "b is served after one burst of a: {got:?}");
         assert_eq!(got.len(), BURST + 6);
+    }
+
+    /// A watch woken while another is in its run is served after that run, not after
+    /// the other's whole backlog.
+    #[test]
+    fn a_stream_woken_during_a_burst_is_served_after_it() {
+        let (a, b) = (Feed::default(), Feed::default());
+        let mut set = ReadySet::default();
+        set.push(a.clone());
+        set.push(b.clone());
+        assert!(ready(&mut set).is_empty());
+        for v in 0..(3 * BURST as u32) {
+            a.send(v);
+        }
+        let noop = Waker::noop();
+        let mut cx = Context::from_waker(noop);
+        assert_eq!(set.poll_next_unpin(&mut cx), Poll::Ready(Some(0)));
+        // Woken after a's run began: on the shared list, not yet taken.
+        b.send(1000);
+        let mut got = vec![0];
+        got.extend(ready(&mut set));
+        let at = got.iter().position(|&v| v == 1000).expect("b's item");
+        assert_eq!(at, BURST, "b is served after a's first burst: {got:?}");
+        assert_eq!(got.len(), 3 * BURST + 1);
     }
 
     #[test]
