@@ -19,7 +19,7 @@ use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 
 /// Items one stream gives in a row before the set turns to the next ready one.
-const BURST: usize = 32;
+const BURST: usize = 256;
 
 /// The slots woken since the set last looked, and the set's own waker.
 #[derive(Default)]
