@@ -224,10 +224,13 @@ impl Subscription {
                     this.finish(EndReason::Closed);
                     return Poll::Ready(None);
                 }
-                Polled::Ended(End::Cancelled) => Item::Canceled {
-                    compact_revision: 0,
-                    reason: "",
-                },
+                Polled::Ended(End::Cancelled) => {
+                    // Only its stream's sender cancels a live watch (its own end goes
+                    // through `finish`), and the stream sends the `canceled` when it
+                    // takes that cancel, in the order of the requests (after the
+                    // `created` of a watch still opening before it): nothing from here.
+                    return Poll::Pending;
+                }
                 Polled::Ended(End::Compacted(compact_revision)) => {
                     tracing::debug!(
                         watch_id = this.watch_id,
