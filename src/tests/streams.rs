@@ -458,6 +458,31 @@ async fn a_watch_canceled_while_opening_gets_created_then_canceled() {
     );
 }
 
+/// A cancel of an open watch sent after the create of a watch still opening: the
+/// replies keep the order of the requests (the new watch's `created`, then the
+/// `canceled`), although the canceled watch's mailbox ends at once.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_after_a_create_still_opening_is_answered_after_its_created() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch_stream();
+    s.watch(k("a"), None).await.unwrap();
+    let r = resp(&mut s).await;
+    assert!(r.created() && r.watch_id() == 0, "{r:?}");
+    h.up.set_stalled(true); // watch 1's barrier read does not answer yet
+    s.watch(k("a"), None).await.unwrap();
+    s.cancel(0).await.unwrap();
+    let mut next = task::spawn(next(&mut s));
+    settle().await;
+    assert_pending!(next.poll(), "nothing before watch 1's created");
+    drop(next);
+    h.up.set_stalled(false);
+    let kinds: Vec<_> = [resp(&mut s).await, resp(&mut s).await]
+        .iter()
+        .map(|r| (r.watch_id(), r.created(), r.canceled()))
+        .collect();
+    assert_eq!(kinds, [(1, true, false), (0, false, true)]);
+}
+
 /// A stream dropped while a watch is opening leaves nothing behind.
 #[tokio::test(start_paused = true)]
 async fn a_stream_dropped_while_a_watch_opens_leaves_nothing() {
