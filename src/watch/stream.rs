@@ -53,8 +53,8 @@ struct ControlInner {
     ids: Ids,
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
-    /// Stream-wide progress requests not answered yet.
-    progress_requests: VecDeque<UnansweredRequest>,
+    /// Stream-wide progress requests not taken by the response half yet.
+    progress_requests: Vec<UnansweredRequest>,
     /// The request half was dropped (only after a split).
     sender_gone: bool,
 }
@@ -95,17 +95,18 @@ enum Reply {
     Canceled { watch_id: i64 },
 }
 
-/// Watch ids in use on a stream, with their registry ids (0 while registering): a
-/// short list for the few watches most streams carry, a map beyond [`Ids::FEW`].
+/// Watch ids in use on a stream, with their registry ids (0 while registering): the
+/// one watch most streams carry inline, a short list for a few, a boxed map beyond
+/// [`Ids::FEW`] (so that a one-watch stream's control block holds no allocation for it).
+#[derive(Default)]
 enum Ids {
+    #[default]
+    None,
+    One(i64, SubId),
     Few(Vec<(i64, SubId)>),
-    Many(HashMap<i64, SubId>),
-}
-
-impl Default for Ids {
-    fn default() -> Self {
-        Ids::Few(Vec::new())
-    }
+    // Boxed on purpose: it keeps `Ids` (and every control block) at 24 bytes.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<i64, SubId>>),
 }
 
 impl Ids {
@@ -113,6 +114,8 @@ impl Ids {
 
     fn get(&self, watch_id: i64) -> Option<SubId> {
         match self {
+            Ids::None => None,
+            Ids::One(id, sub) => (*id == watch_id).then_some(*sub),
             Ids::Few(few) => few.iter().find(|e| e.0 == watch_id).map(|e| e.1),
             Ids::Many(many) => many.get(&watch_id).copied(),
         }
@@ -125,17 +128,18 @@ impl Ids {
     /// Sets the registry id of `watch_id`, adding it if it is new.
     fn insert(&mut self, watch_id: i64, sub_id: SubId) {
         match self {
+            Ids::None => *self = Ids::One(watch_id, sub_id),
+            Ids::One(id, sub) if *id == watch_id => *sub = sub_id,
+            Ids::One(id, sub) => *self = Ids::Few(vec![(*id, *sub), (watch_id, sub_id)]),
             Ids::Few(few) => {
                 if let Some(e) = few.iter_mut().find(|e| e.0 == watch_id) {
                     e.1 = sub_id;
                 } else if few.len() < Self::FEW {
-                    // Exactly one slot for a stream's first watch.
-                    few.reserve_exact(1);
                     few.push((watch_id, sub_id));
                 } else {
                     let mut many: HashMap<_, _> = few.drain(..).collect();
                     many.insert(watch_id, sub_id);
-                    *self = Ids::Many(many);
+                    *self = Ids::Many(Box::new(many));
                 }
             }
             Ids::Many(many) => {
@@ -146,6 +150,12 @@ impl Ids {
 
     fn remove(&mut self, watch_id: i64) {
         match self {
+            Ids::None => {}
+            Ids::One(id, _) => {
+                if *id == watch_id {
+                    *self = Ids::None;
+                }
+            }
             Ids::Few(few) => few.retain(|e| e.0 != watch_id),
             Ids::Many(many) => {
                 many.remove(&watch_id);
@@ -375,7 +385,7 @@ impl WatchRequestSender {
             .inner
             .lock()
             .progress_requests
-            .push_back(UnansweredRequest { at_least, deadline });
+            .push(UnansweredRequest { at_least, deadline });
         self.control.notify();
         Ok(())
     }
@@ -407,10 +417,8 @@ pub struct WatchResponseStream {
     end_when_empty: bool,
     /// The highest revision reported: no response goes below it.
     reported: i64,
-    /// While a stream-wide progress request waits for the cache: the wait is
-    /// registered (so the cache asks etcd for progress), and a change of the cache's
-    /// revision or the request's deadline wakes the stream.
-    progress_wait: Option<Box<AnswerWait>>,
+    /// Stream-wide progress requests not answered yet, boxed: most streams never ask.
+    progress: Option<Box<Progress>>,
     /// The oldest reply (`created`, `canceled`) not sent yet; later ones wait in
     /// [`Multi::replies`].
     first_reply: Option<Reply>,
@@ -419,7 +427,16 @@ pub struct WatchResponseStream {
     close_wait: Option<Changed>,
     /// Copied from the control block when it has news.
     sender_gone: bool,
-    progress_requests: VecDeque<UnansweredRequest>,
+}
+
+/// A stream's unanswered stream-wide progress requests.
+struct Progress {
+    /// In the order they were asked.
+    requests: VecDeque<UnansweredRequest>,
+    /// While the first waits for the cache: the wait is registered (so the cache asks
+    /// etcd for progress), and a change of the cache's revision or the request's
+    /// deadline wakes the stream.
+    wait: Option<AnswerWait>,
 }
 
 /// A stream-wide progress request's wait: registered with the cache (so that it asks
@@ -584,8 +601,15 @@ impl WatchResponseStream {
         let mut inner = self.control.inner.lock();
         let incoming = std::mem::take(&mut inner.incoming);
         self.sender_gone = inner.sender_gone;
-        self.progress_requests
-            .extend(inner.progress_requests.drain(..));
+        if !inner.progress_requests.is_empty() {
+            let progress = self.progress.get_or_insert_with(|| {
+                Box::new(Progress {
+                    requests: VecDeque::new(),
+                    wait: None,
+                })
+            });
+            progress.requests.extend(inner.progress_requests.drain(..));
+        }
         drop(inner);
         for item in incoming {
             self.take_request(item);
@@ -768,27 +792,36 @@ impl Stream for WatchResponseStream {
         }
         // A progress request answers for the watches added before it: not before they
         // are open.
-        if let Some(&request) = this.progress_requests.front().filter(|_| !this.opening()) {
+        let request = (this.progress.as_ref())
+            .filter(|_| !this.opening())
+            .and_then(|progress| progress.requests.front().copied());
+        if let Some(request) = request {
             let provable = this.provable().filter(|&r| r >= this.reported);
             let due = Instant::now() >= request.deadline;
+            let shared = &this.control.shared;
+            let Some(progress) = this.progress.as_mut() else {
+                unreachable!("a request was found in it above");
+            };
             match provable.filter(|&r| r >= request.at_least || due) {
                 Some(revision) => {
-                    this.progress_wait = None;
-                    this.progress_requests.pop_front();
-                    this.control.shared.metrics.progress_response();
+                    progress.requests.pop_front();
+                    progress.wait = None;
+                    if progress.requests.is_empty() {
+                        this.progress = None;
+                    }
+                    shared.metrics.progress_response();
                     let h = this.header(revision);
                     return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
                 }
                 None => {
                     // Not yet: the cache asks etcd for progress meanwhile, and a new
                     // revision (or the deadline) wakes this stream to look again.
-                    let shared = &this.control.shared;
-                    let wait = this.progress_wait.get_or_insert_with(|| {
-                        Box::new((
+                    let wait = progress.wait.get_or_insert_with(|| {
+                        (
                             shared.progress.wait(),
                             shared.view.changed(),
                             Box::pin(tokio::time::sleep_until(request.deadline)),
-                        ))
+                        )
                     });
                     if wait.1.as_mut().poll(cx).is_ready() {
                         wait.1 = shared.view.changed();
@@ -804,7 +837,7 @@ impl Stream for WatchResponseStream {
             }
         }
         let shared = &this.control.shared;
-        if this.len() == 0 && this.progress_requests.is_empty() && !this.opening() {
+        if this.len() == 0 && this.progress.is_none() && !this.opening() {
             if this.end_when_empty || sender_gone || shared.view.is_closed() {
                 return Poll::Ready(None);
             }
@@ -881,11 +914,10 @@ impl WatchStream {
                 solo_first: false,
                 end_when_empty: true,
                 reported: 0,
-                progress_wait: None,
+                progress: None,
                 first_reply: None,
                 close_wait: None,
                 sender_gone: false,
-                progress_requests: VecDeque::new(),
             },
         }
     }
@@ -1029,7 +1061,7 @@ mod tests {
             assert!(!ids.contains(id));
             ids.insert(id, 0);
             ids.insert(id, id as u64 + 100);
-            assert!(matches!(ids, Ids::Few(_)) == (id < Ids::FEW as i64));
+            assert!(matches!(ids, Ids::Many(_)) == (id >= Ids::FEW as i64));
         }
         for id in (0..40).step_by(3) {
             ids.remove(id);
@@ -1043,5 +1075,12 @@ mod tests {
         few.insert(9, 2);
         few.remove(7);
         assert_eq!((few.get(7), few.get(9)), (None, Some(2)));
+        let mut one = Ids::default();
+        one.insert(7, 1);
+        one.insert(7, 3);
+        one.remove(8);
+        assert!(matches!(one, Ids::One(7, 3)));
+        one.remove(7);
+        assert!(matches!(one, Ids::None) && one.get(7).is_none());
     }
 }
