@@ -129,9 +129,14 @@ impl BenchIndex {
     ) -> BenchMailbox {
         self.next_id += 1;
         let id = self.next_id;
-        let mailbox = Mailbox::new(capacity, last_rev, false, &self.lag);
-        self.index
-            .insert(id, filter(key, spec, prev_kv), mailbox.clone());
+        let mailbox = Mailbox::new(
+            filter(key, spec, prev_kv),
+            capacity,
+            last_rev,
+            false,
+            &self.lag,
+        );
+        self.index.insert(id, mailbox.clone());
         BenchMailbox { id, mailbox }
     }
 
@@ -196,12 +201,11 @@ impl BenchHistory {
     /// the crate's own catch-up into a queue of `capacity`. Returns the deliveries
     /// queued.
     pub fn replay(&self, key: &[u8], spec: &Spec, after: i64, capacity: usize) -> usize {
-        let filter = filter(key, spec, false);
         let lag = LagCount::default();
-        let mailbox = Mailbox::new(capacity, after, true, &lag);
+        let mailbox = Mailbox::new(filter(key, spec, false), capacity, after, true, &lag);
         // The catch-up fills the queue (as a lagging consumer's first poll does); the
         // deliveries are then dropped in place, as the dispatch benchmark's drains are.
-        mailbox.replay(&self.history, &filter, &lag);
+        mailbox.replay(&self.history, &lag);
         mailbox.clear_queued()
     }
 }

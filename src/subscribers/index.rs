@@ -33,53 +33,51 @@ pub(crate) type SubId = u64;
 
 type GroupId = usize;
 
-/// The members of a group. Most exact-key groups have one member, which is kept inline;
-/// larger groups use an `IndexMap` for O(1) removal and a dense iteration, boxed so that
-/// a one-member group does not carry its 72 bytes.
-#[derive(Default)]
+/// The members of a group. Most exact-key groups have one member, which is kept inline
+/// and whose mailbox holds the group's filter; larger groups box an `IndexMap` (O(1)
+/// removal, dense iteration) with a copy of the filter, so that a one-member group
+/// carries neither.
 enum Members {
-    #[default]
-    Empty,
     One(SubId, Arc<Mailbox>),
-    Many(Box<IndexMap<SubId, Arc<Mailbox>>>),
+    Many(Box<Many>),
+}
+
+/// The members of a group of more than one.
+struct Many {
+    filter: Filter,
+    map: IndexMap<SubId, Arc<Mailbox>>,
 }
 
 impl Members {
+    /// Adds a member (its filter is the group's).
     fn insert(&mut self, id: SubId, mailbox: Arc<Mailbox>) {
-        match std::mem::take(self) {
-            Members::Empty => *self = Members::One(id, mailbox),
-            Members::One(first, first_mailbox) => {
-                let mut map = Box::new(IndexMap::with_capacity(2));
-                map.insert(first, first_mailbox);
-                map.insert(id, mailbox);
-                *self = Members::Many(map);
-            }
-            Members::Many(mut map) => {
-                map.insert(id, mailbox);
-                *self = Members::Many(map);
-            }
-        }
-    }
-
-    fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
         match self {
-            Members::One(first, _) if *first == id => match std::mem::take(self) {
-                Members::One(_, mailbox) => Some(mailbox),
-                _ => unreachable!("matched One above"),
-            },
-            Members::Many(map) => {
-                let mailbox = map.swap_remove(&id);
-                if map.is_empty() {
-                    *self = Members::Empty;
-                }
-                mailbox
+            Members::One(first, first_mailbox) => {
+                let mut map = IndexMap::with_capacity(2);
+                map.insert(*first, first_mailbox.clone());
+                map.insert(id, mailbox);
+                *self = Members::Many(Box::new(Many {
+                    filter: first_mailbox.filter().clone(),
+                    map,
+                }));
             }
-            _ => None,
+            Members::Many(many) => {
+                many.map.insert(id, mailbox);
+            }
         }
     }
 
-    fn is_empty(&self) -> bool {
-        matches!(self, Members::Empty)
+    /// Removes a member: `Err` if it was the last one (the group must go), with its
+    /// mailbox.
+    fn remove(&mut self, id: SubId) -> Result<Option<Arc<Mailbox>>, Arc<Mailbox>> {
+        match self {
+            Members::One(first, mailbox) if *first == id => Err(mailbox.clone()),
+            Members::One(..) => Ok(None),
+            Members::Many(many) => match many.map.swap_remove(&id) {
+                Some(mailbox) if many.map.is_empty() => Err(mailbox),
+                found => Ok(found),
+            },
+        }
     }
 
     fn mailboxes(&self) -> impl Iterator<Item = &Arc<Mailbox>> + '_ {
@@ -88,17 +86,26 @@ impl Members {
 
     fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<Mailbox>)> + '_ {
         let (one, many) = match self {
-            Members::Empty => (None, None),
             Members::One(id, m) => (Some((*id, m)), None),
-            Members::Many(map) => (None, Some(map.iter().map(|(id, m)| (*id, m)))),
+            Members::Many(many) => (None, Some(many.map.iter().map(|(id, m)| (*id, m)))),
         };
         one.into_iter().chain(many.into_iter().flatten())
     }
 }
 
 struct Group {
-    filter: Filter,
     members: Members,
+}
+
+impl Group {
+    /// The filter every member shares.
+    #[inline]
+    fn filter(&self) -> &Filter {
+        match &self.members {
+            Members::One(_, mailbox) => mailbox.filter(),
+            Members::Many(many) => &many.filter,
+        }
+    }
 }
 
 /// The subscriber index. Guarded by the registry's mutex; the follower holds it for one
@@ -126,23 +133,26 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// Adds a subscriber.
-    pub(crate) fn insert(&mut self, id: SubId, filter: Filter, mailbox: Arc<Mailbox>) {
-        let hash = self.hasher.hash_one(&filter);
+    /// Adds a subscriber, to the group of its mailbox's filter.
+    pub(crate) fn insert(&mut self, id: SubId, mailbox: Arc<Mailbox>) {
+        let filter = mailbox.filter();
+        let hash = self.hasher.hash_one(filter);
         let groups = &self.groups;
-        let gid = match self.by_filter.find(hash, |&g| groups[g].filter == filter) {
-            Some(&g) => g,
+        let gid = match self.by_filter.find(hash, |&g| groups[g].filter() == filter) {
+            Some(&g) => {
+                self.groups[g].members.insert(id, mailbox);
+                g
+            }
             None => {
                 let g = self.groups.insert(Group {
-                    filter,
-                    members: Members::default(),
+                    members: Members::One(id, mailbox),
                 });
                 let (groups, hasher) = (&self.groups, &self.hasher);
                 let rehash_start =
-                    |&x: &GroupId| hasher.hash_one(&groups[x].filter.range.start[..]);
+                    |&x: &GroupId| hasher.hash_one(&groups[x].filter().range.start[..]);
                 self.by_filter
-                    .insert_unique(hash, g, |&x| hasher.hash_one(&groups[x].filter));
-                let range = &groups[g].filter.range;
+                    .insert_unique(hash, g, |&x| hasher.hash_one(groups[x].filter()));
+                let range = &groups[g].filter().range;
                 if range.is_single() {
                     let key_hash = hasher.hash_one(&range.start[..]);
                     self.exact.insert_unique(key_hash, g, rehash_start);
@@ -163,40 +173,42 @@ impl Index {
                 g
             }
         };
-        self.groups[gid].members.insert(id, mailbox);
         self.subs.insert(id, gid);
     }
 
     /// Removes a subscriber; returns its mailbox.
     pub(crate) fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
         let gid = self.subs.remove(&id)?;
-        let group = &mut self.groups[gid];
-        let mailbox = group.members.remove(id);
-        if group.members.is_empty() {
-            let group = self.groups.remove(gid);
-            let drop_from = |table: &mut HashTable<GroupId>, hash: u64| {
-                if let Ok(entry) = table.find_entry(hash, |&g| g == gid) {
-                    entry.remove();
-                }
-            };
-            drop_from(&mut self.by_filter, self.hasher.hash_one(&group.filter));
-            let range = &group.filter.range;
-            if range.is_single() {
-                drop_from(&mut self.exact, self.hasher.hash_one(&range.start[..]));
-            } else if let Some(p) = range.as_prefix() {
-                drop_from(&mut self.prefix, self.hasher.hash_one(&p[..]));
-                let len = p.len();
-                if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
-                    self.prefix_lens[i].1 -= 1;
-                    if self.prefix_lens[i].1 == 0 {
-                        self.prefix_lens.remove(i);
-                    }
-                }
-            } else {
-                self.ranges.retain(|&g| g != gid);
+        let last = match self.groups[gid].members.remove(id) {
+            Ok(mailbox) => return mailbox,
+            Err(last) => last,
+        };
+        // The group's last member: the group goes, found in the tables by the filter
+        // its mailbox holds.
+        self.groups.remove(gid);
+        let drop_from = |table: &mut HashTable<GroupId>, hash: u64| {
+            if let Ok(entry) = table.find_entry(hash, |&g| g == gid) {
+                entry.remove();
             }
+        };
+        let filter = last.filter();
+        drop_from(&mut self.by_filter, self.hasher.hash_one(filter));
+        let range = &filter.range;
+        if range.is_single() {
+            drop_from(&mut self.exact, self.hasher.hash_one(&range.start[..]));
+        } else if let Some(p) = range.as_prefix() {
+            drop_from(&mut self.prefix, self.hasher.hash_one(&p[..]));
+            let len = p.len();
+            if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
+                self.prefix_lens[i].1 -= 1;
+                if self.prefix_lens[i].1 == 0 {
+                    self.prefix_lens.remove(i);
+                }
+            }
+        } else {
+            self.ranges.retain(|&g| g != gid);
         }
-        mailbox
+        Some(last)
     }
 
     /// Calls `f` with every group whose range holds `key`.
@@ -204,7 +216,7 @@ impl Index {
     fn for_groups(&self, key: &[u8], mut f: impl FnMut(GroupId)) {
         if !self.exact.is_empty() {
             for &g in self.exact.iter_hash(self.hasher.hash_one(key)) {
-                if self.groups[g].filter.range.start[..] == *key {
+                if self.groups[g].filter().range.start[..] == *key {
                     f(g);
                 }
             }
@@ -216,13 +228,13 @@ impl Index {
             let p = &key[..len];
             for &g in self.prefix.iter_hash(self.hasher.hash_one(p)) {
                 // A prefix group's range starts at its prefix.
-                if self.groups[g].filter.range.start[..] == *p {
+                if self.groups[g].filter().range.start[..] == *p {
                     f(g);
                 }
             }
         }
         for &g in &self.ranges {
-            if self.groups[g].filter.range.contains(key) {
+            if self.groups[g].filter().range.contains(key) {
                 f(g);
             }
         }
@@ -245,7 +257,7 @@ impl Index {
         }
         for &g in &scratch {
             let group = &self.groups[g];
-            let Some(payload) = group.filter.select(batch) else {
+            let Some(payload) = group.filter().select(batch) else {
                 continue;
             };
             for mailbox in group.members.mailboxes() {
@@ -270,7 +282,7 @@ impl Index {
     pub(crate) fn all(&self) -> impl Iterator<Item = (SubId, &Filter, &Arc<Mailbox>)> + '_ {
         self.groups
             .iter()
-            .flat_map(|(_, g)| g.members.iter().map(move |(id, m)| (id, &g.filter, m)))
+            .flat_map(|(_, g)| g.members.iter().map(|(id, m)| (id, m.filter(), m)))
     }
 }
 
@@ -308,10 +320,10 @@ mod tests {
         let mut index = Index::default();
         let s = shape(b"a", RangeSpec::Single);
         let lag = LagCount::default();
-        let m1 = Mailbox::new(8, 0, false, &lag);
-        let m2 = Mailbox::new(8, 0, false, &lag);
-        index.insert(1, s.clone(), m1.clone());
-        index.insert(2, s, m2.clone());
+        let m1 = Mailbox::new(s.clone(), 8, 0, false, &lag);
+        let m2 = Mailbox::new(s, 8, 0, false, &lag);
+        index.insert(1, m1.clone());
+        index.insert(2, m2.clone());
         let b = Batch::new(5, vec![put(b"a", 5), put(b"b", 5)]);
         let stats = index.dispatch(&b, &lag);
         assert_eq!(stats.delivered, 2);
@@ -324,17 +336,13 @@ mod tests {
         assert!(index.exact.is_empty() && index.groups.is_empty());
     }
 
-    /// A group of one exact-key subscriber is its filter and one member: the map of a
-    /// larger group is boxed, not carried by every group (docs/PERFORMANCE.md, idle
-    /// subscriber memory).
+    /// A group of one exact-key subscriber is its one member (whose mailbox holds the
+    /// filter): the map and filter copy of a larger group are boxed, not carried by
+    /// every group (docs/PERFORMANCE.md, idle subscriber memory).
     #[test]
     #[cfg(target_pointer_width = "64")]
-    fn a_one_member_group_is_its_filter_and_one_member() {
-        assert_eq!(std::mem::size_of::<Members>(), 24);
-        assert_eq!(
-            std::mem::size_of::<Group>(),
-            std::mem::size_of::<Filter>() + 24
-        );
+    fn a_one_member_group_is_its_one_member() {
+        assert_eq!(std::mem::size_of::<Group>(), 16);
     }
 
     /// The tables hold group ids only: several filters on one key or prefix are all
@@ -356,7 +364,7 @@ mod tests {
             with_prev(prefix),
         ];
         for (i, f) in filters.iter().enumerate() {
-            index.insert(i as u64, f.clone(), Mailbox::new(8, 0, false, &lag));
+            index.insert(i as u64, Mailbox::new(f.clone(), 8, 0, false, &lag));
         }
         assert_eq!(index.groups.len(), 4);
         let found = |index: &Index, key: &[u8]| {
@@ -402,7 +410,7 @@ mod tests {
             let mut index = Index::default();
             let mut live = Vec::new();
             for (i, s) in shapes.iter().enumerate() {
-                index.insert(i as u64, s.clone(), Mailbox::new(1000, 0, false, &LagCount::default()));
+                index.insert(i as u64, Mailbox::new(s.clone(), 1000, 0, false, &LagCount::default()));
                 live.push((i as u64, s.clone()));
             }
             for i in (0..shapes.len()).step_by(remove_every) {

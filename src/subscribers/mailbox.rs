@@ -135,9 +135,12 @@ struct State {
     end: Option<End>,
 }
 
-/// A subscriber's bounded queue.
+/// A subscriber's bounded queue, with its filter (which its catch-up reads, and by
+/// which the index finds a group of one member: the filter is stored once per
+/// subscriber, here).
 #[derive(Debug)]
 pub(crate) struct Mailbox {
+    filter: Filter,
     state: Mutex<State>,
 }
 
@@ -145,13 +148,20 @@ pub(crate) struct Mailbox {
 pub(crate) const CATCH_UP_SCAN: usize = 512;
 
 impl Mailbox {
-    /// A mailbox positioned at `last_rev`; `lagging` if it must first catch up from the
-    /// history (a replay), which `lag` counts.
-    pub(crate) fn new(cap: usize, last_rev: i64, lagging: bool, lag: &LagCount) -> Arc<Self> {
+    /// A mailbox for `filter` positioned at `last_rev`; `lagging` if it must first
+    /// catch up from the history (a replay), which `lag` counts.
+    pub(crate) fn new(
+        filter: Filter,
+        cap: usize,
+        last_rev: i64,
+        lagging: bool,
+        lag: &LagCount,
+    ) -> Arc<Self> {
         if lagging {
             lag.enter();
         }
         Arc::new(Mailbox {
+            filter,
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 cap,
@@ -161,6 +171,11 @@ impl Mailbox {
                 end: None,
             }),
         })
+    }
+
+    /// What the subscriber receives.
+    pub(crate) fn filter(&self) -> &Filter {
+        &self.filter
     }
 
     /// Producer side: never blocks on the consumer. A parked consumer's waker is moved
@@ -253,14 +268,13 @@ impl Mailbox {
         &self,
         waker: &Waker,
         history: &RwLock<History>,
-        filter: &Filter,
         lag: &LagCount,
         revision: impl Fn() -> i64,
     ) -> Polled {
         loop {
             match self.poll_queue(waker, &revision) {
                 Some(polled) => return polled,
-                None => self.replay(history, filter, lag),
+                None => self.replay(history, lag),
             }
         }
     }
@@ -295,19 +309,13 @@ impl Mailbox {
     /// lock released in between, so the writer waits for one scan at most. Also called
     /// right after a replaying subscriber is registered, so that its position does not
     /// wait for its consumer's first poll.
-    pub(crate) fn replay(&self, history: &RwLock<History>, filter: &Filter, lag: &LagCount) {
-        while self.catch_up(&history.read(), filter, lag, CATCH_UP_SCAN) {}
+    pub(crate) fn replay(&self, history: &RwLock<History>, lag: &LagCount) {
+        while self.catch_up(&history.read(), lag, CATCH_UP_SCAN) {}
     }
 
     /// One bounded scan of the catch-up (at most `scan` batches, while the caller holds
     /// the history read lock). Returns true if it stopped at the bound: scan again.
-    pub(crate) fn catch_up(
-        &self,
-        history: &History,
-        filter: &Filter,
-        lag: &LagCount,
-        scan: usize,
-    ) -> bool {
+    pub(crate) fn catch_up(&self, history: &History, lag: &LagCount, scan: usize) -> bool {
         let mut s = self.state.lock();
         if !s.lagging {
             return false;
@@ -321,7 +329,7 @@ impl Mailbox {
             return false;
         }
         let queued_before = s.queue.len();
-        let result = Self::scan(&mut s, history, filter, lag, scan);
+        let result = Self::scan(&mut s, history, &self.filter, lag, scan);
         let queued = s.queue.len().saturating_sub(queued_before);
         if queued > 0 {
             lag.replayed.fetch_add(queued, Ordering::Relaxed);
@@ -413,15 +421,10 @@ mod tests {
     }
 
     /// Drains a mailbox as a stream would; returns the revisions and how it ended.
-    fn drain(
-        mb: &Mailbox,
-        history: &RwLock<History>,
-        f: &Filter,
-        lag: &LagCount,
-    ) -> (Vec<i64>, Option<End>) {
+    fn drain(mb: &Mailbox, history: &RwLock<History>, lag: &LagCount) -> (Vec<i64>, Option<End>) {
         let mut got = Vec::new();
         loop {
-            match mb.poll(futures_util::task::noop_waker_ref(), history, f, lag, || 0) {
+            match mb.poll(futures_util::task::noop_waker_ref(), history, lag, || 0) {
                 Polled::Delivery(d) => got.push(d.revision),
                 Polled::Idle { .. } => return (got, None),
                 Polled::Ended(e) => return (got, Some(e)),
@@ -435,7 +438,7 @@ mod tests {
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");
-        let mb = Mailbox::new(1, 1, false, &lag);
+        let mb = Mailbox::new(f.clone(), 1, 1, false, &lag);
         let mut wakers = Vec::new();
         for rev in 2..10 {
             let b = Batch::new(rev, vec![put(b"k1", rev)]);
@@ -445,7 +448,7 @@ mod tests {
             }
         }
         assert_eq!(lag.get(), 1);
-        let (got, end) = drain(&mb, &history, &f, &lag);
+        let (got, end) = drain(&mb, &history, &lag);
         assert_eq!(got, (2..10).collect::<Vec<_>>());
         assert!(end.is_none());
         assert_eq!(lag.get(), 0);
@@ -454,7 +457,7 @@ mod tests {
         history.write().push(b.clone(), false);
         let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
         assert_eq!(pushed, Pushed::Queued);
-        assert_eq!(drain(&mb, &history, &f, &lag).0, [10]);
+        assert_eq!(drain(&mb, &history, &lag).0, [10]);
     }
 
     fn push_batch(history: &RwLock<History>, rev: i64, key: &[u8]) -> Arc<Batch> {
@@ -477,9 +480,9 @@ mod tests {
         push_batch(&history, 12, b"b");
         push_batch(&history, 13, b"b");
         push_batch(&history, 14, b"a");
-        let mb = Mailbox::new(1, 10, true, &lag);
+        let mb = Mailbox::new(f.clone(), 1, 10, true, &lag);
         let noop = futures_util::task::noop_waker_ref();
-        let first = mb.poll(noop, &history, &f, &lag, || 0);
+        let first = mb.poll(noop, &history, &lag, || 0);
         assert!(
             matches!(first, Polled::Delivery(ref d) if d.revision == 11),
             "{first:?}"
@@ -492,7 +495,7 @@ mod tests {
             13,
             "11 and 12 left the window, 14 did not"
         );
-        let (got, end) = drain(&mb, &history, &f, &lag);
+        let (got, end) = drain(&mb, &history, &lag);
         assert_eq!(got, [14]);
         assert!(end.is_none(), "not compacted: {end:?}");
         assert_eq!(lag.get(), 0);
@@ -513,9 +516,9 @@ mod tests {
             push_batch(&history, rev, b"b");
         }
         push_batch(&history, 612, b"a");
-        let mb = Mailbox::new(1, 10, true, &lag);
+        let mb = Mailbox::new(f.clone(), 1, 10, true, &lag);
         let noop = futures_util::task::noop_waker_ref();
-        let first = mb.poll(noop, &history, &f, &lag, || 0);
+        let first = mb.poll(noop, &history, &lag, || 0);
         assert!(
             matches!(first, Polled::Delivery(ref d) if d.revision == 11),
             "{first:?}"
@@ -529,7 +532,7 @@ mod tests {
             531,
             "more than one scan past 11, not 612"
         );
-        let (got, end) = drain(&mb, &history, &f, &lag);
+        let (got, end) = drain(&mb, &history, &lag);
         assert_eq!(got, [612]);
         assert!(end.is_none(), "not compacted: {end:?}");
     }
@@ -561,7 +564,7 @@ mod tests {
         let b = push_batch(&history, 17, b"a");
         subs.lock().dispatch(&b);
         assert_eq!(history.read().floor(), 14, "its start left the window");
-        let (got, end) = drain(&mailbox, &history, &f, subs.lag());
+        let (got, end) = drain(&mailbox, &history, subs.lag());
         assert_eq!(got, [17]);
         assert!(end.is_none(), "not compacted: {end:?}");
     }
@@ -572,13 +575,13 @@ mod tests {
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");
-        let mb = Mailbox::new(4, 1, true, &lag);
+        let mb = Mailbox::new(f.clone(), 4, 1, true, &lag);
         for rev in 2..10 {
             history
                 .write()
                 .push(Batch::new(rev, vec![put(b"k1", rev)]), false);
         }
-        let (got, end) = drain(&mb, &history, &f, &lag);
+        let (got, end) = drain(&mb, &history, &lag);
         assert!(got.is_empty());
         assert!(matches!(end, Some(End::Compacted(f)) if f == history.read().floor()));
         assert_eq!(lag.get(), 0);

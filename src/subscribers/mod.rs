@@ -155,7 +155,7 @@ impl Subscribers {
                 (start - 1, start - 1 < history.head())
             }
         };
-        let mailbox = Mailbox::new(self.buffer, last_rev, lagging, &self.lag);
+        let mailbox = Mailbox::new(filter, self.buffer, last_rev, lagging, &self.lag);
         if let Some(scope) = &slot.scope {
             scope.ids.lock().insert(id);
         }
@@ -164,12 +164,11 @@ impl Subscribers {
         // evicted although everything it is owed may still be in the window. The first
         // scan runs under the index lock (the writer cannot move the window meanwhile),
         // the rest, if any, after it.
-        let more = lagging && mailbox.catch_up(&history.read(), &filter, &self.lag, CATCH_UP_SCAN);
-        let replay = more.then(|| filter.clone());
-        index.insert(id, filter, mailbox.clone());
+        let more = lagging && mailbox.catch_up(&history.read(), &self.lag, CATCH_UP_SCAN);
+        index.insert(id, mailbox.clone());
         drop(index);
-        if let Some(filter) = replay {
-            mailbox.replay(history, &filter, &self.lag);
+        if more {
+            mailbox.replay(history, &self.lag);
         }
         Ok(Registered::Live {
             id,

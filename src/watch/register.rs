@@ -12,7 +12,10 @@ use crate::subscribers::{Registered, Scope, Slot, SubId};
 
 /// A registered watch, before its stream gives it an id.
 pub(super) struct Registration {
-    pub(super) request: Request,
+    /// The request's start revision (0: from now).
+    pub(super) start_revision: i64,
+    /// The request asked for progress notifications.
+    pub(super) progress_notify: bool,
     pub(super) registered: Registered,
     pub(super) slot: Slot,
     /// The cache's revision just after registration.
@@ -64,10 +67,16 @@ impl Prepared {
             sub_id,
             started,
         } = self;
+        // The filter moves into the watch's mailbox: stored once, not copied.
+        let Request {
+            filter,
+            start_revision,
+            progress_notify,
+        } = request;
         let registered = shared.subscribers.register_as(
             sub_id,
-            request.filter.clone(),
-            request.start_revision,
+            filter,
+            start_revision,
             now,
             &shared.history,
             || shared.view.revision(),
@@ -75,7 +84,8 @@ impl Prepared {
         )?;
         shared.metrics.watch_opened(started.elapsed());
         Ok(Registration {
-            request,
+            start_revision,
+            progress_notify,
             registered,
             slot,
             revision: shared.view.revision(),
@@ -117,7 +127,8 @@ pub(super) async fn register(
             shared.metrics.watch_opened(prepared.started.elapsed());
             let floor = crate::compaction::reported(floor, &shared.history);
             return Ok(Registration {
-                request: prepared.request,
+                start_revision,
+                progress_notify: prepared.request.progress_notify,
                 registered: Registered::Compacted { floor },
                 slot: prepared.slot,
                 revision: shared.view.revision(),

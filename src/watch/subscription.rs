@@ -14,7 +14,6 @@ use crate::error::Error;
 use crate::metrics::EndReason;
 use crate::shared::Shared;
 use crate::shared_events::SharedEvents;
-use crate::subscribers::filter::Filter;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
 use crate::subscribers::{Registered, Slot, SubId};
 
@@ -67,7 +66,6 @@ pub(super) struct Subscription {
     /// Its id in the cache's registry (0 for a watch compacted at creation).
     pub(super) sub_id: SubId,
     mailbox: Option<Arc<Mailbox>>,
-    filter: Filter,
     /// Freed as soon as the watch ends, not when the stream is dropped.
     slot: Option<Slot>,
     compacted: Option<i64>,
@@ -84,7 +82,8 @@ pub(super) struct Subscription {
 impl Subscription {
     pub(super) fn new(shared: Arc<Shared>, registration: Registration, watch_id: i64) -> Self {
         let Registration {
-            request,
+            start_revision,
+            progress_notify,
             registered,
             slot,
             revision,
@@ -97,7 +96,7 @@ impl Subscription {
             } => {
                 // A watch from now is current at the revision it starts after, which
                 // may be ahead of the cache's.
-                let created = if request.start_revision == 0 {
+                let created = if start_revision == 0 {
                     position.max(revision)
                 } else {
                     revision
@@ -106,14 +105,13 @@ impl Subscription {
             }
             Registered::Compacted { floor } => (0, None, Some(floor), revision),
         };
-        let progress_timer = (request.progress_notify && mailbox.is_some())
+        let progress_timer = (progress_notify && mailbox.is_some())
             .then(|| Box::pin(tokio::time::sleep(shared.config.progress_notify_interval)));
         Subscription {
             shared,
             watch_id,
             sub_id,
             mailbox,
-            filter: request.filter,
             slot: Some(slot),
             compacted,
             floor: created,
@@ -210,7 +208,6 @@ impl Subscription {
             let polled = mailbox.poll(
                 cx.waker(),
                 &shared.history,
-                &this.filter,
                 shared.subscribers.lag(),
                 || shared.view.revision(),
             );

@@ -272,6 +272,7 @@ impl<'c> World<'c> {
         let sub = self.sub.as_ref().map(|s| {
             let st = s.mailbox.state.lock();
             let mailbox = Arc::new(Mailbox {
+                filter: filter(),
                 state: Mutex::new(State {
                     queue: st.queue.clone(),
                     cap: st.cap,
@@ -281,7 +282,7 @@ impl<'c> World<'c> {
                     end: st.end.clone(),
                 }),
             });
-            subs.index.lock().insert(s.id, filter(), mailbox.clone());
+            subs.index.lock().insert(s.id, mailbox.clone());
             Sub {
                 id: s.id,
                 mailbox,
@@ -479,7 +480,6 @@ impl<'c> World<'c> {
                     Phase::Scan => {
                         let more = s.mailbox.catch_up(
                             &self.history.read(),
-                            &filter(),
                             self.subs.lag(),
                             self.case.scan,
                         );
