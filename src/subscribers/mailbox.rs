@@ -126,8 +126,10 @@ pub(crate) enum Polled {
 #[derive(Debug)]
 struct State {
     queue: VecDeque<Delivery>,
-    cap: usize,
     waker: Option<Waker>,
+    /// At most this many deliveries queued (`u32`, packed beside `lagging`: a bound
+    /// above 4 billion responses is taken as 4 billion).
+    cap: u32,
     /// Events after `last_rev` must come from the history, not from the producer.
     lagging: bool,
     /// Every matching event with a revision <= `last_rev` is queued or was delivered.
@@ -164,7 +166,7 @@ impl Mailbox {
             filter,
             state: Mutex::new(State {
                 queue: VecDeque::new(),
-                cap,
+                cap: u32::try_from(cap).unwrap_or(u32::MAX),
                 waker: None,
                 lagging,
                 last_rev,
@@ -193,7 +195,7 @@ impl Mailbox {
         if s.lagging || s.end.is_some() || revision <= s.last_rev {
             return Pushed::Skipped;
         }
-        if s.queue.len() >= s.cap {
+        if s.queue.len() >= s.cap as usize {
             s.lagging = true;
             // Pushes come in revision order to every matching subscriber that is not
             // lagging, so every matching revision below this one is queued already:
@@ -352,7 +354,7 @@ impl Mailbox {
                 return true;
             }
             if let Some(events) = filter.select(batch) {
-                if s.queue.len() >= s.cap {
+                if s.queue.len() >= s.cap as usize {
                     // As in `push`: every matching revision below this one is queued,
                     // so the position is just below it, not at the last queued one
                     // (which may be far behind when the revisions in between did not

@@ -53,8 +53,6 @@ struct ControlInner {
     ids: Ids,
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
-    /// Stream-wide progress requests not taken by the response half yet.
-    progress_requests: Vec<UnansweredRequest>,
     /// The request half was dropped (only after a split).
     sender_gone: bool,
 }
@@ -74,6 +72,9 @@ enum Incoming {
     },
     /// A cancel of the watch `watch_id` (registry id `sub_id`): its id is free already.
     Cancel { watch_id: i64, sub_id: SubId },
+    /// A stream-wide progress request. It does not wait behind a watch still opening
+    /// (its answer does, in the response half's poll).
+    Progress(UnansweredRequest),
 }
 
 impl Incoming {
@@ -81,7 +82,7 @@ impl Incoming {
         match self {
             Incoming::Watch(sub) => Some(sub.watch_id),
             Incoming::Opening { watch_id, .. } => Some(*watch_id),
-            Incoming::Cancel { .. } => None,
+            Incoming::Cancel { .. } | Incoming::Progress(_) => None,
         }
     }
 }
@@ -384,8 +385,8 @@ impl WatchRequestSender {
         self.control
             .inner
             .lock()
-            .progress_requests
-            .push(UnansweredRequest { at_least, deadline });
+            .incoming
+            .push(Incoming::Progress(UnansweredRequest { at_least, deadline }));
         self.control.notify();
         Ok(())
     }
@@ -601,15 +602,6 @@ impl WatchResponseStream {
         let mut inner = self.control.inner.lock();
         let incoming = std::mem::take(&mut inner.incoming);
         self.sender_gone = inner.sender_gone;
-        if !inner.progress_requests.is_empty() {
-            let progress = self.progress.get_or_insert_with(|| {
-                Box::new(Progress {
-                    requests: VecDeque::new(),
-                    wait: None,
-                })
-            });
-            progress.requests.extend(inner.progress_requests.drain(..));
-        }
         drop(inner);
         for item in incoming {
             self.take_request(item);
@@ -619,6 +611,18 @@ impl WatchResponseStream {
     /// Takes one request from the sender, in order: behind a watch still opening, it
     /// waits.
     fn take_request(&mut self, item: Incoming) {
+        if let Incoming::Progress(request) = item {
+            self.progress
+                .get_or_insert_with(|| {
+                    Box::new(Progress {
+                        requests: VecDeque::new(),
+                        wait: None,
+                    })
+                })
+                .requests
+                .push_back(request);
+            return;
+        }
         if self.opening() || matches!(item, Incoming::Opening { .. }) {
             self.multi
                 .get_or_insert_with(Box::default)
@@ -629,7 +633,7 @@ impl WatchResponseStream {
         match item {
             Incoming::Watch(sub) => self.add(sub),
             Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
-            Incoming::Opening { .. } => unreachable!("held above"),
+            Incoming::Opening { .. } | Incoming::Progress(_) => unreachable!("taken above"),
         }
     }
 
@@ -676,6 +680,7 @@ impl WatchResponseStream {
                 }
                 (Incoming::Watch(sub), _) => self.add(sub),
                 (Incoming::Cancel { watch_id, sub_id }, _) => self.cancel(watch_id, sub_id),
+                (item @ Incoming::Progress(_), _) => self.take_request(item),
                 (Incoming::Opening { .. }, None) => unreachable!("an opening is polled first"),
             }
         }
