@@ -608,8 +608,9 @@ impl WatchResponseStream {
         }
     }
 
-    /// Takes one request from the sender, in order: behind a watch still opening, it
-    /// waits.
+    /// Takes one request from the sender, in order: behind a watch still opening, a
+    /// watch or a cancel waits; a progress request is queued at once (its answer waits
+    /// in the poll until no watch is opening).
     fn take_request(&mut self, item: Incoming) {
         if let Incoming::Progress(request) = item {
             self.progress
