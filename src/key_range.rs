@@ -45,12 +45,15 @@ pub enum RangeSpec {
     AllKeys,
 }
 
-/// A validated key range. Cloning is cheap.
+/// A validated key range. Cloning is cheap for a single key (the start is shared); a
+/// range's end is copied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct KeyRange {
     pub(crate) start: Bytes,
-    /// Empty for a single key; `"\0"` for "to the end".
-    pub(crate) end: Bytes,
+    /// `None` for a single key; `"\0"` for "to the end". A boxed slice, not `Bytes`: every
+    /// subscriber's filter holds a range, and this keeps it at 48 bytes instead of 64
+    /// (most subscribers watch one key and have no end at all).
+    end: Option<Box<[u8]>>,
 }
 
 impl KeyRange {
@@ -100,10 +103,23 @@ impl KeyRange {
                 (key.to_vec(), end.clone())
             }
         };
-        Ok(KeyRange {
-            start: Bytes::from(start),
-            end: Bytes::from(end),
-        })
+        Ok(KeyRange::from_parts(Bytes::from(start), &end))
+    }
+
+    /// The range `[start, end)` as etcd reads a request's two fields (an empty `end`: the
+    /// key `start` alone; `"\0"`: every key from `start`), not validated.
+    pub(crate) fn from_parts(start: Bytes, end: &[u8]) -> Self {
+        KeyRange {
+            start,
+            end: (!end.is_empty()).then(|| end.into()),
+        }
+    }
+
+    /// The range's end as etcd's request field: empty for a single key, `"\0"` for "to
+    /// the end".
+    #[inline]
+    pub(crate) fn end(&self) -> &[u8] {
+        self.end.as_deref().unwrap_or_default()
     }
 
     /// The range that holds every key with `prefix` (the whole keyspace for "").
@@ -113,12 +129,12 @@ impl KeyRange {
 
     /// True if the range is one key.
     pub(crate) fn is_single(&self) -> bool {
-        self.end.is_empty()
+        self.end.is_none()
     }
 
     /// True if the range extends to the end of the keyspace.
     pub(crate) fn is_unbounded(&self) -> bool {
-        self.end.as_ref() == END_OF_KEYSPACE
+        self.end() == END_OF_KEYSPACE
     }
 
     /// If this range is exactly "every key starting with P" for a non-empty P, returns P.
@@ -126,7 +142,7 @@ impl KeyRange {
         if self.is_single() || self.start.is_empty() {
             return None;
         }
-        (prefix_end(&self.start) == self.end.as_ref()).then_some(&self.start)
+        (prefix_end(&self.start) == self.end()).then_some(&self.start)
     }
 
     /// True if `key` is in the range.
@@ -137,7 +153,7 @@ impl KeyRange {
         } else if self.is_unbounded() {
             key >= self.start.as_ref()
         } else {
-            key >= self.start.as_ref() && key < self.end.as_ref()
+            key >= self.start.as_ref() && key < self.end()
         }
     }
 
@@ -153,19 +169,19 @@ impl KeyRange {
             return true;
         }
         if self.is_single() {
-            return self.start.as_ref() < outer.end.as_ref();
+            return self.start.as_ref() < outer.end();
         }
-        !self.is_unbounded() && self.end.as_ref() <= outer.end.as_ref()
+        !self.is_unbounded() && self.end() <= outer.end()
     }
 
     /// The error for a range that is not inside `outer`.
     pub(crate) fn out_of(&self, outer: &KeyRange) -> Error {
-        let s = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         Error::OutOfRange {
             start: s(&self.start),
-            end: s(&self.end),
+            end: s(self.end()),
             prefix_start: s(&outer.start),
-            prefix_end: s(&outer.end),
+            prefix_end: s(outer.end()),
         }
     }
 
@@ -186,7 +202,7 @@ impl KeyRange {
         } else if self.is_unbounded() {
             (Included(&self.start[..]), Unbounded)
         } else {
-            (Included(&self.start[..]), Excluded(&self.end[..]))
+            (Included(&self.start[..]), Excluded(self.end()))
         }
     }
 
@@ -199,7 +215,10 @@ impl KeyRange {
         } else if self.is_unbounded() {
             (Included(self.start.clone()), Unbounded)
         } else {
-            (Included(self.start.clone()), Excluded(self.end.clone()))
+            (
+                Included(self.start.clone()),
+                Excluded(Bytes::copy_from_slice(self.end())),
+            )
         }
     }
 }

@@ -96,10 +96,7 @@ pub(super) async fn check(shared: &Shared, snapshot: &Snapshot) -> Result<Outcom
             revision: snapshot.revision,
             limit: shared.config.page_size,
             keys_only: true,
-            ..RangeRequest::new(KeyRange {
-                start: start.clone(),
-                end: shared.range.end.clone(),
-            })
+            ..RangeRequest::new(KeyRange::from_parts(start.clone(), shared.range.end()))
         };
         let page = shared.upstream.range(request).await?.result;
         for theirs in &page.kvs {

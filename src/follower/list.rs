@@ -64,10 +64,7 @@ pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> 
             if let Some(last) = kvs.last() {
                 let mut next = last.key().to_vec();
                 next.push(0);
-                let range = KeyRange {
-                    start: next.into(),
-                    end: shared.range.end.clone(),
-                };
+                let range = KeyRange::from_parts(next.into(), shared.range.end());
                 pending = Some(fetch(range, revision));
             }
         }

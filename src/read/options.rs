@@ -154,10 +154,7 @@ impl GetOptions {
             return Err(Error::invalid(format!("negative limit {}", self.limit)));
         }
         Ok(RangeRequest {
-            range: KeyRange {
-                start: bytes::Bytes::new(),
-                end: bytes::Bytes::new(),
-            },
+            range: KeyRange::from_parts(bytes::Bytes::new(), b""),
             revision: self.revision,
             limit: self.limit,
             sort_target: self.sort_target,

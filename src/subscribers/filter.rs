@@ -63,6 +63,13 @@ mod tests {
     use crate::key_range::RangeSpec;
     use crate::kv::KeyValue;
 
+    /// Every subscriber's mailbox holds its filter: a range of one `Bytes` and a boxed
+    /// end, and three flags.
+    #[test]
+    fn a_filter_takes_56_bytes() {
+        assert_eq!(std::mem::size_of::<Filter>(), 56);
+    }
+
     #[test]
     fn select_shares_the_batch_when_everything_passes() {
         let batch = Batch::new(

@@ -97,6 +97,26 @@ struct Group {
     members: Members,
 }
 
+/// Which of the index's tables holds a group.
+#[derive(Clone, Copy)]
+enum Table {
+    Exact,
+    /// With the prefix's length.
+    Prefix(usize),
+    Other,
+}
+
+impl Table {
+    /// The one of the three (the index's `exact`, `prefix`, `by_filter`) this names.
+    fn pick<T>(self, exact: T, prefix: T, other: T) -> T {
+        match self {
+            Table::Exact => exact,
+            Table::Prefix(_) => prefix,
+            Table::Other => other,
+        }
+    }
+}
+
 impl Group {
     /// The filter every member shares.
     #[inline]
@@ -114,11 +134,12 @@ impl Group {
 pub(crate) struct Index {
     groups: Slab<Group>,
     hasher: RandomState,
-    /// Every group, by its filter.
+    /// The groups of other ranges, by their filter.
     by_filter: HashTable<GroupId>,
-    /// The groups of single keys, by the key (several filters may share a key).
+    /// The groups of single keys, by the key (several filters may share a key; a group
+    /// is found among them by its filter).
     exact: HashTable<GroupId>,
-    /// The groups of prefixes, by the prefix.
+    /// The groups of prefixes, by the prefix (likewise).
     prefix: HashTable<GroupId>,
     /// Distinct prefix lengths with a count of prefix groups of that length.
     prefix_lens: Vec<(usize, usize)>,
@@ -133,13 +154,32 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// The table that holds the group of `filter`, and the hash it is found by there:
+    /// a single key's or a prefix's group by its key or prefix (the filter is not
+    /// hashed into a second table for them: most groups are one of these), any other
+    /// range's by its filter.
+    fn place(&self, filter: &Filter) -> (Table, u64) {
+        let range = &filter.range;
+        if range.is_single() {
+            (Table::Exact, self.hasher.hash_one(&range.start[..]))
+        } else if let Some(p) = range.as_prefix() {
+            (Table::Prefix(p.len()), self.hasher.hash_one(&p[..]))
+        } else {
+            (Table::Other, self.hasher.hash_one(filter))
+        }
+    }
+
     /// Adds a subscriber, to the group of its mailbox's filter.
     pub(crate) fn insert(&mut self, id: SubId, mailbox: Arc<Mailbox>) {
         let filter = mailbox.filter();
-        let hash = self.hasher.hash_one(filter);
+        let (table, hash) = self.place(filter);
         let groups = &self.groups;
-        let gid = match self.by_filter.find(hash, |&g| groups[g].filter() == filter) {
-            Some(&g) => {
+        let found = table
+            .pick(&self.exact, &self.prefix, &self.by_filter)
+            .find(hash, |&g| groups[g].filter() == filter)
+            .copied();
+        let gid = match found {
+            Some(g) => {
                 self.groups[g].members.insert(id, mailbox);
                 g
             }
@@ -148,27 +188,28 @@ impl Index {
                     members: Members::One(id, mailbox),
                 });
                 let (groups, hasher) = (&self.groups, &self.hasher);
-                let rehash_start =
-                    |&x: &GroupId| hasher.hash_one(&groups[x].filter().range.start[..]);
-                self.by_filter
-                    .insert_unique(hash, g, |&x| hasher.hash_one(groups[x].filter()));
-                let range = &groups[g].filter().range;
-                if range.is_single() {
-                    let key_hash = hasher.hash_one(&range.start[..]);
-                    self.exact.insert_unique(key_hash, g, rehash_start);
-                } else if let Some(p) = range.as_prefix() {
-                    let len = p.len();
-                    let key_hash = hasher.hash_one(&p[..]);
-                    self.prefix.insert_unique(key_hash, g, rehash_start);
-                    match self.prefix_lens.iter_mut().find(|(l, _)| *l == len) {
-                        Some((_, n)) => *n += 1,
-                        None => {
-                            self.prefix_lens.push((len, 1));
-                            self.prefix_lens.sort_unstable();
+                let rehash = |&x: &GroupId| {
+                    let filter = groups[x].filter();
+                    match table {
+                        Table::Exact | Table::Prefix(_) => hasher.hash_one(&filter.range.start[..]),
+                        Table::Other => hasher.hash_one(filter),
+                    }
+                };
+                table
+                    .pick(&mut self.exact, &mut self.prefix, &mut self.by_filter)
+                    .insert_unique(hash, g, rehash);
+                match table {
+                    Table::Exact => {}
+                    Table::Prefix(len) => {
+                        match self.prefix_lens.iter_mut().find(|(l, _)| *l == len) {
+                            Some((_, n)) => *n += 1,
+                            None => {
+                                self.prefix_lens.push((len, 1));
+                                self.prefix_lens.sort_unstable();
+                            }
                         }
                     }
-                } else {
-                    self.ranges.push(g);
+                    Table::Other => self.ranges.push(g),
                 }
                 g
             }
@@ -191,22 +232,22 @@ impl Index {
                 entry.remove();
             }
         };
-        let filter = last.filter();
-        drop_from(&mut self.by_filter, self.hasher.hash_one(filter));
-        let range = &filter.range;
-        if range.is_single() {
-            drop_from(&mut self.exact, self.hasher.hash_one(&range.start[..]));
-        } else if let Some(p) = range.as_prefix() {
-            drop_from(&mut self.prefix, self.hasher.hash_one(&p[..]));
-            let len = p.len();
-            if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
-                self.prefix_lens[i].1 -= 1;
-                if self.prefix_lens[i].1 == 0 {
-                    self.prefix_lens.remove(i);
+        let (table, hash) = self.place(last.filter());
+        drop_from(
+            table.pick(&mut self.exact, &mut self.prefix, &mut self.by_filter),
+            hash,
+        );
+        match table {
+            Table::Exact => {}
+            Table::Prefix(len) => {
+                if let Some(i) = self.prefix_lens.iter().position(|(l, _)| *l == len) {
+                    self.prefix_lens[i].1 -= 1;
+                    if self.prefix_lens[i].1 == 0 {
+                        self.prefix_lens.remove(i);
+                    }
                 }
             }
-        } else {
-            self.ranges.retain(|&g| g != gid);
+            Table::Other => self.ranges.retain(|&g| g != gid),
         }
         Some(last)
     }

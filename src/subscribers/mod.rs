@@ -39,9 +39,9 @@ use mailbox::{End, LagCount, Mailbox, CATCH_UP_SCAN};
 pub(crate) struct Subscribers {
     index: Mutex<Index>,
     lag: LagCount,
-    /// Slots held (what the limits and `watchers()` count), shared with every [`Slot`].
-    watchers: Arc<AtomicUsize>,
-    max_watchers: usize,
+    /// The cache-wide count of slots held (what `max_watchers` and `watchers()` count):
+    /// the scope every slot counts in, and the parent of every tenant's scope.
+    root: Arc<Scope>,
     buffer: usize,
     next_id: AtomicU64,
 }
@@ -66,8 +66,12 @@ impl Subscribers {
         Subscribers {
             index: Mutex::new(Index::default()),
             lag: LagCount::default(),
-            watchers: Arc::default(),
-            max_watchers,
+            root: Arc::new(Scope {
+                limit: max_watchers,
+                count: AtomicUsize::new(0),
+                ids: None,
+                parent: None,
+            }),
             buffer,
             next_id: AtomicU64::new(1),
         }
@@ -76,7 +80,7 @@ impl Subscribers {
     /// Open watches: a watch counts until its stream has returned its last response
     /// (or was dropped), so a count never includes a watch whose end was read.
     pub(crate) fn watchers(&self) -> usize {
-        self.watchers.load(Ordering::Relaxed)
+        self.root.open()
     }
 
     /// Lagging watches.
@@ -94,21 +98,30 @@ impl Subscribers {
     /// # Errors
     /// [`Error::WatchLimit`] naming the limit that was reached.
     pub(crate) fn acquire(&self, scope: Option<&Arc<Scope>>) -> Result<Slot> {
-        let limit = self.max_watchers;
-        if self.watchers.fetch_add(1, Ordering::AcqRel) >= limit {
-            self.watchers.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::WatchLimit { limit });
+        let root = &self.root;
+        if root.count.fetch_add(1, Ordering::AcqRel) >= root.limit {
+            root.count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::WatchLimit { limit: root.limit });
         }
-        if let Some(scope) = scope {
-            if scope.count.fetch_add(1, Ordering::AcqRel) >= scope.limit {
-                scope.count.fetch_sub(1, Ordering::AcqRel);
-                self.watchers.fetch_sub(1, Ordering::AcqRel);
-                return Err(Error::WatchLimit { limit: scope.limit });
-            }
+        let Some(scope) = scope else {
+            return Ok(Slot(root.clone()));
+        };
+        debug_assert!(scope.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, root)));
+        if scope.count.fetch_add(1, Ordering::AcqRel) >= scope.limit {
+            scope.count.fetch_sub(1, Ordering::AcqRel);
+            root.count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::WatchLimit { limit: scope.limit });
         }
-        Ok(Slot {
-            watchers: self.watchers.clone(),
-            scope: scope.cloned(),
+        Ok(Slot(scope.clone()))
+    }
+
+    /// A tenant's scope: at most `limit` slots, which count in the cache's limit too.
+    pub(crate) fn scope(&self, limit: usize) -> Arc<Scope> {
+        Arc::new(Scope {
+            limit,
+            count: AtomicUsize::new(0),
+            ids: Some(Mutex::new(HashSet::new())),
+            parent: Some(self.root.clone()),
         })
     }
 
@@ -156,8 +169,8 @@ impl Subscribers {
             }
         };
         let mailbox = Mailbox::new(filter, self.buffer, last_rev, lagging, &self.lag);
-        if let Some(scope) = &slot.scope {
-            scope.ids.lock().insert(id);
+        if let Some(ids) = &slot.0.ids {
+            ids.lock().insert(id);
         }
         // A replay catches up now, not at the consumer's first poll: the producer skips
         // a lagging subscriber, so a consumer that reads late would find its start
@@ -250,23 +263,20 @@ impl LockedIndex<'_> {
     }
 }
 
-/// The bookkeeping of one watch scope: its limit, how many are open, which.
+/// The bookkeeping of one watch scope: its limit, how many are open, which. The cache's
+/// own count is a scope too (the root, which does not list its watches); a tenant's
+/// scope (from [`Subscribers::scope`]) has the root as its parent.
 #[derive(Debug)]
 pub(crate) struct Scope {
     limit: usize,
     count: AtomicUsize,
-    ids: Mutex<HashSet<SubId>>,
+    /// The watches open through a tenant's scope (`None` for the root).
+    ids: Option<Mutex<HashSet<SubId>>>,
+    /// The cache's count, which a tenant's slots take too (`None` for the root).
+    parent: Option<Arc<Scope>>,
 }
 
 impl Scope {
-    pub(crate) fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Scope {
-            limit,
-            count: AtomicUsize::new(0),
-            ids: Mutex::new(HashSet::new()),
-        })
-    }
-
     /// Watches open through the scope.
     pub(crate) fn open(&self) -> usize {
         self.count.load(Ordering::Relaxed)
@@ -280,34 +290,33 @@ impl Scope {
     /// Ends every watch opened through the scope (their streams end after what was
     /// delivered, as on close).
     pub(crate) fn cancel_all(&self, subscribers: &Subscribers) {
-        let ids: Vec<SubId> = self.ids.lock().drain().collect();
+        let Some(ids) = &self.ids else { return };
+        let ids: Vec<SubId> = ids.lock().drain().collect();
         for id in ids {
             subscribers.unsubscribe(id, End::Closed);
         }
     }
 }
 
-/// A counted watch slot (cache-wide and, for scoped watches, per scope). Freed on drop.
+/// A counted watch slot (cache-wide and, for scoped watches, per scope), in the scope it
+/// was taken in (one pointer: every open watch holds one). Freed on drop.
 #[derive(Debug)]
-pub(crate) struct Slot {
-    watchers: Arc<AtomicUsize>,
-    scope: Option<Arc<Scope>>,
-}
+pub(crate) struct Slot(Arc<Scope>);
 
 impl Slot {
     /// Forgets `id` in the scope (the subscriber is gone).
     pub(crate) fn forget(&self, id: SubId) {
-        if let Some(scope) = &self.scope {
-            scope.ids.lock().remove(&id);
+        if let Some(ids) = &self.0.ids {
+            ids.lock().remove(&id);
         }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.watchers.fetch_sub(1, Ordering::AcqRel);
-        if let Some(scope) = &self.scope {
-            scope.count.fetch_sub(1, Ordering::AcqRel);
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(parent) = &self.0.parent {
+            parent.count.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

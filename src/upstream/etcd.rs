@@ -142,8 +142,8 @@ impl TryFrom<etcd_client::Event> for Event {
 fn get_options(request: &RangeRequest) -> etcd_client::GetOptions {
     let range = &request.range;
     let mut o = etcd_client::GetOptions::new();
-    if !range.end.is_empty() {
-        o = o.with_range(range.end.to_vec());
+    if !range.end().is_empty() {
+        o = o.with_range(range.end().to_vec());
     }
     o = o.with_limit(request.limit).with_revision(request.revision);
     if request.serializable {
@@ -431,8 +431,8 @@ impl Upstream for EtcdUpstream {
             let mut opts = etcd_client::WatchOptions::new()
                 .with_start_revision(start_revision)
                 .with_progress_notify();
-            if !range.end.is_empty() {
-                opts = opts.with_range(range.end.to_vec());
+            if !range.end().is_empty() {
+                opts = opts.with_range(range.end().to_vec());
             }
             let client = &self.client;
             if self.refresh_before_watch.swap(false, Ordering::Relaxed) {

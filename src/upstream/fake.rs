@@ -361,7 +361,7 @@ impl Upstream for FakeUpstream {
                 let mut calls = self.list_calls.lock();
                 calls.push(ListCall {
                     start: range.start.clone(),
-                    end: range.end.clone(),
+                    end: bytes::Bytes::copy_from_slice(range.end()),
                     revision,
                     limit,
                 });

@@ -50,8 +50,8 @@ impl WatchScope {
         max_watchers: usize,
     ) -> Self {
         WatchScope {
+            scope: shared.subscribers.scope(max_watchers),
             shared,
-            scope: Scope::new(max_watchers),
             _cache: cache,
         }
     }

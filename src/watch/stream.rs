@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::num::NonZeroI64;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,6 +42,8 @@ struct Control {
     /// Set by the sender when `inner` has news for the response half, so that the
     /// response half takes the lock only then (not on every poll).
     dirty: AtomicBool,
+    /// The request half was dropped (only after a split). Set before the news of it.
+    sender_gone: AtomicBool,
     /// The response half's waker.
     waker: AtomicWaker,
 }
@@ -53,8 +56,6 @@ struct ControlInner {
     ids: Ids,
     /// The next id to try for a watch that did not choose one.
     next_id: i64,
-    /// The request half was dropped (only after a split).
-    sender_gone: bool,
 }
 
 /// What the sender hands the response half, in the order of the requests.
@@ -90,10 +91,51 @@ impl Incoming {
 /// A reply to a request on the stream, sent in the order of the requests (etcd sends
 /// its `created` and `canceled` replies on one control channel, in order; a client maps
 /// them to its requests by that order).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reply {
     Created { watch_id: i64, revision: i64 },
     Canceled { watch_id: i64 },
+}
+
+/// A [`Reply`] as a stream holds it until it is sent: 16 bytes, and an `Option` of it
+/// too (a `Reply` takes 24). `code` is the created revision plus one (a revision is
+/// never negative), or -1 for a cancel.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    watch_id: i64,
+    code: NonZeroI64,
+}
+
+impl Queued {
+    const CANCELED: NonZeroI64 = NonZeroI64::new(-1).expect("not zero");
+}
+
+impl From<Reply> for Queued {
+    fn from(reply: Reply) -> Self {
+        match reply {
+            Reply::Created { watch_id, revision } => Queued {
+                watch_id,
+                code: NonZeroI64::new(revision.max(0).saturating_add(1)).expect("positive"),
+            },
+            Reply::Canceled { watch_id } => Queued {
+                watch_id,
+                code: Queued::CANCELED,
+            },
+        }
+    }
+}
+
+impl From<Queued> for Reply {
+    fn from(queued: Queued) -> Self {
+        let watch_id = queued.watch_id;
+        match queued.code.get() {
+            -1 => Reply::Canceled { watch_id },
+            code => Reply::Created {
+                watch_id,
+                revision: code - 1,
+            },
+        }
+    }
 }
 
 /// Watch ids in use on a stream, with their registry ids (0 while registering): the
@@ -394,7 +436,7 @@ impl WatchRequestSender {
 
 impl Drop for WatchRequestSender {
     fn drop(&mut self) {
-        self.control.inner.lock().sender_gone = true;
+        self.control.sender_gone.store(true, Ordering::Release);
         self.control.notify();
     }
 }
@@ -422,10 +464,10 @@ pub struct WatchResponseStream {
     progress: Option<Box<Progress>>,
     /// The oldest reply (`created`, `canceled`) not sent yet; later ones wait in
     /// [`Multi::replies`].
-    first_reply: Option<Reply>,
+    first_reply: Option<Queued>,
     /// While no watch is left on a split stream: a change of the cache's status (its
-    /// close) wakes the stream.
-    close_wait: Option<Changed>,
+    /// close) wakes the stream. Boxed: most streams never wait for it.
+    close_wait: Option<Box<Changed>>,
     /// Copied from the control block when it has news.
     sender_gone: bool,
 }
@@ -451,7 +493,7 @@ struct Multi {
     watches: ReadySet<Subscription>,
     /// Replies after [`WatchResponseStream::first_reply`], in the order of their
     /// requests.
-    replies: VecDeque<Reply>,
+    replies: VecDeque<Queued>,
     /// Requests from an [`Incoming::Opening`] on, in order: the opening waits for its
     /// start, and what follows it waits for the opening.
     held: VecDeque<Incoming>,
@@ -535,8 +577,8 @@ impl WatchResponseStream {
         self.first_reply
             .iter()
             .chain(later)
-            .filter_map(|r| match r {
-                Reply::Created { watch_id, .. } => Some(*watch_id),
+            .filter_map(|&r| match Reply::from(r) {
+                Reply::Created { watch_id, .. } => Some(watch_id),
                 Reply::Canceled { .. } => None,
             })
     }
@@ -545,12 +587,12 @@ impl WatchResponseStream {
     fn reply(&mut self, reply: Reply) {
         let later = self.multi.as_ref().is_some_and(|m| !m.replies.is_empty());
         if self.first_reply.is_none() && !later {
-            self.first_reply = Some(reply);
+            self.first_reply = Some(reply.into());
         } else {
             self.multi
                 .get_or_insert_with(Box::default)
                 .replies
-                .push_back(reply);
+                .push_back(reply.into());
         }
     }
 
@@ -601,8 +643,8 @@ impl WatchResponseStream {
         }
         let mut inner = self.control.inner.lock();
         let incoming = std::mem::take(&mut inner.incoming);
-        self.sender_gone = inner.sender_gone;
         drop(inner);
+        self.sender_gone = self.control.sender_gone.load(Ordering::Acquire);
         for item in incoming {
             self.take_request(item);
         }
@@ -692,6 +734,7 @@ impl WatchResponseStream {
         self.first_reply
             .take()
             .or_else(|| self.multi.as_mut()?.replies.pop_front())
+            .map(Reply::from)
     }
 
     /// The next item of any watch, if one is ready.
@@ -847,8 +890,10 @@ impl Stream for WatchResponseStream {
             if this.end_when_empty || sender_gone || shared.view.is_closed() {
                 return Poll::Ready(None);
             }
-            let wait = this.close_wait.get_or_insert_with(|| shared.view.changed());
-            if wait.as_mut().poll(cx).is_ready() {
+            let wait = this
+                .close_wait
+                .get_or_insert_with(|| Box::new(shared.view.changed()));
+            if Pin::as_mut(wait).poll(cx).is_ready() {
                 this.close_wait = None;
                 cx.waker().wake_by_ref();
             }
@@ -907,6 +952,7 @@ impl WatchStream {
             scope,
             inner: Mutex::default(),
             dirty: AtomicBool::new(false),
+            sender_gone: AtomicBool::new(false),
             waker: AtomicWaker::new(),
         });
         WatchStream {
@@ -1058,7 +1104,34 @@ impl Stream for WatchStream {
 
 #[cfg(test)]
 mod tests {
-    use super::Ids;
+    use super::{Ids, Queued, Reply, WatchResponseStream};
+
+    #[test]
+    fn a_queued_reply_is_the_reply_in_16_bytes() {
+        assert_eq!(std::mem::size_of::<Option<Queued>>(), 16);
+        for reply in [
+            Reply::Created {
+                watch_id: 0,
+                revision: 0,
+            },
+            Reply::Created {
+                watch_id: -7,
+                revision: i64::MAX - 1,
+            },
+            Reply::Canceled { watch_id: 0 },
+            Reply::Canceled { watch_id: i64::MIN },
+        ] {
+            assert_eq!(Reply::from(Queued::from(reply)), reply);
+        }
+    }
+
+    /// An idle one-watch stream's response half, its watch inline (issue 22's 512 B per
+    /// idle subscriber counts it): a guard against a field that grows it unnoticed.
+    #[test]
+    fn a_one_watch_response_half_fits_in_128_bytes() {
+        assert!(std::mem::size_of::<super::Subscription>() <= 64);
+        assert!(std::mem::size_of::<WatchResponseStream>() <= 128);
+    }
 
     #[test]
     fn ids_stay_right_when_the_short_list_turns_into_a_map() {

@@ -65,18 +65,31 @@ pub(super) struct Subscription {
     pub(super) watch_id: i64,
     /// Its id in the cache's registry (0 for a watch compacted at creation).
     pub(super) sub_id: SubId,
-    mailbox: Option<Arc<Mailbox>>,
+    /// Where its items come from, until it ends.
+    source: Source,
     /// Freed as soon as the watch ends, not when the stream is dropped.
     slot: Option<Slot>,
-    compacted: Option<i64>,
     /// Every matching event up to this revision was delivered once the mailbox is
     /// drained: the revision reported when it was created.
     floor: i64,
     progress_timer: Option<Pin<Box<Sleep>>>,
-    progress_due: bool,
-    /// Out of the index, its slot freed (its stream frees its id when it takes the
-    /// last item: see [`Item::is_last`]).
-    ended: bool,
+}
+
+/// Where a watch's items come from, and its state (one field of 16 bytes, so that an
+/// idle watch's stream stays small).
+enum Source {
+    /// Registered: its deliveries arrive in the mailbox; `progress_due` once its
+    /// periodic progress timer has fired and the progress is not sent yet.
+    Live {
+        mailbox: Arc<Mailbox>,
+        progress_due: bool,
+    },
+    /// Its start is below the history window: it yields the compaction signal with
+    /// this compact revision, then ends.
+    Compacted(i64),
+    /// Out of the index, its slot freed (its stream frees its id when it takes the last
+    /// item: see [`Item::is_last`]).
+    Ended,
 }
 
 impl Subscription {
@@ -88,7 +101,7 @@ impl Subscription {
             slot,
             revision,
         } = registration;
-        let (sub_id, mailbox, compacted, created) = match registered {
+        let (sub_id, source, created) = match registered {
             Registered::Live {
                 id,
                 mailbox,
@@ -101,23 +114,24 @@ impl Subscription {
                 } else {
                     revision
                 };
-                (id, Some(mailbox), None, created)
+                let source = Source::Live {
+                    mailbox,
+                    progress_due: false,
+                };
+                (id, source, created)
             }
-            Registered::Compacted { floor } => (0, None, Some(floor), revision),
+            Registered::Compacted { floor } => (0, Source::Compacted(floor), revision),
         };
-        let progress_timer = (progress_notify && mailbox.is_some())
+        let progress_timer = (progress_notify && matches!(source, Source::Live { .. }))
             .then(|| Box::pin(tokio::time::sleep(shared.config.progress_notify_interval)));
         Subscription {
             shared,
             watch_id,
             sub_id,
-            mailbox,
+            source,
             slot: Some(slot),
-            compacted,
             floor: created,
             progress_timer,
-            progress_due: false,
-            ended: false,
         }
     }
 
@@ -129,25 +143,22 @@ impl Subscription {
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
-        if self.compacted.is_some() {
+        let Source::Live { mailbox, .. } = &self.source else {
             return None;
-        }
-        let revision = self
-            .mailbox
-            .as_ref()?
-            .idle_revision(|| self.shared.view.revision())?;
+        };
+        let revision = mailbox.idle_revision(|| self.shared.view.revision())?;
         Some(revision.max(self.floor))
     }
 
     /// Ends the watch: out of the index, its slot freed.
     fn finish(&mut self, reason: EndReason) {
-        if self.ended {
+        let source = std::mem::replace(&mut self.source, Source::Ended);
+        if matches!(source, Source::Ended) {
             return;
         }
-        self.ended = true;
         self.shared.metrics.watch_ended(reason);
         tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
-        if self.mailbox.take().is_some() {
+        if let Source::Live { .. } = source {
             self.shared
                 .subscribers
                 .unsubscribe(self.sub_id, End::Cancelled);
@@ -163,7 +174,7 @@ impl Subscription {
     /// more (its stream sends the `canceled`). False if it had ended already (its last
     /// response, a compaction's, went out before the cancel was taken).
     pub(super) fn cancel(&mut self) -> bool {
-        let live = !self.ended;
+        let live = !matches!(self.source, Source::Ended);
         self.finish(EndReason::Canceled);
         live
     }
@@ -189,19 +200,19 @@ impl Stream for Subscription {
 impl Subscription {
     fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self;
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        if let Some(compact_revision) = this.compacted.take() {
-            this.finish(EndReason::Compacted);
-            return Poll::Ready(Some(Item::Canceled {
-                compact_revision,
-                reason: COMPACTED_REASON,
-            }));
-        }
-        let Some(mailbox) = this.mailbox.as_ref() else {
-            this.finish(EndReason::Closed);
-            return Poll::Ready(None);
+        let (mailbox, progress_due) = match &mut this.source {
+            Source::Live {
+                mailbox,
+                progress_due,
+            } => (&*mailbox, progress_due),
+            Source::Ended => return Poll::Ready(None),
+            &mut Source::Compacted(compact_revision) => {
+                this.finish(EndReason::Compacted);
+                return Poll::Ready(Some(Item::Canceled {
+                    compact_revision,
+                    reason: COMPACTED_REASON,
+                }));
+            }
         };
         let shared = &this.shared;
         loop {
@@ -241,8 +252,8 @@ impl Subscription {
                 }
                 Polled::Ended(End::Failed(error)) => Item::Failed(error),
                 Polled::Idle { revision } => {
-                    if this.progress_due {
-                        this.progress_due = false;
+                    if *progress_due {
+                        *progress_due = false;
                         shared.metrics.progress_response();
                         return Poll::Ready(Some(Item::Progress {
                             revision: revision.max(this.floor),
@@ -252,7 +263,7 @@ impl Subscription {
                         if timer.as_mut().poll(cx).is_ready() {
                             let next = Instant::now() + shared.config.progress_notify_interval;
                             timer.as_mut().reset(next);
-                            this.progress_due = true;
+                            *progress_due = true;
                             continue;
                         }
                     }
