@@ -141,8 +141,8 @@ impl BenchIndex {
     }
 
     /// Removes a subscriber.
-    pub fn unsubscribe(&mut self, id: u64) -> bool {
-        self.index.remove(id).is_some()
+    pub fn unsubscribe(&mut self, sub: &BenchMailbox) -> bool {
+        self.index.remove(sub.id, sub.mailbox.filter()).is_some()
     }
 
     /// Pushes `batch` to every matching subscriber: (delivered, became lagging).

@@ -15,7 +15,6 @@
 //! stored again for each table. A key or prefix has at most eight groups (a filter is its
 //! range and three flags), so the entries that share a hash stay few.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::task::Waker;
@@ -144,7 +143,6 @@ pub(crate) struct Index {
     /// Distinct prefix lengths with a count of prefix groups of that length.
     prefix_lens: Vec<(usize, usize)>,
     ranges: Vec<GroupId>,
-    subs: HashMap<SubId, GroupId>,
     /// Scratch space for multi-event batches.
     scratch: Vec<GroupId>,
     /// Set (under the lock) when the cache closed: no subscriber may be added after.
@@ -178,11 +176,8 @@ impl Index {
             .pick(&self.exact, &self.prefix, &self.by_filter)
             .find(hash, |&g| groups[g].filter() == filter)
             .copied();
-        let gid = match found {
-            Some(g) => {
-                self.groups[g].members.insert(id, mailbox);
-                g
-            }
+        match found {
+            Some(g) => self.groups[g].members.insert(id, mailbox),
             None => {
                 let g = self.groups.insert(Group {
                     members: Members::One(id, mailbox),
@@ -211,32 +206,31 @@ impl Index {
                     }
                     Table::Other => self.ranges.push(g),
                 }
-                g
             }
-        };
-        self.subs.insert(id, gid);
+        }
     }
 
-    /// Removes a subscriber; returns its mailbox.
-    pub(crate) fn remove(&mut self, id: SubId) -> Option<Arc<Mailbox>> {
-        let gid = self.subs.remove(&id)?;
+    /// Removes the subscriber `id` whose mailbox holds `filter` (its group is found by
+    /// the filter: the index keeps no map from subscriber to group); returns its
+    /// mailbox, or `None` if it is not in the index.
+    pub(crate) fn remove(&mut self, id: SubId, filter: &Filter) -> Option<Arc<Mailbox>> {
+        let (table, hash) = self.place(filter);
+        let groups = &self.groups;
+        let gid = *table
+            .pick(&self.exact, &self.prefix, &self.by_filter)
+            .find(hash, |&g| groups[g].filter() == filter)?;
         let last = match self.groups[gid].members.remove(id) {
             Ok(mailbox) => return mailbox,
             Err(last) => last,
         };
-        // The group's last member: the group goes, found in the tables by the filter
-        // its mailbox holds.
+        // The group's last member: the group goes.
         self.groups.remove(gid);
-        let drop_from = |table: &mut HashTable<GroupId>, hash: u64| {
-            if let Ok(entry) = table.find_entry(hash, |&g| g == gid) {
-                entry.remove();
-            }
-        };
-        let (table, hash) = self.place(last.filter());
-        drop_from(
-            table.pick(&mut self.exact, &mut self.prefix, &mut self.by_filter),
-            hash,
-        );
+        if let Ok(entry) = table
+            .pick(&mut self.exact, &mut self.prefix, &mut self.by_filter)
+            .find_entry(hash, |&g| g == gid)
+        {
+            entry.remove();
+        }
         match table {
             Table::Exact => {}
             Table::Prefix(len) => {
@@ -372,8 +366,9 @@ mod tests {
         let d2 = m2.take_queued().pop().unwrap();
         assert_eq!(d1.events.len(), 1);
         assert!(d1.events.ptr_eq(&d2.events), "one payload per group");
-        assert!(index.remove(1).is_some());
-        assert!(index.remove(2).is_some());
+        assert!(index.remove(1, m1.filter()).is_some());
+        assert!(index.remove(1, m1.filter()).is_none(), "removed once");
+        assert!(index.remove(2, m2.filter()).is_some());
         assert!(index.exact.is_empty() && index.groups.is_empty());
     }
 
@@ -418,11 +413,13 @@ mod tests {
         };
         assert_eq!(found(&index, b"a"), vec![0, 1, 2, 3]);
         assert_eq!(found(&index, b"ab"), vec![2, 3]);
-        assert!(index.remove(1).is_some());
-        assert!(index.remove(2).is_some());
+        // A subscriber is found by its own filter only.
+        assert!(index.remove(1, &filters[0]).is_none());
+        assert!(index.remove(1, &filters[1]).is_some());
+        assert!(index.remove(2, &filters[2]).is_some());
         assert_eq!(found(&index, b"a"), vec![0, 3]);
         assert_eq!(found(&index, b"ab"), vec![3]);
-        assert!(index.remove(0).is_some() && index.remove(3).is_some());
+        assert!(index.remove(0, &filters[0]).is_some() && index.remove(3, &filters[3]).is_some());
         assert!(index.groups.is_empty() && index.by_filter.is_empty());
         assert!(index.exact.is_empty() && index.prefix.is_empty() && index.prefix_lens.is_empty());
     }
@@ -455,7 +452,7 @@ mod tests {
                 live.push((i as u64, s.clone()));
             }
             for i in (0..shapes.len()).step_by(remove_every) {
-                index.remove(i as u64);
+                prop_assert!(index.remove(i as u64, &shapes[i]).is_some());
                 live.retain(|(id, _)| *id != i as u64);
             }
             for key in keys {

@@ -21,7 +21,7 @@ pub(crate) mod filter;
 pub(crate) mod index;
 pub(crate) mod mailbox;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
@@ -120,7 +120,7 @@ impl Subscribers {
         Arc::new(Scope {
             limit,
             count: AtomicUsize::new(0),
-            ids: Some(Mutex::new(HashSet::new())),
+            ids: Some(Mutex::new(HashMap::new())),
             parent: Some(self.root.clone()),
         })
     }
@@ -170,7 +170,7 @@ impl Subscribers {
         };
         let mailbox = Mailbox::new(filter, self.buffer, last_rev, lagging, &self.lag);
         if let Some(ids) = &slot.0.ids {
-            ids.lock().insert(id);
+            ids.lock().insert(id, mailbox.clone());
         }
         // A replay catches up now, not at the consumer's first poll: the producer skips
         // a lagging subscriber, so a consumer that reads late would find its start
@@ -190,9 +190,10 @@ impl Subscribers {
         })
     }
 
-    /// Removes a subscriber from the index and ends its mailbox (idempotent).
-    pub(crate) fn unsubscribe(&self, id: SubId, why: End) {
-        let removed = self.index.lock().remove(id);
+    /// Removes the subscriber `id` (with `mailbox`) from the index and ends its mailbox
+    /// (idempotent).
+    pub(crate) fn unsubscribe(&self, id: SubId, mailbox: &Mailbox, why: End) {
+        let removed = self.index.lock().remove(id, mailbox.filter());
         if let Some(mailbox) = removed {
             mailbox.end(why, &self.lag);
         }
@@ -251,11 +252,11 @@ impl LockedIndex<'_> {
             if unchanged(filter) && mailbox.skip_to(revision) {
                 kept += 1;
             } else {
-                gone.push(id);
+                gone.push((id, mailbox.clone()));
             }
         }
-        for id in &gone {
-            if let Some(mailbox) = self.index.remove(*id) {
+        for (id, mailbox) in &gone {
+            if let Some(mailbox) = self.index.remove(*id, mailbox.filter()) {
                 mailbox.end(End::Compacted(revision + 1), self.lag);
             }
         }
@@ -270,8 +271,9 @@ impl LockedIndex<'_> {
 pub(crate) struct Scope {
     limit: usize,
     count: AtomicUsize,
-    /// The watches open through a tenant's scope (`None` for the root).
-    ids: Option<Mutex<HashSet<SubId>>>,
+    /// The watches open through a tenant's scope, with their mailboxes (`None` for the
+    /// root).
+    ids: Option<Mutex<HashMap<SubId, Arc<Mailbox>>>>,
     /// The cache's count, which a tenant's slots take too (`None` for the root).
     parent: Option<Arc<Scope>>,
 }
@@ -291,9 +293,9 @@ impl Scope {
     /// delivered, as on close).
     pub(crate) fn cancel_all(&self, subscribers: &Subscribers) {
         let Some(ids) = &self.ids else { return };
-        let ids: Vec<SubId> = ids.lock().drain().collect();
-        for id in ids {
-            subscribers.unsubscribe(id, End::Closed);
+        let ids: Vec<_> = ids.lock().drain().collect();
+        for (id, mailbox) in ids {
+            subscribers.unsubscribe(id, &mailbox, End::Closed);
         }
     }
 }

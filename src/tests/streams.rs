@@ -483,6 +483,46 @@ async fn a_cancel_after_a_create_still_opening_is_answered_after_its_created() {
     assert_eq!(kinds, [(1, true, false), (0, false, true)]);
 }
 
+/// A cancel that waits behind a watch still opening ends its watch at once: the watch
+/// gets nothing written after the cancel, its slot is free at the stream's next poll,
+/// and only its `canceled` waits for its turn (after the opening watch's `created`).
+#[tokio::test(start_paused = true)]
+async fn a_cancel_behind_an_opening_watch_ends_its_watch_at_once() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch_stream();
+    s.watch(k("b"), None).await.unwrap();
+    let r = resp(&mut s).await;
+    assert!(r.created() && r.watch_id() == 0, "{r:?}");
+    h.up.set_stalled(true); // watch 1's barrier read does not answer yet
+    s.watch(k("a"), None).await.unwrap();
+    s.cancel(0).await.unwrap();
+    let mut first = task::spawn(next(&mut s));
+    settle().await;
+    assert_pending!(first.poll(), "nothing before watch 1's created");
+    drop(first);
+    assert_eq!(
+        h.cache.watcher_count(),
+        1,
+        "the canceled watch's slot is free once the stream has taken the cancel"
+    );
+    h.watch.events(vec![put(&k("b"), "1", 11, 11, 1)]);
+    settle().await;
+    h.up.set_stalled(false);
+    let created = resp(&mut s).await;
+    let canceled = resp(&mut s).await;
+    assert_eq!(
+        [created, canceled].map(|r| (r.watch_id(), r.created(), r.canceled())),
+        [(1, true, false), (0, false, true)]
+    );
+    h.watch.events(vec![put(&k("a"), "1", 12, 12, 1)]);
+    let r = resp(&mut s).await;
+    assert_eq!(
+        (r.watch_id(), r.events()[0].revision()),
+        (1, 12),
+        "nothing of the canceled watch: {r:?}"
+    );
+}
+
 /// A stream dropped while a watch is opening leaves nothing behind.
 #[tokio::test(start_paused = true)]
 async fn a_stream_dropped_while_a_watch_opens_leaves_nothing() {

@@ -27,7 +27,6 @@ use super::subscription::{Item, Subscription, Tagged};
 use crate::error::{Error, Result};
 use crate::progress::ProgressWait;
 use crate::shared::Shared;
-use crate::subscribers::mailbox::End;
 use crate::subscribers::{Scope, SubId};
 use crate::view::Changed;
 
@@ -73,6 +72,9 @@ enum Incoming {
     },
     /// A cancel of the watch `watch_id` (registry id `sub_id`): its id is free already.
     Cancel { watch_id: i64, sub_id: SubId },
+    /// The `canceled` reply of a watch that a cancel ended already (it was on the
+    /// stream), waiting for its turn behind a watch that is opening.
+    Canceled { watch_id: i64 },
     /// A stream-wide progress request. It does not wait behind a watch still opening
     /// (its answer does, in the response half's poll).
     Progress(UnansweredRequest),
@@ -83,7 +85,7 @@ impl Incoming {
         match self {
             Incoming::Watch(sub) => Some(sub.watch_id),
             Incoming::Opening { watch_id, .. } => Some(*watch_id),
-            Incoming::Cancel { .. } | Incoming::Progress(_) => None,
+            Incoming::Cancel { .. } | Incoming::Canceled { .. } | Incoming::Progress(_) => None,
         }
     }
 }
@@ -398,14 +400,11 @@ impl WatchRequestSender {
             }
             sub_id
         };
-        if let Some(sub_id) = sub_id {
+        if sub_id.is_some() {
+            // The response half ends the watch when it takes the cancel, at its next
+            // poll (before it yields anything more), even if the cancel's reply waits
+            // behind a watch that is opening.
             self.control.notify();
-            if sub_id != 0 {
-                self.control
-                    .shared
-                    .subscribers
-                    .unsubscribe(sub_id, End::Cancelled);
-            }
         }
         Ok(())
     }
@@ -617,17 +616,22 @@ impl WatchResponseStream {
     /// `canceled` response went out already): nothing more of it is sent but its
     /// `canceled`, in its turn.
     fn cancel(&mut self, watch_id: i64, sub_id: SubId) {
+        if self.end_watch(watch_id, sub_id) == Some(true) {
+            self.reply(Reply::Canceled { watch_id });
+        }
+    }
+
+    /// Ends the watch a cancel named, if it is on the stream (`None` if not): it yields
+    /// nothing more. `Some(false)` if it had ended by itself already.
+    fn end_watch(&mut self, watch_id: i64, sub_id: SubId) -> Option<bool> {
         let named = |w: &Subscription| w.watch_id == watch_id && w.sub_id == sub_id;
-        let live = if self.solo.as_ref().is_some_and(named) {
-            self.solo.take().is_some_and(|mut w| w.cancel())
+        if self.solo.as_ref().is_some_and(named) {
+            self.solo.take().map(|mut w| w.cancel())
         } else {
             self.multi
                 .as_mut()
                 .and_then(|m| m.watches.find_mut(named))
-                .is_some_and(|w| w.cancel())
-        };
-        if live {
-            self.reply(Reply::Canceled { watch_id });
+                .map(|w| w.cancel())
         }
     }
 
@@ -667,6 +671,16 @@ impl WatchResponseStream {
             return;
         }
         if self.opening() || matches!(item, Incoming::Opening { .. }) {
+            let item = match item {
+                // A cancel of a watch on the stream ends it now (it yields nothing
+                // more); only its reply waits behind the watch that is opening.
+                Incoming::Cancel { watch_id, sub_id } => match self.end_watch(watch_id, sub_id) {
+                    Some(true) => Incoming::Canceled { watch_id },
+                    Some(false) => return,
+                    None => item,
+                },
+                item => item,
+            };
             self.multi
                 .get_or_insert_with(Box::default)
                 .held
@@ -676,6 +690,7 @@ impl WatchResponseStream {
         match item {
             Incoming::Watch(sub) => self.add(sub),
             Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
+            Incoming::Canceled { watch_id } => self.reply(Reply::Canceled { watch_id }),
             Incoming::Opening { .. } | Incoming::Progress(_) => unreachable!("taken above"),
         }
     }
@@ -723,6 +738,9 @@ impl WatchResponseStream {
                 }
                 (Incoming::Watch(sub), _) => self.add(sub),
                 (Incoming::Cancel { watch_id, sub_id }, _) => self.cancel(watch_id, sub_id),
+                (Incoming::Canceled { watch_id }, _) => {
+                    self.reply(Reply::Canceled { watch_id });
+                }
                 (item @ Incoming::Progress(_), _) => self.take_request(item),
                 (Incoming::Opening { .. }, None) => unreachable!("an opening is polled first"),
             }

@@ -158,10 +158,10 @@ impl Subscription {
         }
         self.shared.metrics.watch_ended(reason);
         tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
-        if let Source::Live { .. } = source {
+        if let Source::Live { mailbox, .. } = source {
             self.shared
                 .subscribers
-                .unsubscribe(self.sub_id, End::Cancelled);
+                .unsubscribe(self.sub_id, &mailbox, End::Cancelled);
         }
         if let Some(slot) = self.slot.take() {
             slot.forget(self.sub_id);
