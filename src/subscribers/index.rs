@@ -13,7 +13,10 @@
 //! The hash tables hold only group ids (8 bytes an entry): the key, prefix or filter an
 //! entry stands for is read from its group, so an exact-key subscriber's key is not
 //! stored again for each table. A key or prefix has at most eight groups (a filter is its
-//! range and three flags), so the entries that share a hash stay few.
+//! range and three flags), so the entries that share a hash stay few. A group is in one
+//! table only, found there by its filter when a member joins or leaves; there is no map
+//! from subscriber to group (a subscriber is removed by its id and its mailbox's filter,
+//! which every caller holds).
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
