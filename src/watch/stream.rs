@@ -827,7 +827,12 @@ impl Stream for WatchResponseStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        this.control.waker.register(cx.waker());
+        // Only a split stream's sender hands over news from another task: an unsplit
+        // stream's owner calls its sender and polls it in turn, and a poll takes the news
+        // first (so most polls skip the waker's compare-and-swap).
+        if !this.end_when_empty {
+            this.control.waker.register(cx.waker());
+        }
         this.take_news();
         this.poll_openings(cx);
         match this.next_reply() {
