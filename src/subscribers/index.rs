@@ -117,6 +117,15 @@ impl Table {
             Table::Other => other,
         }
     }
+
+    /// The hash a group with `filter` is found by in this table: its key, its prefix (a
+    /// prefix group's range starts at its prefix), or its whole filter.
+    fn hash(self, hasher: &RandomState, filter: &Filter) -> u64 {
+        match self {
+            Table::Exact | Table::Prefix(_) => hasher.hash_one(&filter.range.start[..]),
+            Table::Other => hasher.hash_one(filter),
+        }
+    }
 }
 
 impl Group {
@@ -161,13 +170,14 @@ impl Index {
     /// range's by its filter.
     fn place(&self, filter: &Filter) -> (Table, u64) {
         let range = &filter.range;
-        if range.is_single() {
-            (Table::Exact, self.hasher.hash_one(&range.start[..]))
+        let table = if range.is_single() {
+            Table::Exact
         } else if let Some(p) = range.as_prefix() {
-            (Table::Prefix(p.len()), self.hasher.hash_one(&p[..]))
+            Table::Prefix(p.len())
         } else {
-            (Table::Other, self.hasher.hash_one(filter))
-        }
+            Table::Other
+        };
+        (table, table.hash(&self.hasher, filter))
     }
 
     /// Adds a subscriber, to the group of its mailbox's filter.
@@ -186,16 +196,9 @@ impl Index {
                     members: Members::One(id, mailbox),
                 });
                 let (groups, hasher) = (&self.groups, &self.hasher);
-                let rehash = |&x: &GroupId| {
-                    let filter = groups[x].filter();
-                    match table {
-                        Table::Exact | Table::Prefix(_) => hasher.hash_one(&filter.range.start[..]),
-                        Table::Other => hasher.hash_one(filter),
-                    }
-                };
                 table
                     .pick(&mut self.exact, &mut self.prefix, &mut self.by_filter)
-                    .insert_unique(hash, g, rehash);
+                    .insert_unique(hash, g, |&x| table.hash(hasher, groups[x].filter()));
                 match table {
                     Table::Exact => {}
                     Table::Prefix(len) => {

@@ -99,19 +99,12 @@ impl Subscribers {
     /// [`Error::WatchLimit`] naming the limit that was reached.
     pub(crate) fn acquire(&self, scope: Option<&Arc<Scope>>) -> Result<Slot> {
         let root = &self.root;
-        if root.count.fetch_add(1, Ordering::AcqRel) >= root.limit {
-            root.count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::WatchLimit { limit: root.limit });
-        }
+        root.take()?;
         let Some(scope) = scope else {
             return Ok(Slot(root.clone()));
         };
         debug_assert!(scope.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, root)));
-        if scope.count.fetch_add(1, Ordering::AcqRel) >= scope.limit {
-            scope.count.fetch_sub(1, Ordering::AcqRel);
-            root.count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::WatchLimit { limit: scope.limit });
-        }
+        scope.take().inspect_err(|_| root.give_back())?;
         Ok(Slot(scope.clone()))
     }
 
@@ -279,6 +272,23 @@ pub(crate) struct Scope {
 }
 
 impl Scope {
+    /// Takes one of the scope's slots.
+    ///
+    /// # Errors
+    /// [`Error::WatchLimit`] naming the scope's limit, if all are taken.
+    fn take(&self) -> Result<()> {
+        if self.count.fetch_add(1, Ordering::AcqRel) >= self.limit {
+            self.give_back();
+            return Err(Error::WatchLimit { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    /// Gives a slot back.
+    fn give_back(&self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Watches open through the scope.
     pub(crate) fn open(&self) -> usize {
         self.count.load(Ordering::Relaxed)
@@ -316,9 +326,9 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.count.fetch_sub(1, Ordering::AcqRel);
+        self.0.give_back();
         if let Some(parent) = &self.0.parent {
-            parent.count.fetch_sub(1, Ordering::AcqRel);
+            parent.give_back();
         }
     }
 }
