@@ -155,14 +155,33 @@ impl<S: Stream + Unpin> ReadySet<S> {
 impl<S: Stream + Unpin> Stream for ReadySet<S> {
     type Item = S::Item;
 
+    /// The set's waker is registered only when it has nothing to give, and the ready
+    /// list looked at once more after that: a slot woken between the first look and the
+    /// registration woke the waker registered before. So a busy set does not swap
+    /// wakers at every item (a batch receive polls with a no-op waker between).
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let this = self.get_mut();
+        if let Some(item) = this.next_ready() {
+            return Poll::Ready(Some(item));
+        }
         this.list.parent.register(cx.waker());
+        match this.next_ready() {
+            Some(item) => Poll::Ready(Some(item)),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<S: Stream + Unpin> ReadySet<S> {
+    /// The next item of a woken stream, if any: the current one's, up to [`BURST`] in a
+    /// row, then the next ready one's.
+    fn next_ready(&mut self) -> Option<S::Item> {
+        let this = self;
         if let Some((slot, given)) = this.current.take() {
             if given < BURST {
                 if let Poll::Ready(Some(item)) = this.poll_slot(slot) {
                     this.current = Some((slot, given + 1));
-                    return Poll::Ready(Some(item));
+                    return Some(item);
                 }
             } else {
                 // Its turn is over: to the back, after every watch woken before now
@@ -176,12 +195,10 @@ impl<S: Stream + Unpin> Stream for ReadySet<S> {
             if this.due.is_empty() {
                 this.due.extend(this.list.slots.lock().drain(..));
             }
-            let Some(slot) = this.due.pop_front() else {
-                return Poll::Pending;
-            };
+            let slot = this.due.pop_front()?;
             if let Poll::Ready(Some(item)) = this.poll_slot(slot) {
                 this.current = Some((slot, 1));
-                return Poll::Ready(Some(item));
+                return Some(item);
             }
         }
     }

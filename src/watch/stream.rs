@@ -827,12 +827,28 @@ impl Stream for WatchResponseStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        let polled = this.poll_responses(cx);
         // Only a split stream's sender hands over news from another task: an unsplit
         // stream's owner calls its sender and polls it in turn, and a poll takes the news
-        // first (so most polls skip the waker's compare-and-swap).
-        if !this.end_when_empty {
+        // first. A split stream registers its waker for the news only when it has
+        // nothing to give, then looks at the news once more (news handed over between
+        // the first look and the registration woke the waker registered before), so a
+        // busy stream does not swap wakers at every response.
+        if polled.is_pending() && !this.end_when_empty {
             this.control.waker.register(cx.waker());
+            if this.control.dirty.load(Ordering::Acquire) {
+                return this.poll_responses(cx);
+            }
         }
+        polled
+    }
+}
+
+impl WatchResponseStream {
+    /// One look for the next response (see `poll_next`, which registers for the
+    /// sender's news).
+    fn poll_responses(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<WatchResponse>>> {
+        let this = self;
         this.take_news();
         this.poll_openings(cx);
         match this.next_reply() {

@@ -10,6 +10,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use futures::FutureExt;
+
 use etcd_cache::{
     Cache, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
     WatchScope,
@@ -138,6 +140,19 @@ impl Watches {
                 None
             }
         }
+    }
+
+    /// The responses ready now, without waiting: up to `max` appended to `out` (a batch
+    /// receive, `WatchResponseStream::messages`, so a round of replies costs one future,
+    /// not one per response); how many. A failure of the cache is logged and ends the
+    /// round as [`next`](Self::next) would (the stream then ends).
+    pub(crate) fn take_ready(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> usize {
+        let before = out.len();
+        match self.responses.messages(out, max).now_or_never() {
+            Some(Err(e)) => tracing::warn!(error = %e, "cache watch stream failed"),
+            Some(Ok(_)) | None => {}
+        }
+        out.len() - before
     }
 
     /// Why the cache refused a watch.

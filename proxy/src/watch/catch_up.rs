@@ -48,7 +48,7 @@ impl CatchUp {
     }
 
     /// Every revision up to `through` has been sent to watch `watch_id`'s client.
-    fn sent_up_to(&mut self, watch_id: i64, through: i64) {
+    pub(super) fn sent_up_to(&mut self, watch_id: i64, through: i64) {
         if let Some(w) = self.watches.get_mut(&watch_id) {
             w.next = w.next.max(through + 1);
         }

@@ -24,6 +24,8 @@ use crate::upstream::Upstream;
 pub(crate) const INVALID_WATCH_ID: i64 = -1;
 /// Replies of the cache taken in one round of the session's `send_replies` at most.
 const BATCH_REPLIES: usize = 4096;
+/// Replies of the cache taken from its stream at a time (one future per batch).
+const READY_AT_ONCE: usize = 64;
 /// A merged events response takes no more events once it is this big (encoded).
 const BATCH_BYTES: usize = 64 * 1024;
 /// A round of the session's `send_replies` takes no more replies once it holds this many
@@ -107,6 +109,10 @@ pub(crate) struct Merge {
     batch: Vec<EncodedEvents>,
     /// Per watch: the index in `batch` of its response still taking events.
     open: IdMap<usize>,
+    /// The watch of the last reply pushed and its entry in `batch`: a stream takes a
+    /// watch's queued revisions in a row, so most replies go where the last one went,
+    /// found without a lookup in `open`.
+    last: Option<(i64, usize)>,
     /// Replies taken this round.
     taken: usize,
     /// Bytes of events taken this round.
@@ -130,26 +136,40 @@ impl Merge {
     pub(crate) fn push(&mut self, resp: EncodedEvents) {
         let id = resp.watch_id;
         self.total += resp.events_len();
-        match self.open.get(&id) {
-            Some(&at) if self.batch[at].events_len() < BATCH_BYTES => self.batch[at].append(resp),
+        let at = match self.last {
+            Some((last, at)) if last == id => Some(at),
+            _ => self.open.get(&id).copied(),
+        };
+        match at {
+            Some(at) if self.batch[at].events_len() < BATCH_BYTES => {
+                self.batch[at].append(resp);
+                self.last = Some((id, at));
+            }
             _ => {
-                self.open.insert(id, self.batch.len());
+                let at = self.batch.len();
+                self.open.insert(id, at);
+                self.last = Some((id, at));
                 self.batch.push(resp);
             }
         }
     }
 
-    /// Whether the round may take another reply: what is gathered waits for the client's
-    /// queue, at most [`BATCH_REPLIES`] replies and [`BATCH_TOTAL_BYTES`], so a client that
-    /// does not read holds up only that much (and its own stream).
-    pub(crate) fn has_room(&self) -> bool {
-        self.taken < BATCH_REPLIES && self.total < BATCH_TOTAL_BYTES
+    /// How many more replies the round may take (0: none): what is gathered waits for
+    /// the client's queue, at most [`BATCH_REPLIES`] replies and about
+    /// [`BATCH_TOTAL_BYTES`] (the replies are taken [`READY_AT_ONCE`] at a time), so a
+    /// client that does not read holds up only that much (and its own stream).
+    pub(crate) fn room(&self) -> usize {
+        if self.total >= BATCH_TOTAL_BYTES {
+            return 0;
+        }
+        BATCH_REPLIES.saturating_sub(self.taken).min(READY_AT_ONCE)
     }
 
     /// The merged responses so far, to be sent in order, with header revisions that do
     /// not go down along them (a merged response carries its last event's header).
     pub(crate) fn drain(&mut self) -> Vec<EncodedEvents> {
         self.open.clear();
+        self.last = None;
         let mut revision = 0;
         let mut out = std::mem::take(&mut self.batch);
         for resp in &mut out {

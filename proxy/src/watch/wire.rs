@@ -49,9 +49,25 @@ pub(crate) struct EncodedEvents {
     len: usize,
 }
 
-/// A revision's events encoded for the wire: the type of the value
-/// `events_memo` keeps beside the cache's shared events.
-struct WireEvents(Bytes);
+/// A revision's events encoded for the wire, and that revision: the type of the value
+/// `events_memo` keeps beside the cache's shared events (so a watch's response reads
+/// both from the one memo, without a walk to the last event's key-value).
+struct WireEvents {
+    bytes: Bytes,
+    revision: i64,
+}
+
+impl WireEvents {
+    fn new(events: &[etcd_cache::Event], namespace: &Namespace) -> Self {
+        WireEvents {
+            bytes: encode(events, namespace),
+            revision: events
+                .last()
+                .and_then(|e| e.kv())
+                .map_or(0, |kv| kv.mod_revision()),
+        }
+    }
+}
 
 impl EncodedEvents {
     /// The events of the cache's response `r` (one revision), with `header` and `r`'s
@@ -61,16 +77,14 @@ impl EncodedEvents {
         header: ResponseHeader,
         namespace: &Namespace,
     ) -> Self {
-        let bytes = match r.events_memo(|events| WireEvents(encode(events, namespace))) {
-            Some(WireEvents(bytes)) => bytes.clone(),
+        let (bytes, revision) = match r.events_memo(|events| WireEvents::new(events, namespace)) {
+            Some(w) => (w.bytes.clone(), w.revision),
             // Something else was derived from these events first (not by this proxy).
-            None => encode(r.events(), namespace),
+            None => {
+                let w = WireEvents::new(r.events(), namespace);
+                (w.bytes, w.revision)
+            }
         };
-        let revision = r
-            .events()
-            .last()
-            .and_then(|e| e.kv())
-            .map_or(0, |kv| kv.mod_revision());
         EncodedEvents {
             header,
             watch_id: r.watch_id(),
@@ -92,7 +106,8 @@ impl EncodedEvents {
         self.revisions.extend(later.revisions);
     }
 
-    fn last_revision(&self) -> i64 {
+    /// The revision of its last event.
+    pub(crate) fn last_revision(&self) -> i64 {
         self.revisions.last().map_or(0, |(r, _)| *r)
     }
 

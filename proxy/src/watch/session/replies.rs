@@ -3,8 +3,6 @@
 //! forwarded watches (prev_kv filled in, split between revisions), and the progress
 //! machine's items, in order.
 
-use futures::FutureExt;
-
 use super::Session;
 use crate::metrics::{RefusalKind, Served};
 use crate::pb::etcdserverpb::WatchResponse;
@@ -135,31 +133,38 @@ impl Session {
         first: etcd_cache::WatchResponse,
     ) -> Result<(), ()> {
         let mut merge = Merge::default();
-        let mut next = Some(first);
-        while let Some(r) = next.take() {
-            merge.took();
-            self.resumable.sent(&r);
-            if Merge::merges(&r, &self.outbound) {
-                let state = &self.state;
-                let header = state.upstream.header_from_cache(r.header(), r.revision());
-                merge.push(EncodedEvents::from_cache(&r, header, &state.namespace));
-            } else {
-                self.flush(&mut merge).await?;
-                self.send_reply(r).await?;
+        let mut ready = Vec::with_capacity(merge.room());
+        ready.push(first);
+        loop {
+            for r in ready.drain(..) {
+                merge.took();
+                if Merge::merges(&r, &self.outbound) {
+                    let state = &self.state;
+                    let header = state.upstream.header_from_cache(r.header(), r.revision());
+                    merge.push(EncodedEvents::from_cache(&r, header, &state.namespace));
+                } else {
+                    self.flush(&mut merge).await?;
+                    self.resumable.sent(&r);
+                    self.send_reply(r).await?;
+                }
             }
-            if merge.has_room() {
-                next = self
-                    .watches
-                    .as_mut()
-                    .and_then(|w| w.next().now_or_never().flatten());
+            let room = merge.room();
+            let Some(watches) = self.watches.as_mut().filter(|_| room > 0) else {
+                break;
+            };
+            if watches.take_ready(&mut ready, room) == 0 {
+                break;
             }
         }
         self.flush(&mut merge).await
     }
 
-    /// Sends the merged responses so far, in order.
+    /// Sends the merged responses so far, in order; each is recorded as sent to its
+    /// watch (what a catch-up from etcd resumes after) as it goes.
     pub(super) async fn flush(&mut self, merge: &mut Merge) -> Result<(), ()> {
         for resp in merge.drain() {
+            self.resumable
+                .sent_up_to(resp.watch_id, resp.last_revision());
             self.out(resp).await?;
         }
         Ok(())
