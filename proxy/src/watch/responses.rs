@@ -409,6 +409,51 @@ mod tests {
         }
     }
 
+    /// A watch's replies go to its open response wherever the stream took them (the
+    /// last reply's watch found without a lookup, another's through the map), a full
+    /// response is followed by a new one that takes the watch's later replies, and
+    /// headers never go down along the drained responses.
+    #[test]
+    fn merge_gathers_each_watchs_replies_in_order() {
+        let mut merge = Merge::default();
+        let half = BATCH_BYTES / 2;
+        for (watch_id, revision, len) in [
+            (1, 10, 10),
+            (1, 11, 10),
+            (2, 10, 10),
+            (1, 12, 10),
+            (2, 11, half),
+            (2, 12, half),
+            (2, 13, 10),
+            (1, 14, 10),
+            (2, 14, 10),
+        ] {
+            merge.took();
+            merge.push(EncodedEvents::opaque(watch_id, revision, len));
+        }
+        let drained: Vec<(i64, i64, i64, usize)> = merge
+            .drain()
+            .iter()
+            .map(|r| {
+                (
+                    r.watch_id,
+                    r.header.revision,
+                    r.last_revision(),
+                    r.events_len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            drained,
+            [(1, 14, 14, 40), (2, 14, 12, 10 + 2 * half), (2, 14, 14, 20),],
+            "watch 1 in one response; watch 2's third reply filled its first, the \
+             later ones went to its second (header: not below the response before)"
+        );
+        assert!(merge.drain().is_empty(), "drained");
+        merge.push(EncodedEvents::opaque(2, 15, 10));
+        assert_eq!(merge.drain().len(), 1, "a new round starts a new response");
+    }
+
     #[test]
     fn forwarded_responses_split_between_revisions_only() {
         let at = |key: &str, len: usize, rev: i64| {

@@ -93,6 +93,21 @@ impl EncodedEvents {
         }
     }
 
+    /// One revision's events of `len` opaque bytes for watch `watch_id` (tests of what
+    /// carries them; the bytes are not a valid encoding).
+    #[cfg(test)]
+    pub(crate) fn opaque(watch_id: i64, revision: i64, len: usize) -> Self {
+        EncodedEvents {
+            header: ResponseHeader {
+                revision,
+                ..Default::default()
+            },
+            watch_id,
+            len,
+            revisions: smallvec![(revision, Bytes::from(vec![0; len]))],
+        }
+    }
+
     /// Bytes of events held.
     pub(crate) fn events_len(&self) -> usize {
         self.len
