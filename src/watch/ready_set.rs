@@ -339,6 +339,41 @@ mod tests {
         assert_eq!(ready(&mut set), [7]);
     }
 
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The set registers its waker when it has nothing to give: a batch receive's polls
+    /// with a no-op waker in between do not leave the no-op one registered for the next
+    /// item.
+    #[test]
+    fn the_waker_of_the_poll_that_found_nothing_is_woken() {
+        let a = Feed::default();
+        let mut set = ReadySet::default();
+        set.push(a.clone());
+        let first = Arc::new(Count::default());
+        let first_waker = Waker::from(first.clone());
+        let mut cx = Context::from_waker(&first_waker);
+        assert!(set.poll_next_unpin(&mut cx).is_pending());
+        a.send(1);
+        a.send(2);
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "woken once for both");
+        assert_eq!(ready(&mut set), [1, 2], "taken with a no-op waker");
+        let second = Arc::new(Count::default());
+        let second_waker = Waker::from(second.clone());
+        let mut cx = Context::from_waker(&second_waker);
+        assert!(set.poll_next_unpin(&mut cx).is_pending());
+        a.send(3);
+        assert_eq!(second.0.load(Ordering::SeqCst), 1, "the last poll's waker");
+        assert_eq!(first.0.load(Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn a_wake_wakes_the_task_that_polls_the_set() {
         let a = Feed::default();
