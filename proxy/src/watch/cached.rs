@@ -148,9 +148,8 @@ impl Watches {
     /// round as [`next`](Self::next) would (the stream then ends).
     pub(crate) fn take_ready(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> usize {
         let before = out.len();
-        match self.responses.messages(out, max).now_or_never() {
-            Some(Err(e)) => tracing::warn!(error = %e, "cache watch stream failed"),
-            Some(Ok(_)) | None => {}
+        if let Some(Err(e)) = self.responses.messages(out, max).now_or_never() {
+            tracing::warn!(error = %e, "cache watch stream failed");
         }
         out.len() - before
     }
