@@ -42,6 +42,11 @@ struct Read {
     trusted: (bool, bool),
     /// Answered by etcd (the cache's fallback counter moved).
     from_etcd: bool,
+    /// The cache followed etcd for the whole read: ready before and after, and no
+    /// reconnect in between. A read while the cache's watch reconnects (after the
+    /// member it followed restarted) goes to etcd, trusted or not: etcd answers what
+    /// the cache cannot prove current.
+    following: bool,
 }
 
 #[derive(Default)]
@@ -131,6 +136,7 @@ async fn quiet_reader(
         .unwrap()
         .revision();
         let before = cache.stats();
+        let ready_before = cache.is_ready();
         let up_before = upgraded.load(Ordering::SeqCst);
         let resp = tokio::time::timeout(
             Duration::from_secs(10),
@@ -138,6 +144,7 @@ async fn quiet_reader(
         )
         .await
         .expect("a consistent read hung for 10 s");
+        let ready_after = cache.is_ready();
         let after = cache.stats();
         let up_after = upgraded.load(Ordering::SeqCst);
         let resp = match resp {
@@ -181,6 +188,7 @@ async fn quiet_reader(
             upgraded: (up_before, up_after),
             trusted: (before.progress_trusted, after.progress_trusted),
             from_etcd: after.fallback_reads > before.fallback_reads,
+            following: ready_before && ready_after && before.connects == after.connects,
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -335,18 +343,23 @@ async fn rolling_upgrade_3_4_to_3_5_safe_path_then_fast_path() {
             .collect();
         let fast: Vec<&Read> = done
             .iter()
-            .filter(|r| r.trusted == (true, true))
+            .filter(|r| r.trusted == (true, true) && r.following)
             .collect();
+        let reconnecting = done
+            .iter()
+            .filter(|r| r.trusted == (true, true) && !r.following)
+            .count();
         let mixed_etcd = mixed.iter().filter(|r| r.from_etcd).count();
         let fast_etcd = fast.iter().filter(|r| r.from_etcd).count();
         println!(
-            "ROLLING UPGRADE | {from} -> {to} | quiet reads {} checked, stale 0, errors {} | while a member ran 3.4.23: {} reads, {} sent to etcd | on the fast path: {} reads, {} sent to etcd | fast path after the last member: quiet cache {:?}, workload cache {:?} | trust samples {}",
+            "ROLLING UPGRADE | {from} -> {to} | quiet reads {} checked, stale 0, errors {} | while a member ran 3.4.23: {} reads, {} sent to etcd | on the fast path: {} reads, {} sent to etcd ({} more while the cache reconnected) | fast path after the last member: quiet cache {:?}, workload cache {:?} | trust samples {}",
             reads.checked.load(Ordering::Relaxed),
             reads.errors.load(Ordering::Relaxed),
             mixed.len(),
             mixed_etcd,
             fast.len(),
             fast_etcd,
+            reconnecting,
             quiet_at.unwrap(),
             rel_at.unwrap(),
             samples.len(),
