@@ -134,6 +134,35 @@ impl<S: Stream + Unpin> ReadySet<S> {
         Some(&mut entry.stream)
     }
 
+    /// The next item of a woken stream, if any: the current one's, up to [`BURST`] in a
+    /// row, then the next ready one's.
+    fn next_ready(&mut self) -> Option<S::Item> {
+        if let Some((slot, given)) = self.current.take() {
+            if given < BURST {
+                if let Poll::Ready(Some(item)) = self.poll_slot(slot) {
+                    self.current = Some((slot, given + 1));
+                    return Some(item);
+                }
+            } else {
+                // Its turn is over: to the back, after every watch woken before now
+                // (those still on the shared list too, or a busy watch would be taken
+                // again and again while `due` is never empty).
+                self.due.extend(self.list.slots.lock().drain(..));
+                self.due.push_back(slot);
+            }
+        }
+        loop {
+            if self.due.is_empty() {
+                self.due.extend(self.list.slots.lock().drain(..));
+            }
+            let slot = self.due.pop_front()?;
+            if let Poll::Ready(Some(item)) = self.poll_slot(slot) {
+                self.current = Some((slot, 1));
+                return Some(item);
+            }
+        }
+    }
+
     /// Polls one slot with its own waker; removes its stream when it has ended.
     fn poll_slot(&mut self, slot: usize) -> Poll<Option<S::Item>> {
         let Some(entry) = self.entries.get_mut(slot).and_then(Option::as_mut) else {
@@ -168,38 +197,6 @@ impl<S: Stream + Unpin> Stream for ReadySet<S> {
         match this.next_ready() {
             Some(item) => Poll::Ready(Some(item)),
             None => Poll::Pending,
-        }
-    }
-}
-
-impl<S: Stream + Unpin> ReadySet<S> {
-    /// The next item of a woken stream, if any: the current one's, up to [`BURST`] in a
-    /// row, then the next ready one's.
-    fn next_ready(&mut self) -> Option<S::Item> {
-        let this = self;
-        if let Some((slot, given)) = this.current.take() {
-            if given < BURST {
-                if let Poll::Ready(Some(item)) = this.poll_slot(slot) {
-                    this.current = Some((slot, given + 1));
-                    return Some(item);
-                }
-            } else {
-                // Its turn is over: to the back, after every watch woken before now
-                // (those still on the shared list too, or a busy watch would be taken
-                // again and again while `due` is never empty).
-                this.due.extend(this.list.slots.lock().drain(..));
-                this.due.push_back(slot);
-            }
-        }
-        loop {
-            if this.due.is_empty() {
-                this.due.extend(this.list.slots.lock().drain(..));
-            }
-            let slot = this.due.pop_front()?;
-            if let Poll::Ready(Some(item)) = this.poll_slot(slot) {
-                this.current = Some((slot, 1));
-                return Some(item);
-            }
         }
     }
 }

@@ -820,50 +820,25 @@ impl WatchResponseStream {
             Item::Failed(source) => return Some(Err(Error::Failed { source })),
         }))
     }
-}
 
-impl Stream for WatchResponseStream {
-    type Item = Result<WatchResponse>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        let polled = this.poll_responses(cx);
-        // Only a split stream's sender hands over news from another task: an unsplit
-        // stream's owner calls its sender and polls it in turn, and a poll takes the news
-        // first. A split stream registers its waker for the news only when it has
-        // nothing to give, then looks at the news once more (news handed over between
-        // the first look and the registration woke the waker registered before), so a
-        // busy stream does not swap wakers at every response.
-        if polled.is_pending() && !this.end_when_empty {
-            this.control.waker.register(cx.waker());
-            if this.control.dirty.load(Ordering::Acquire) {
-                return this.poll_responses(cx);
-            }
-        }
-        polled
-    }
-}
-
-impl WatchResponseStream {
     /// One look for the next response (see `poll_next`, which registers for the
     /// sender's news).
     fn poll_responses(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<WatchResponse>>> {
-        let this = self;
-        this.take_news();
-        this.poll_openings(cx);
-        match this.next_reply() {
+        self.take_news();
+        self.poll_openings(cx);
+        match self.next_reply() {
             Some(Reply::Created { watch_id, revision }) => {
-                let h = this.header(revision);
+                let h = self.header(revision);
                 return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
             }
             Some(Reply::Canceled { watch_id }) => {
-                let h = this.header(this.control.shared.view.revision());
+                let h = self.header(self.control.shared.view.revision());
                 return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0, ""))));
             }
             None => {}
         }
-        let sender_gone = this.sender_gone;
-        while let Poll::Ready(Some(next)) = this.poll_watches(cx) {
+        let sender_gone = self.sender_gone;
+        while let Poll::Ready(Some(next)) = self.poll_watches(cx) {
             let Tagged {
                 watch_id,
                 sub_id,
@@ -872,22 +847,22 @@ impl WatchResponseStream {
             if item.is_last() {
                 // The watch has ended: its id is free (unless a cancel freed it
                 // already and a new watch took it).
-                this.control.forget(watch_id, sub_id);
+                self.control.forget(watch_id, sub_id);
             }
-            if let Some(resp) = this.respond(item, watch_id) {
+            if let Some(resp) = self.respond(item, watch_id) {
                 return Poll::Ready(Some(resp));
             }
         }
         // A progress request answers for the watches added before it: not before they
         // are open.
-        let request = (this.progress.as_ref())
-            .filter(|_| !this.opening())
+        let request = (self.progress.as_ref())
+            .filter(|_| !self.opening())
             .and_then(|progress| progress.requests.front().copied());
         if let Some(request) = request {
-            let provable = this.provable().filter(|&r| r >= this.reported);
+            let provable = self.provable().filter(|&r| r >= self.reported);
             let due = Instant::now() >= request.deadline;
-            let shared = &this.control.shared;
-            let Some(progress) = this.progress.as_mut() else {
+            let shared = &self.control.shared;
+            let Some(progress) = self.progress.as_mut() else {
                 unreachable!("a request was found in it above");
             };
             match provable.filter(|&r| r >= request.at_least || due) {
@@ -895,10 +870,10 @@ impl WatchResponseStream {
                     progress.requests.pop_front();
                     progress.wait = None;
                     if progress.requests.is_empty() {
-                        this.progress = None;
+                        self.progress = None;
                     }
                     shared.metrics.progress_response();
-                    let h = this.header(revision);
+                    let h = self.header(revision);
                     return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
                 }
                 None => {
@@ -924,22 +899,44 @@ impl WatchResponseStream {
                 }
             }
         }
-        let shared = &this.control.shared;
-        if this.len() == 0 && this.progress.is_none() && !this.opening() {
-            if this.end_when_empty || sender_gone || shared.view.is_closed() {
+        let shared = &self.control.shared;
+        if self.len() == 0 && self.progress.is_none() && !self.opening() {
+            if self.end_when_empty || sender_gone || shared.view.is_closed() {
                 return Poll::Ready(None);
             }
-            let wait = this
+            let wait = self
                 .close_wait
                 .get_or_insert_with(|| Box::new(shared.view.changed()));
             if Pin::as_mut(wait).poll(cx).is_ready() {
-                this.close_wait = None;
+                self.close_wait = None;
                 cx.waker().wake_by_ref();
             }
         } else {
-            this.close_wait = None;
+            self.close_wait = None;
         }
         Poll::Pending
+    }
+}
+
+impl Stream for WatchResponseStream {
+    type Item = Result<WatchResponse>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let polled = this.poll_responses(cx);
+        // Only a split stream's sender hands over news from another task: an unsplit
+        // stream's owner calls its sender and polls it in turn, and a poll takes the news
+        // first. A split stream registers its waker for the news only when it has
+        // nothing to give, then looks at the news once more (news handed over between
+        // the first look and the registration woke the waker registered before), so a
+        // busy stream does not swap wakers at every response.
+        if polled.is_pending() && !this.end_when_empty {
+            this.control.waker.register(cx.waker());
+            if this.control.dirty.load(Ordering::Acquire) {
+                return this.poll_responses(cx);
+            }
+        }
+        polled
     }
 }
 
