@@ -14,6 +14,10 @@ use crate::kv::Event;
 #[derive(Clone)]
 pub(crate) struct SharedEvents(Arc<Inner>);
 
+/// Aligned to a cache line, so that the events' pointer and length sit on a line apart
+/// from the `Arc`'s reference counts: every delivery of a revision changes its count,
+/// from both cores, and each consumer's first read of the events then missed.
+#[repr(align(64))]
 struct Inner {
     events: Box<[Event]>,
     /// The first value derived from `events` by [`SharedEvents::memo`].

@@ -64,6 +64,13 @@ pub struct CacheStats {
 /// Counters with one writer each: the follower (connects, lists, trust, what it heard)
 /// and the read path (fallback reads). The cluster revision is raised by whoever
 /// learns a newer one.
+/// The identity of the member that answered last, on a cache line of its own: every
+/// response's header reads it, and the counters beside it change at every upstream
+/// message.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Identity([AtomicU64; 3]);
+
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     connects: AtomicU64,
@@ -80,7 +87,7 @@ pub(crate) struct Counters {
     /// Who answered last: cluster id, member id and raft term for response headers.
     /// (cluster id, member id, raft term), each written whole (a torn mix of two
     /// members' ids for one response is harmless: both are real and current).
-    identity: [AtomicU64; 3],
+    identity: Identity,
     consistency_checks: AtomicU64,
     consistency_mismatches: AtomicU64,
 }
@@ -111,7 +118,7 @@ impl Counters {
     /// term; zeros before any answer).
     #[inline]
     pub(crate) fn identity(&self) -> (u64, u64, u64) {
-        let id = &self.identity;
+        let id = &self.identity.0;
         (
             id[0].load(Ordering::Relaxed),
             id[1].load(Ordering::Relaxed),
@@ -120,11 +127,16 @@ impl Counters {
     }
 
     /// Records who answered (from an upstream header).
+    /// Stored only when it changed: every response's header reads it, on every core,
+    /// and a store (even of the same values) at each upstream message would take the
+    /// line from all of them.
     pub(crate) fn set_identity(&self, header: Header) {
-        if header.cluster_id != 0 {
-            self.identity[0].store(header.cluster_id, Ordering::Relaxed);
-            self.identity[1].store(header.member_id, Ordering::Relaxed);
-            self.identity[2].store(header.raft_term, Ordering::Relaxed);
+        let new = (header.cluster_id, header.member_id, header.raft_term);
+        if header.cluster_id != 0 && self.identity() != new {
+            let id = &self.identity.0;
+            id[0].store(new.0, Ordering::Relaxed);
+            id[1].store(new.1, Ordering::Relaxed);
+            id[2].store(new.2, Ordering::Relaxed);
         }
     }
 

@@ -31,6 +31,22 @@ pub(super) struct Writer {
     applied: i64,
     /// Consumers to wake (collected while the index lock is held, woken after).
     wakers: Vec<Waker>,
+    /// The burst of upstream messages applied to the store and not yet flushed (see
+    /// [`flush`](Self::flush)).
+    burst: Burst,
+}
+
+/// A burst of upstream messages applied to the store (which only the writer reads
+/// until it publishes) and not yet in the history, dispatched or published: the
+/// follower applies every message already received, then flushes them together, so
+/// that each mailbox is locked once per burst, not once per revision.
+#[derive(Default)]
+struct Burst {
+    batches: Vec<Arc<Batch>>,
+    /// Newest revision applied to the store (`applied` if the burst is empty).
+    stored: i64,
+    /// Events received in the burst's messages (metrics).
+    received: usize,
 }
 
 impl Writer {
@@ -41,6 +57,7 @@ impl Writer {
             store: Store::default(),
             applied: 0,
             wakers: Vec::new(),
+            burst: Burst::default(),
         }
     }
 
@@ -49,8 +66,9 @@ impl Writer {
         self.publisher.set_state(state);
     }
 
-    /// Newest revision applied.
+    /// Newest revision applied (and published: call after [`flush`](Self::flush)).
     pub(super) fn applied(&self) -> i64 {
+        debug_assert!(self.burst.batches.is_empty(), "a burst not flushed");
         self.applied
     }
 
@@ -60,6 +78,7 @@ impl Writer {
     /// with the same `mod_revision`: any put or delete in between would have changed it.
     /// (An absent key proves nothing: it may have been created and deleted in the gap.)
     pub(super) fn install(&mut self, map: KvMap, revision: i64) {
+        self.flush();
         let first = !self.shared.view.status().loaded;
         let revision = revision.max(self.applied);
         let shared = self.shared.clone();
@@ -94,6 +113,7 @@ impl Writer {
     /// after a failed consistency check): the history and every subscriber stay as they
     /// are, since nothing happened between the two.
     pub(super) fn repair(&mut self, map: KvMap, revision: i64) {
+        self.flush();
         debug_assert_eq!(revision, self.applied);
         let shared = self.shared.clone();
         let mut index = shared.subscribers.lock();
@@ -103,6 +123,7 @@ impl Writer {
 
     /// Test hook: writes `kvs` into the store behind etcd's back, as a bug would.
     pub(super) fn corrupt(&mut self, kvs: Vec<KeyValue>) {
+        self.flush();
         let shared = self.shared.clone();
         let mut index = shared.subscribers.lock();
         for kv in kvs {
@@ -112,12 +133,15 @@ impl Writer {
         self.publish(&mut index, revision);
     }
 
-    /// Applies one upstream message: one batch per revision, dispatched in order.
+    /// Applies one upstream message to the store: one batch per revision, held in the
+    /// burst until [`flush`](Self::flush) puts them in the history, dispatches them
+    /// in order and publishes.
     ///
     /// # Errors
     /// [`Error::Protocol`] if the message's revisions go backwards (etcd never sends
     /// that; a buggy proxy could): nothing of it is applied, and the follower
-    /// reconnects from its last applied revision.
+    /// reconnects from its last applied revision (what came before it in the burst is
+    /// flushed).
     pub(super) fn apply(&mut self, events: Vec<(EventType, KeyValue)>) -> Result<()> {
         if let Some(w) = events
             .windows(2)
@@ -129,16 +153,15 @@ impl Writer {
                 w[0].1.mod_revision()
             )));
         }
-        let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
-        let mut last = self.applied;
+        if self.burst.batches.is_empty() {
+            self.burst.stored = self.applied;
+        }
+        self.burst.received += events.len();
         let mut batch_events = Vec::new();
-        let mut lagged = 0;
-        let (mut revisions, mut delivered, received) = (0, 0, events.len());
         let mut iter = events.into_iter().peekable();
         while let Some((t, kv)) = iter.next() {
             let rev = kv.mod_revision();
-            if rev <= self.applied {
+            if rev <= self.burst.stored {
                 // A resumed or buggy watch (etcd#20221) may repeat old events.
                 continue;
             }
@@ -148,35 +171,67 @@ impl Writer {
                 .is_none_or(|(_, next)| next.mod_revision() != rev);
             if boundary {
                 let batch = Batch::new(rev, std::mem::take(&mut batch_events));
-                let lagging = shared.subscribers.lagging() > 0;
-                shared.history.write().push(batch.clone(), lagging);
-                let stats = index.dispatch(&batch);
-                lagged += stats.lagged;
-                delivered += stats.delivered;
-                revisions += 1;
-                last = rev;
+                self.burst.batches.push(batch);
+                self.burst.stored = rev;
             }
         }
-        if lagged > 0 {
+        Ok(())
+    }
+
+    /// Puts the burst's batches in the history, dispatches them to the subscribers
+    /// (each mailbox locked once for all of them) and publishes the snapshot at the
+    /// newest, all under the index lock: a subscriber registered meanwhile sees all of
+    /// the burst or none of it. Every other change of the writer flushes first.
+    pub(super) fn flush(&mut self) {
+        if self.burst.batches.is_empty() {
+            if self.burst.received > 0 {
+                self.shared.metrics.applied(self.burst.received, 0, 0);
+                self.burst.received = 0;
+            }
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut index = shared.subscribers.lock();
+        let batches = std::mem::take(&mut self.burst.batches);
+        {
+            // While a subscriber lags, the history may keep more than its capacity
+            // (`keep_while_lagging`); a subscriber may start lagging in this dispatch,
+            // so the burst's own batches are kept until the next push.
+            let lagging = shared.subscribers.lagging() > 0 || batches.len() > 1;
+            let mut history = shared.history.write();
+            for batch in &batches {
+                history.push(batch.clone(), lagging);
+            }
+        }
+        let stats = index.dispatch_all(&batches);
+        let last = self.burst.stored;
+        if stats.lagged > 0 {
             debug!(
-                lagged,
+                lagged = stats.lagged,
                 revision = last,
                 "subscribers fell behind; they will catch up from history"
             );
         }
-        shared.metrics.applied(received, revisions, delivered);
-        if lagged > 0 {
+        shared
+            .metrics
+            .applied(self.burst.received, batches.len(), stats.delivered);
+        self.burst.received = 0;
+        if stats.lagged > 0 {
             shared.metrics.lagging(shared.subscribers.lagging(), true);
         }
-        if last > self.applied {
-            self.publish(&mut index, last);
-        }
+        self.publish(&mut index, last);
         index.take_wakers(&mut self.wakers);
-        Ok(())
+        drop(index);
+        // The allocation is kept for the next burst.
+        let mut batches = batches;
+        batches.clear();
+        self.burst.batches = batches;
     }
 
     /// A trusted progress notification: nothing happened in the prefix up to `revision`.
     pub(super) fn progress(&mut self, revision: i64) {
+        // Events before the progress go out before it claims their revisions.
+        self.flush();
         if revision <= self.applied {
             return;
         }
@@ -186,8 +241,10 @@ impl Writer {
         self.publish(&mut index, revision);
     }
 
-    /// Wakes the consumers that got deliveries since the last call.
+    /// Flushes the burst, then wakes the consumers that got deliveries since the last
+    /// call.
     pub(super) fn wake_consumers(&mut self) {
+        self.flush();
         for waker in self.wakers.drain(..) {
             waker.wake();
         }
@@ -225,6 +282,9 @@ impl Drop for Writer {
             self.shared.subscribers.end_all(End::Failed(error.clone()));
             self.publisher.set_state(CacheStatus::Failed { error });
         } else {
+            // Never left pending at an await (the follower flushes before each), so
+            // this finds nothing; but what was applied is delivered before the end.
+            self.flush();
             self.shared.subscribers.end_all(End::Closed);
             self.publisher.set_state(CacheStatus::Closed);
         }

@@ -29,6 +29,7 @@ use slab::Slab;
 use super::filter::Filter;
 use super::mailbox::{LagCount, Mailbox, Pushed};
 use crate::history::Batch;
+use crate::shared_events::SharedEvents;
 
 /// Identifies one subscriber, unique within a cache.
 pub(crate) type SubId = u64;
@@ -157,6 +158,9 @@ pub(crate) struct Index {
     ranges: Vec<GroupId>,
     /// Scratch space for multi-event batches.
     scratch: Vec<GroupId>,
+    /// Scratch space for [`dispatch_all`](Self::dispatch_all): each group's share of a
+    /// burst (empty between dispatches).
+    owed: Vec<(GroupId, i64, SharedEvents)>,
     /// Set (under the lock) when the cache closed: no subscriber may be added after.
     pub(crate) closed: bool,
     /// Wakers of consumers that got deliveries and were parked; see [`Index::take_wakers`].
@@ -281,21 +285,11 @@ impl Index {
         }
     }
 
-    /// Pushes `batch` to every matching subscriber. Returns how many became lagging.
+    /// Pushes `batch` to every matching subscriber.
     pub(crate) fn dispatch(&mut self, batch: &Batch, lag: &LagCount) -> DispatchStats {
         let mut stats = DispatchStats::default();
-        let events = batch.all();
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        if events.len() == 1 {
-            self.for_groups(events[0].key(), |g| scratch.push(g));
-        } else {
-            for ev in events {
-                self.for_groups(ev.key(), |g| scratch.push(g));
-            }
-            scratch.sort_unstable();
-            scratch.dedup();
-        }
+        self.matching_groups(batch, &mut scratch);
         for &g in &scratch {
             let group = &self.groups[g];
             let Some(payload) = group.filter().select(batch) else {
@@ -311,6 +305,57 @@ impl Index {
         }
         self.scratch = scratch;
         stats
+    }
+
+    /// Pushes `batches` (in increasing revision order: one burst of upstream messages)
+    /// to every matching subscriber, each subscriber's share under one lock of its
+    /// mailbox ([`Mailbox::push_all`]): what each group is owed is gathered first,
+    /// revision by revision, then handed to its members a group at a time.
+    pub(crate) fn dispatch_all(&mut self, batches: &[Arc<Batch>], lag: &LagCount) -> DispatchStats {
+        if let [batch] = batches {
+            return self.dispatch(batch, lag);
+        }
+        let mut stats = DispatchStats::default();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut owed = std::mem::take(&mut self.owed);
+        for batch in batches {
+            self.matching_groups(batch, &mut scratch);
+            for &g in &scratch {
+                if let Some(payload) = self.groups[g].filter().select(batch) {
+                    owed.push((g, batch.revision, payload));
+                }
+            }
+        }
+        // Stable: each group's revisions stay in order.
+        owed.sort_by_key(|&(g, ..)| g);
+        for run in owed.chunk_by(|a, b| a.0 == b.0) {
+            for mailbox in self.groups[run[0].0].members.mailboxes() {
+                let deliveries = run.iter().map(|(_, revision, events)| (*revision, events));
+                let (queued, lagged) = mailbox.push_all(deliveries, lag, &mut self.wakers);
+                stats.delivered += queued;
+                stats.lagged += lagged;
+            }
+        }
+        owed.clear();
+        self.owed = owed;
+        self.scratch = scratch;
+        stats
+    }
+
+    /// The groups with an event of `batch` in their range, each once, into `scratch`.
+    #[inline]
+    fn matching_groups(&self, batch: &Batch, scratch: &mut Vec<GroupId>) {
+        scratch.clear();
+        let events = batch.all();
+        if events.len() == 1 {
+            self.for_groups(events[0].key(), |g| scratch.push(g));
+        } else {
+            for ev in events {
+                self.for_groups(ev.key(), |g| scratch.push(g));
+            }
+            scratch.sort_unstable();
+            scratch.dedup();
+        }
     }
 
     /// Moves out the wakers collected by [`dispatch`](Self::dispatch) since the last
@@ -428,6 +473,75 @@ mod tests {
         assert!(index.remove(0, &filters[0]).is_some() && index.remove(3, &filters[3]).is_some());
         assert!(index.groups.is_empty() && index.by_filter.is_empty());
         assert!(index.exact.is_empty() && index.prefix.is_empty() && index.prefix_lens.is_empty());
+    }
+
+    /// A burst dispatched at once gives every subscriber what the burst's revisions
+    /// dispatched one at a time give it: the same deliveries in the same order, the
+    /// same position, the same lagging state (here with queues of 1 to 4 deliveries, so
+    /// that some fill up in the middle of a burst), and a wake only for a delivery.
+    #[test]
+    fn a_burst_dispatched_at_once_is_the_same_as_one_revision_at_a_time() {
+        let keys: [&[u8]; 4] = [b"a", b"ab", b"b", b"abc"];
+        let filters = [
+            shape(b"a", RangeSpec::Single),
+            shape(b"a", RangeSpec::Prefix),
+            shape(b"ab", RangeSpec::Prefix),
+            shape(b"b", RangeSpec::Single),
+            shape(b"a", RangeSpec::FromKey),
+        ];
+        let mut rng = 7u64;
+        let mut next = |n: u64| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) % n
+        };
+        for round in 0..200 {
+            let lag = (LagCount::default(), LagCount::default());
+            let (mut one, mut all) = (Index::default(), Index::default());
+            let mut pairs = Vec::new();
+            for id in 0..(2 + next(8)) {
+                let f = filters[next(filters.len() as u64) as usize].clone();
+                let cap = 1 + next(4) as usize;
+                let a = Mailbox::new(f.clone(), cap, 0, false, &lag.0);
+                let b = Mailbox::new(f, cap, 0, false, &lag.1);
+                one.insert(id, a.clone());
+                all.insert(id, b.clone());
+                pairs.push((a, b));
+            }
+            let burst: Vec<Arc<Batch>> = (1..=1 + next(8) as i64)
+                .map(|rev| {
+                    let events = (0..1 + next(2))
+                        .map(|_| put(keys[next(keys.len() as u64) as usize], rev))
+                        .collect();
+                    Batch::new(rev, events)
+                })
+                .collect();
+            let mut stats = DispatchStats::default();
+            for batch in &burst {
+                let s = one.dispatch(batch, &lag.0);
+                stats.delivered += s.delivered;
+                stats.lagged += s.lagged;
+            }
+            let at_once = all.dispatch_all(&burst, &lag.1);
+            assert_eq!(
+                (stats.delivered, stats.lagged),
+                (at_once.delivered, at_once.lagged),
+                "round {round}"
+            );
+            assert_eq!(lag.0.get(), lag.1.get(), "round {round}");
+            for (a, b) in &pairs {
+                assert_eq!(a.last_rev(), b.last_rev(), "round {round}");
+                let revisions = |m: &Mailbox| -> Vec<(i64, usize)> {
+                    m.take_queued()
+                        .iter()
+                        .map(|d| (d.revision, d.events.len()))
+                        .collect()
+                };
+                assert_eq!(revisions(a), revisions(b), "round {round}");
+            }
+            assert!(all.owed.is_empty(), "the scratch holds no events after");
+        }
     }
 
     fn arb_shape() -> impl Strategy<Value = Filter> {

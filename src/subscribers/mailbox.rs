@@ -217,6 +217,50 @@ impl Mailbox {
         Pushed::Queued
     }
 
+    /// Producer side: [`push`](Self::push) of several revisions (in increasing order)
+    /// under one lock, as a burst of upstream messages brings them: the line of a
+    /// mailbox that its consumer, on the other core, touched last moves once per burst,
+    /// not once per revision. Adds what it queued and how many times it became lagging
+    /// (at most once) to `stats`.
+    #[inline]
+    pub(crate) fn push_all<'a>(
+        &self,
+        deliveries: impl Iterator<Item = (i64, &'a SharedEvents)>,
+        lag: &LagCount,
+        wakers: &mut Vec<Waker>,
+    ) -> (usize, usize) {
+        let mut s = self.state.lock();
+        let (mut queued, mut lagged) = (0, 0);
+        for (revision, events) in deliveries {
+            if s.lagging || s.end.is_some() {
+                break;
+            }
+            if revision <= s.last_rev {
+                continue;
+            }
+            if s.queue.len() >= s.cap as usize {
+                // As in `push`.
+                s.lagging = true;
+                s.last_rev = revision - 1;
+                lag.enter();
+                lagged += 1;
+                break;
+            }
+            s.queue.push_back(Delivery {
+                revision,
+                events: events.clone(),
+            });
+            s.last_rev = revision;
+            queued += 1;
+        }
+        if queued > 0 {
+            if let Some(w) = s.waker.take() {
+                wakers.push(w);
+            }
+        }
+        (queued, lagged)
+    }
+
     /// Ends the subscription (idempotent; the first reason wins) and wakes the consumer.
     /// A cancelled or compacted subscription stops lagging: it is owed nothing more.
     pub(crate) fn end(&self, why: End, lag: &LagCount) {
@@ -279,6 +323,14 @@ impl Mailbox {
                 None => self.replay(history, lag),
             }
         }
+    }
+
+    /// Consumer side, the fast path: the next queued delivery, if there is one (no
+    /// waker registered, no catch-up: when it finds none, the consumer
+    /// [`poll`](Self::poll)s). Takes what `poll` would take first.
+    #[inline]
+    pub(crate) fn pop(&self) -> Option<Delivery> {
+        self.state.lock().queue.pop_front()
     }
 
     /// One look at the queue (under the mailbox lock): the next delivery, the end, or
@@ -460,6 +512,42 @@ mod tests {
         let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
         assert_eq!(pushed, Pushed::Queued);
         assert_eq!(drain(&mb, &history, &lag).0, [10]);
+    }
+
+    /// A burst pushed under one lock: revisions at or below the position are skipped,
+    /// the first that does not fit makes the subscriber lag with its position just
+    /// below it (nothing after it is queued), and a parked consumer is woken once.
+    #[test]
+    fn a_burst_fills_the_queue_then_lags_below_the_first_that_did_not_fit() {
+        let lag = LagCount::default();
+        let f = filter(b"k");
+        let mb = Mailbox::new(f.clone(), 2, 3, false, &lag);
+        let history = RwLock::new(History::new(100, usize::MAX));
+        let waker = futures_util::task::noop_waker();
+        assert!(matches!(
+            mb.poll(&waker, &history, &lag, || 3),
+            Polled::Idle { revision: 3 }
+        ));
+        let events: Vec<SharedEvents> = (0..8)
+            .map(|rev| f.select(&Batch::new(rev, vec![put(b"k1", rev)])).unwrap())
+            .collect();
+        let mut wakers = Vec::new();
+        let burst = [2, 3, 4, 6, 7].map(|rev| (rev, &events[rev as usize]));
+        let (queued, lagged) = mb.push_all(burst.into_iter(), &lag, &mut wakers);
+        assert_eq!((queued, lagged), (2, 1));
+        assert_eq!(wakers.len(), 1, "one wake for the burst");
+        assert_eq!(lag.get(), 1);
+        assert_eq!(
+            mb.last_rev(),
+            7 - 1,
+            "just below the first that did not fit, 7"
+        );
+        let queued: Vec<i64> = mb.take_queued().iter().map(|d| d.revision).collect();
+        assert_eq!(queued, [4, 6]);
+        // Lagging: a later burst is the catch-up's, not the producer's.
+        let later = [(8, &events[7])];
+        assert_eq!(mb.push_all(later.into_iter(), &lag, &mut wakers), (0, 0));
+        assert_eq!(wakers.len(), 1, "nothing queued, nobody woken");
     }
 
     fn push_batch(history: &RwLock<History>, rev: i64, key: &[u8]) -> Arc<Batch> {

@@ -217,9 +217,17 @@ pub(crate) struct LockedIndex<'a> {
 }
 
 impl LockedIndex<'_> {
-    /// Pushes `batch` to every matching subscriber.
+    /// Pushes `batch` to every matching subscriber (tests: the follower dispatches a
+    /// burst at a time, with [`dispatch_all`](Self::dispatch_all)).
+    #[cfg(test)]
     pub(crate) fn dispatch(&mut self, batch: &Batch) -> DispatchStats {
         self.index.dispatch(batch, self.lag)
+    }
+
+    /// Pushes `batches` (one burst, in revision order) to every matching subscriber,
+    /// each subscriber's share under one lock of its mailbox.
+    pub(crate) fn dispatch_all(&mut self, batches: &[Arc<Batch>]) -> DispatchStats {
+        self.index.dispatch_all(batches, self.lag)
     }
 
     /// Moves out the wakers of consumers that got deliveries. Wake them after the lock

@@ -324,6 +324,43 @@ async fn old_and_duplicate_events_are_dropped() {
     assert_eq!((stats.revision, stats.history_len), (12, 2));
 }
 
+/// Messages that arrive together are applied, then flushed together (one lock of each
+/// mailbox for the burst): every revision is delivered once, in order, a progress
+/// notification in the middle flushes what came before it, and the history holds
+/// every revision of the burst for a replay.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_messages_is_delivered_whole_and_in_order() {
+    let h = ready(config(), &["3.5.13"], &[("/app/a", "a0")], 10).await;
+    let mut s = watch_prefix(&h.cache, WatchOptions::new()).await;
+    created(&mut s).await;
+    let mut a = within(h.cache.watch("/app/a", None)).await.expect("watch");
+    assert!(next(&mut a).await.unwrap().unwrap().created());
+    // All sent before the follower runs: one burst.
+    h.watch.events(vec![put("/app/a", "a11", 2, 11, 2)]);
+    h.watch.events(vec![
+        put("/app/b", "b12", 12, 12, 1),
+        put("/app/c", "c12", 12, 12, 1),
+    ]);
+    h.watch.progress(15, false);
+    h.watch.events(vec![put("/app/a", "a16", 2, 16, 3)]);
+    h.watch.events(vec![put("/app/b", "b17", 12, 17, 2)]);
+    assert_eq!(next_rev(&mut s).await, 11);
+    let r = next(&mut s).await.unwrap().unwrap();
+    assert_eq!((r.revision(), r.events().len()), (12, 2));
+    assert_eq!(next_rev(&mut s).await, 16);
+    assert_eq!(next_rev(&mut s).await, 17);
+    assert_eq!(next_rev(&mut a).await, 11);
+    assert_eq!(next_rev(&mut a).await, 16);
+    settle().await;
+    assert!(now(&mut s).is_none() && now(&mut a).is_none(), "each once");
+    assert_eq!(h.cache.revision(), 17);
+    let mut replay = watch_prefix(&h.cache, WatchOptions::new().with_start_revision(11)).await;
+    created(&mut replay).await;
+    for rev in [11, 12, 16, 17] {
+        assert_eq!(next_rev(&mut replay).await, rev);
+    }
+}
+
 /// 4. A broken stream: not ready, backoff on virtual time, resume from applied + 1, no
 /// gap and no duplicate for subscribers.
 #[tokio::test(start_paused = true)]

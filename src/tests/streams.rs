@@ -71,6 +71,25 @@ async fn several_watches_share_one_stream_and_cancel_by_id() {
     assert_eq!(h.cache.watcher_count(), 0);
 }
 
+/// A stream's one watch is served by a fast path while deliveries are queued; a cancel
+/// handed over meanwhile still goes first: its `canceled` is the next response, and
+/// nothing that was queued for the watch follows it (as etcd).
+#[tokio::test(start_paused = true)]
+async fn a_cancel_goes_before_what_is_queued_for_the_watch() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    assert!(resp(&mut s).await.created());
+    for rev in 11..=13 {
+        h.watch.events(vec![put(&k("a"), "v", 11, rev, rev - 10)]);
+    }
+    settle().await;
+    assert_eq!(resp(&mut s).await.events()[0].revision(), 11);
+    s.cancel(0).await.unwrap();
+    let r = resp(&mut s).await;
+    assert!(r.canceled() && r.watch_id() == 0, "{r:?}");
+    assert!(next(&mut s).await.unwrap().is_none(), "nothing after it");
+}
+
 #[tokio::test(start_paused = true)]
 async fn chosen_watch_ids_are_honoured_and_duplicates_refused() {
     let h = ready(config(), &["3.5.13"], &[], 10).await;

@@ -635,14 +635,38 @@ impl WatchResponseStream {
         }
     }
 
+    /// The fast path of a stream with one watch and no reply waiting: its next queued
+    /// delivery, as the general path ([`poll_responses`](Self::poll_responses)) would
+    /// give it (the sender's news is taken first; a reply goes before it; a stream-wide
+    /// progress answer, after everything queued).
+    #[inline]
+    fn next_queued(&mut self) -> Option<WatchResponse> {
+        self.take_news();
+        if self.multi.is_some() || self.first_reply.is_some() {
+            return None;
+        }
+        let solo = self.solo.as_ref()?;
+        let watch_id = solo.watch_id;
+        let (revision, events) = solo.queued()?;
+        let h = self.header(revision);
+        Some(WatchResponse::new_events(h, watch_id, events))
+    }
+
     /// Takes what the sender handed over (watches, cancels, progress requests), in
     /// order, if there is news.
+    #[inline]
     fn take_news(&mut self) {
         // A load first: most polls find no news, and a swap would take the line
         // exclusively at every one of them.
-        if !self.control.dirty.load(Ordering::Acquire)
-            || !self.control.dirty.swap(false, Ordering::AcqRel)
-        {
+        if self.control.dirty.load(Ordering::Acquire) {
+            self.take_news_now();
+        }
+    }
+
+    /// [`take_news`](Self::take_news) once the flag is seen set.
+    #[cold]
+    fn take_news_now(&mut self) {
+        if !self.control.dirty.swap(false, Ordering::AcqRel) {
             return;
         }
         let mut inner = self.control.inner.lock();
@@ -923,6 +947,9 @@ impl Stream for WatchResponseStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if let Some(response) = this.next_queued() {
+            return Poll::Ready(Some(Ok(response)));
+        }
         let polled = this.poll_responses(cx);
         // Only a split stream's sender hands over news from another task: an unsplit
         // stream's owner calls its sender and polls it in turn, and a poll takes the news

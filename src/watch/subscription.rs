@@ -150,6 +150,17 @@ impl Subscription {
         Some(revision.max(self.floor))
     }
 
+    /// The next delivery queued for this live watch, if there is one: its stream's
+    /// fast path, which skips the item and its tags (what `poll_next` would yield
+    /// first; `None` sends the stream to `poll_next`).
+    #[inline]
+    pub(super) fn queued(&self) -> Option<(i64, SharedEvents)> {
+        match &self.source {
+            Source::Live { mailbox, .. } => mailbox.pop().map(|d| (d.revision, d.events)),
+            Source::Compacted(_) | Source::Ended => None,
+        }
+    }
+
     /// Ends the watch: out of the index, its slot freed.
     fn finish(&mut self, reason: EndReason) {
         let source = std::mem::replace(&mut self.source, Source::Ended);
