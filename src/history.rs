@@ -141,6 +141,13 @@ impl History {
         self.head = batch.revision;
         self.bytes += batch.bytes;
         self.batches.push_back(batch);
+        self.evict(lagging)
+    }
+
+    /// Evicts the oldest batches beyond `max_bytes` (but never the newest), and beyond
+    /// `capacity` unless it keeps batches for `lagging` subscribers. Returns the number
+    /// evicted.
+    pub(crate) fn evict(&mut self, lagging: bool) -> usize {
         let mut evicted = 0;
         let capacity_evicts = !(lagging && self.keep_while_lagging);
         while (capacity_evicts && self.batches.len() > self.capacity)

@@ -195,15 +195,19 @@ impl Writer {
         let batches = std::mem::take(&mut self.burst.batches);
         {
             // While a subscriber lags, the history may keep more than its capacity
-            // (`keep_while_lagging`); a subscriber may start lagging in this dispatch,
-            // so the burst's own batches are kept until the next push.
-            let lagging = shared.subscribers.lagging() > 0 || batches.len() > 1;
+            // (`keep_history_while_lagging`). A subscriber may start lagging anywhere in
+            // this burst's dispatch, so nothing is evicted for the capacity until the
+            // dispatch has shown whether one lags.
             let mut history = shared.history.write();
             for batch in &batches {
-                history.push(batch.clone(), lagging);
+                history.push(batch.clone(), true);
             }
         }
         let stats = index.dispatch_all(&batches);
+        shared
+            .history
+            .write()
+            .evict(shared.subscribers.lagging() > 0);
         let last = self.burst.stored;
         if stats.lagged > 0 {
             debug!(

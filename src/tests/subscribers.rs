@@ -580,3 +580,47 @@ async fn a_lagging_subscriber_keeps_the_history_it_needs_when_asked() {
         }
     }
 }
+
+/// With `keep_history_while_lagging`, a burst of upstream messages flushed at once keeps
+/// its revisions until its dispatch shows whether a subscriber lags: subscribers that
+/// start lagging in the middle of the burst still get every revision; when none lags,
+/// the history is back within its window as soon as the burst is flushed.
+#[tokio::test(start_paused = true)]
+async fn a_burst_keeps_the_history_for_subscribers_that_start_lagging_in_it() {
+    for buffer in [1, 128] {
+        let cfg = Config {
+            subscriber_buffer: buffer,
+            history_window: 10,
+            keep_history_while_lagging: true,
+            ..config()
+        };
+        let h = ready(cfg, &["3.5.13"], &[], 10).await;
+        let (mut slow, mut fast) = slow_and_fast(&h).await;
+        // Sent before the follower runs: one burst of 30 revisions, three windows.
+        for rev in 11..=40 {
+            h.watch.events(vec![put("/app/a", "v", 11, rev, rev - 10)]);
+        }
+        for s in [&mut fast, &mut slow] {
+            for rev in 11..=40 {
+                let r = next(s).await.unwrap().unwrap();
+                assert_eq!(
+                    (r.revision(), r.canceled()),
+                    (rev, false),
+                    "buffer {buffer}"
+                );
+            }
+        }
+        if buffer == 1 {
+            // Caught up: the next write trims the history back to its window.
+            h.watch.events(vec![put("/app/a", "v", 11, 41, 31)]);
+            assert_eq!(next(&mut fast).await.unwrap().unwrap().revision(), 41);
+            assert_eq!(h.cache.history_span().0, 32);
+        } else {
+            assert_eq!(
+                h.cache.history_span().0,
+                31,
+                "none lagged: within the window"
+            );
+        }
+    }
+}
