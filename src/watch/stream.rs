@@ -535,24 +535,33 @@ impl WatchResponseStream {
     /// Cancel safe: responses are removed from the stream only as they are added to
     /// `out`.
     pub async fn messages(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> Result<usize> {
-        let Some(first) = self.message().await? else {
-            return Ok(0);
-        };
-        out.push(first);
-        let mut added = 1;
-        let waker = std::task::Waker::noop();
-        let mut cx = Context::from_waker(waker);
+        std::future::poll_fn(|cx| self.poll_messages(cx, out, max.max(1))).await
+    }
+
+    /// [`messages`](Self::messages), polled with the caller's waker throughout: the
+    /// poll that finds nothing more leaves that waker registered (as
+    /// [`message`](Self::message) would), not a no-op one that the next call must
+    /// replace.
+    fn poll_messages(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<WatchResponse>,
+        max: usize,
+    ) -> Poll<Result<usize>> {
+        let mut added = 0;
         while added < max {
-            match Pin::new(&mut *self).poll_next(&mut cx) {
+            match Pin::new(&mut *self).poll_next(cx) {
                 Poll::Ready(Some(Ok(r))) => {
                     out.push(r);
                     added += 1;
                 }
-                Poll::Ready(Some(Err(e))) => return Err(e),
-                Poll::Ready(None) | Poll::Pending => break,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(None) => break,
+                Poll::Pending if added == 0 => return Poll::Pending,
+                Poll::Pending => break,
             }
         }
-        Ok(added)
+        Poll::Ready(Ok(added))
     }
 
     fn header(&mut self, revision: i64) -> crate::ResponseHeader {
