@@ -141,7 +141,8 @@ impl Group {
 }
 
 /// The subscriber index. Guarded by the registry's mutex; the follower holds it for one
-/// upstream message at a time, registration and unsubscription hold it to add/remove.
+/// burst of upstream messages at a time, registration and unsubscription hold it to
+/// add/remove.
 #[derive(Default)]
 pub(crate) struct Index {
     groups: Slab<Group>,

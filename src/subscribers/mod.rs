@@ -201,7 +201,7 @@ impl Subscribers {
         }
     }
 
-    /// The index, locked for the follower's dispatch of one upstream message.
+    /// The index, locked for the follower's flush of one burst of upstream messages.
     pub(crate) fn lock(&self) -> LockedIndex<'_> {
         LockedIndex {
             index: self.index.lock(),
