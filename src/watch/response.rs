@@ -34,25 +34,27 @@ enum Kind {
 /// ```
 #[derive(Debug, Clone)]
 pub struct WatchResponse {
-    header: Option<ResponseHeader>,
-    revision: i64,
+    /// The header, or its revision once [`take_header`](Self::take_header) took it.
+    header: Result<ResponseHeader, i64>,
     watch_id: i64,
     kind: Kind,
     events: Option<SharedEvents>,
     compact_revision: i64,
-    cancel_reason: &'static str,
 }
+
+/// etcd's reason for a watch canceled behind compaction (`mvcc.ErrCompacted`): the
+/// reason of every response with a compact revision (the cache cancels a watch for no
+/// other reason of its own).
+pub(super) const COMPACTED_REASON: &str = "mvcc: required revision has been compacted";
 
 impl WatchResponse {
     fn new(header: ResponseHeader, watch_id: i64, kind: Kind) -> Self {
         WatchResponse {
-            revision: header.revision(),
-            header: Some(header),
+            header: Ok(header),
             watch_id,
             kind,
             events: None,
             compact_revision: 0,
-            cancel_reason: "",
         }
     }
 
@@ -71,15 +73,15 @@ impl WatchResponse {
         Self::new(header, watch_id, Kind::Progress)
     }
 
+    /// A canceled response: by a cancel (`compact_revision` 0) or behind the window
+    /// (then its reason is [`COMPACTED_REASON`]).
     pub(super) fn new_canceled(
         header: ResponseHeader,
         watch_id: i64,
         compact_revision: i64,
-        cancel_reason: &'static str,
     ) -> Self {
         WatchResponse {
             compact_revision,
-            cancel_reason,
             ..Self::new(header, watch_id, Kind::Canceled)
         }
     }
@@ -88,12 +90,14 @@ impl WatchResponse {
     /// upstream's cluster id, member id and raft term. Always `Some` (an `Option` as in
     /// etcd-client).
     pub fn header(&self) -> Option<&ResponseHeader> {
-        self.header.as_ref()
+        self.header.as_ref().ok()
     }
 
-    /// Takes the header out, as etcd-client's.
+    /// Takes the header out, as etcd-client's ([`revision`](Self::revision) still
+    /// gives its revision).
     pub fn take_header(&mut self) -> Option<ResponseHeader> {
-        self.header.take()
+        let revision = self.revision();
+        std::mem::replace(&mut self.header, Err(revision)).ok()
     }
 
     /// The header revision. For events: at least their revision (equal unless the
@@ -102,7 +106,10 @@ impl WatchResponse {
     /// `created`: the revision the watch is current at. Never below an earlier
     /// response's on the same stream.
     pub fn revision(&self) -> i64 {
-        self.revision
+        match &self.header {
+            Ok(header) => header.revision(),
+            Err(revision) => *revision,
+        }
     }
 
     /// The events, all of one revision. Shared with other subscribers, never copied.
@@ -171,7 +178,11 @@ impl WatchResponse {
 
     /// Why the watch was canceled (etcd's text for compaction), empty otherwise.
     pub fn cancel_reason(&self) -> &str {
-        self.cancel_reason
+        if self.compact_revision > 0 {
+            COMPACTED_REASON
+        } else {
+            ""
+        }
     }
 
     /// Always false: the cache never splits a revision over several responses.
@@ -197,4 +208,38 @@ pub(crate) fn response_header(
         revision,
         raft_term: header.raft_term,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(revision: i64) -> ResponseHeader {
+        response_header(&crate::upstream::Header::default(), revision)
+    }
+
+    /// Every delivery moves one through the stream's layers: 72 bytes (the header's
+    /// revision is not kept twice, the cancel reason is derived from the compact
+    /// revision).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_response_takes_72_bytes() {
+        assert_eq!(std::mem::size_of::<WatchResponse>(), 72);
+    }
+
+    #[test]
+    fn the_revision_outlives_a_taken_header_and_the_reason_follows_the_compaction() {
+        let mut r = WatchResponse::new_progress(header(7), 3);
+        assert_eq!((r.revision(), r.watch_id()), (7, 3));
+        assert_eq!(r.take_header().map(|h| h.revision()), Some(7));
+        assert!(r.header().is_none() && r.take_header().is_none());
+        assert_eq!(r.revision(), 7, "as etcd-client's: the revision stays");
+        let canceled = WatchResponse::new_canceled(header(9), 1, 0);
+        assert!(canceled.canceled() && canceled.cancel_reason().is_empty());
+        let compacted = WatchResponse::new_canceled(header(9), 1, 5);
+        assert_eq!(
+            (compacted.compact_revision(), compacted.cancel_reason()),
+            (5, COMPACTED_REASON)
+        );
+    }
 }

@@ -843,12 +843,9 @@ impl WatchResponseStream {
                 let h = self.header(revision);
                 WatchResponse::new_progress(h, watch_id)
             }
-            Item::Canceled {
-                compact_revision,
-                reason,
-            } => {
+            Item::Canceled { compact_revision } => {
                 let h = self.header(self.control.shared.view.revision());
-                WatchResponse::new_canceled(h, watch_id, compact_revision, reason)
+                WatchResponse::new_canceled(h, watch_id, compact_revision)
             }
             Item::Failed(source) => return Some(Err(Error::Failed { source })),
         }))
@@ -866,7 +863,7 @@ impl WatchResponseStream {
             }
             Some(Reply::Canceled { watch_id }) => {
                 let h = self.header(self.control.shared.view.revision());
-                return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0, ""))));
+                return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0))));
             }
             None => {}
         }

@@ -17,9 +17,6 @@ use crate::shared_events::SharedEvents;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
 use crate::subscribers::{Registered, Slot, SubId};
 
-/// etcd's reason for a watch canceled behind compaction (`mvcc.ErrCompacted`).
-pub(super) const COMPACTED_REASON: &str = "mvcc: required revision has been compacted";
-
 /// What one watch yields, before its stream turns it into a response.
 #[derive(Debug)]
 pub(super) enum Item {
@@ -35,7 +32,6 @@ pub(super) enum Item {
     /// The watch ended: cancelled (`compact_revision == 0`) or behind the window.
     Canceled {
         compact_revision: i64,
-        reason: &'static str,
     },
     /// The cache stopped on this error.
     Failed(Arc<Error>),
@@ -219,10 +215,7 @@ impl Subscription {
             Source::Ended => return Poll::Ready(None),
             &mut Source::Compacted(compact_revision) => {
                 this.finish(EndReason::Compacted);
-                return Poll::Ready(Some(Item::Canceled {
-                    compact_revision,
-                    reason: COMPACTED_REASON,
-                }));
+                return Poll::Ready(Some(Item::Canceled { compact_revision }));
             }
         };
         let shared = &this.shared;
@@ -256,10 +249,7 @@ impl Subscription {
                         compact_revision,
                         "a watch fell behind the history window; it is canceled as compacted"
                     );
-                    Item::Canceled {
-                        compact_revision,
-                        reason: COMPACTED_REASON,
-                    }
+                    Item::Canceled { compact_revision }
                 }
                 Polled::Ended(End::Failed(error)) => Item::Failed(error),
                 Polled::Idle { revision } => {
