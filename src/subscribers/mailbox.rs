@@ -220,8 +220,8 @@ impl Mailbox {
     /// Producer side: [`push`](Self::push) of several revisions (in increasing order)
     /// under one lock, as a burst of upstream messages brings them: the line of a
     /// mailbox that its consumer, on the other core, touched last moves once per burst,
-    /// not once per revision. Adds what it queued and how many times it became lagging
-    /// (at most once) to `stats`.
+    /// not once per revision. Returns how many it queued and how many times it became
+    /// lagging (0 or 1: a lagging subscriber takes nothing more from the producer).
     #[inline]
     pub(crate) fn push_all<'a>(
         &self,
