@@ -151,10 +151,15 @@ impl Subscription {
     /// first; `None` sends the stream to `poll_next`).
     #[inline]
     pub(super) fn queued(&self) -> Option<(i64, SharedEvents)> {
-        match &self.source {
-            Source::Live { mailbox, .. } => mailbox.pop().map(|d| (d.revision, d.events)),
-            Source::Compacted(_) | Source::Ended => None,
-        }
+        let Source::Live { mailbox, .. } = &self.source else {
+            return None;
+        };
+        let delivery = mailbox.pop()?;
+        // What catch-ups queued is counted by the polls that take deliveries, as in
+        // `poll_next` (a plain load when there is nothing to count).
+        let shared = &self.shared;
+        shared.metrics.replayed(shared.subscribers.lag());
+        Some((delivery.revision, delivery.events))
     }
 
     /// Ends the watch: out of the index, its slot freed.
