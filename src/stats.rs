@@ -61,9 +61,6 @@ pub struct CacheStats {
     pub consistency_mismatches: u64,
 }
 
-/// Counters with one writer each: the follower (connects, lists, trust, what it heard)
-/// and the read path (fallback reads). The cluster revision is raised by whoever
-/// learns a newer one.
 /// The identity of the member that answered last, on a cache line of its own: every
 /// response's header reads it, and the counters beside it change at every upstream
 /// message.
@@ -71,6 +68,9 @@ pub struct CacheStats {
 #[repr(align(64))]
 struct Identity([AtomicU64; 3]);
 
+/// Counters with one writer each: the follower (connects, lists, trust, what it heard)
+/// and the read path (fallback reads). The cluster revision is raised by whoever
+/// learns a newer one.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     connects: AtomicU64,
@@ -127,6 +127,7 @@ impl Counters {
     }
 
     /// Records who answered (from an upstream header).
+    ///
     /// Stored only when it changed: every response's header reads it, on every core,
     /// and a store (even of the same values) at each upstream message would take the
     /// line from all of them.

