@@ -1,9 +1,10 @@
 //! One etcd process on loopback: start, kill, restart, logs.
 //!
-//! Every server listens on 127.0.0.1 with free ports picked at random, keeps its data in a
-//! temporary directory and its stdout/stderr in `etcd.log` next to the data, and is killed
-//! (SIGKILL) when dropped. All calls here block the calling thread (they wait for `/health`);
-//! from an async test use a multi-threaded runtime or [`blocking`](crate::blocking).
+//! Every server listens on 127.0.0.1 with free ports picked at random (below the kernel's
+//! ephemeral range, see [`free_port`]), keeps its data in a temporary directory and its
+//! stdout/stderr in `etcd.log` next to the data, and is killed (SIGKILL) when dropped. All
+//! calls here block the calling thread (they wait for `/health`); from an async test use a
+//! multi-threaded runtime or [`blocking`](crate::blocking).
 //!
 //! Which binary runs: [`EtcdOptions::version`] when a test picks one, else the run's default,
 //! [`EtcdBinaries::default_for_run`] (`$ETCD_VERSION`, default 3.4; `$ETCD_BIN` overrides the
@@ -48,14 +49,53 @@ pub fn etcd_binary() -> PathBuf {
     EtcdBinaries::default_for_run().etcd.clone()
 }
 
-/// A free TCP port on 127.0.0.1 (bind port 0, read it, release it).
+/// A free TCP port on 127.0.0.1, outside the kernel's ephemeral range.
 ///
-/// Another process may take it before etcd binds it; starts are retried on that.
+/// The port is picked at random below `net.ipv4.ip_local_port_range` and checked by binding
+/// it. Outside that range is what lets a killed server restart on its ports: the kernel
+/// gives an ephemeral port to every outgoing connection (a client reconnecting, another
+/// test's traffic), and one that lands on a dead member's peer port holds it for as long
+/// as the connection lives, so `restart` could not bind it (a CI run saw that). A port in
+/// this range is only ever taken by a bind of its own; the ports handed out by this process
+/// are remembered so that two servers of one test run are never given the same one.
+/// Another process may still bind it before etcd does; starts are retried on that.
 pub fn free_port() -> u16 {
+    use rand::Rng as _;
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let given = GIVEN.get_or_init(Mutex::default);
+    let (low, high) = unreserved_port_range();
+    let mut rng = rand::rng();
+    for _ in 0..1_000 {
+        let port = rng.random_range(low..high);
+        let mut given = given.lock().unwrap_or_else(|e| e.into_inner());
+        if given.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        given.insert(port);
+        return port;
+    }
+    // Every try was taken (a machine with an unusual port range): let the kernel pick.
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("cannot bind 127.0.0.1:0 to find a free port")
+}
+
+/// The ports `free_port` picks from: from 10,000 up to the start of the kernel's ephemeral
+/// range (Linux's default starts it at 32,768), or 20,000-30,000 when the range cannot be
+/// read or leaves too little room below it.
+fn unreserved_port_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok());
+    match ephemeral_start {
+        Some(start) if start >= LOW + 5_000 => (LOW, start),
+        _ => (20_000, 30_000),
+    }
 }
 
 /// Options for [`EtcdServer::start_with`] and [`EtcdCluster::start_with`](crate::EtcdCluster::start_with).
@@ -573,4 +613,44 @@ pub(crate) fn file_tail(path: &Path, lines: usize) -> String {
     let text = String::from_utf8_lossy(&buf);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let (low, high) = unreserved_port_range();
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port was handed out twice: {ports:?}"
+        );
+        for port in ports {
+            assert!((low..high).contains(&port), "{port} outside {low}..{high}");
+            TcpListener::bind(("127.0.0.1", port)).expect("a port handed out is free");
+        }
+    }
+
+    #[test]
+    fn an_outgoing_connection_never_takes_a_port_that_free_port_gives() {
+        // The kernel's ephemeral ports are all at or above `high`: a connection's local port
+        // cannot be one `free_port` hands out (what let a killed member's restart fail).
+        let (_, high) = unreserved_port_range();
+        if high == 30_000 {
+            eprintln!("the ephemeral range is unusual here; free_port falls back to 20,000-30,000");
+            return;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let conns: Vec<_> = (0..50)
+            .map(|_| std::net::TcpStream::connect(listener.local_addr().unwrap()).expect("connect"))
+            .collect();
+        for conn in &conns {
+            let port = conn.local_addr().unwrap().port();
+            assert!(port >= high, "ephemeral port {port} below {high}");
+        }
+    }
 }
