@@ -295,6 +295,18 @@ impl Mailbox {
         self.state.lock().queue.pop_front()
     }
 
+    /// Consumer side, the fast path of a batch receive: up to `max` queued deliveries,
+    /// in order, under one hold of the lock (what as many [`pop`](Self::pop)s would
+    /// take, without locking a line the producer also locks once per delivery).
+    /// Returns how many `take` was given.
+    #[inline]
+    pub(crate) fn pop_up_to(&self, max: usize, take: impl FnMut(Delivery)) -> usize {
+        let mut s = self.state.lock();
+        let n = max.min(s.queue.len());
+        s.queue.drain(..n).for_each(take);
+        n
+    }
+
     /// One look at the queue (under the mailbox lock): the next delivery, the end, or
     /// idle; `None` while lagging with nothing queued, when the caller must catch up.
     fn poll_queue(&self, waker: &Waker, revision: &impl Fn() -> i64) -> Option<Polled> {

@@ -90,6 +90,40 @@ async fn a_cancel_goes_before_what_is_queued_for_the_watch() {
     assert!(next(&mut s).await.unwrap().is_none(), "nothing after it");
 }
 
+/// A batch receive takes what is queued for a single watch at once (its fast path), at
+/// most `max`, in order, each response with its own header; a reply still goes first,
+/// and a cancel goes before what is queued after it.
+#[tokio::test(start_paused = true)]
+async fn a_batch_receive_takes_what_is_queued_in_order_and_a_cancel_first() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    for rev in 11..=15 {
+        h.watch.events(vec![put(&k("a"), "v", 11, rev, rev - 10)]);
+    }
+    settle().await;
+    let mut out = Vec::new();
+    assert_eq!(s.messages(&mut out, 1).await.unwrap(), 1);
+    assert!(out[0].created(), "the reply first: {:?}", out[0]);
+    out.clear();
+    assert_eq!(s.messages(&mut out, 3).await.unwrap(), 3, "at most max");
+    assert_eq!(s.messages(&mut out, 64).await.unwrap(), 2, "the rest");
+    let got: Vec<_> = out
+        .iter()
+        .map(|r| (r.watch_id(), r.revision(), r.events()[0].revision()))
+        .collect();
+    let want: Vec<_> = (11..=15).map(|rev| (0, rev, rev)).collect();
+    assert_eq!(got, want);
+    for rev in 16..=17 {
+        h.watch.events(vec![put(&k("a"), "v", 11, rev, rev - 10)]);
+    }
+    settle().await;
+    s.cancel(0).await.unwrap();
+    out.clear();
+    assert_eq!(s.messages(&mut out, 64).await.unwrap(), 1, "{out:?}");
+    assert!(out[0].canceled() && out[0].watch_id() == 0, "{out:?}");
+    assert!(next(&mut s).await.unwrap().is_none(), "nothing after it");
+}
+
 #[tokio::test(start_paused = true)]
 async fn chosen_watch_ids_are_honoured_and_duplicates_refused() {
     let h = ready(config(), &["3.5.13"], &[], 10).await;

@@ -548,7 +548,10 @@ impl WatchResponseStream {
         out: &mut Vec<WatchResponse>,
         max: usize,
     ) -> Poll<Result<usize>> {
-        let mut added = 0;
+        let mut added = self.queued_into(out, max);
+        if added > 0 {
+            return Poll::Ready(Ok(added));
+        }
         while added < max {
             match Pin::new(&mut *self).poll_next(cx) {
                 Poll::Ready(Some(Ok(r))) => {
@@ -659,6 +662,26 @@ impl WatchResponseStream {
         let (revision, events) = solo.queued()?;
         let h = self.header(revision);
         Some(WatchResponse::new_events(h, watch_id, events))
+    }
+
+    /// The batch receive's fast path, [`next_queued`](Self::next_queued) up to `max`
+    /// times with one lock of the watch's mailbox: what it finds queued goes to `out`,
+    /// in order. Returns how many; 0 sends the receive to the general path.
+    fn queued_into(&mut self, out: &mut Vec<WatchResponse>, max: usize) -> usize {
+        self.take_news();
+        if self.multi.is_some() || self.first_reply.is_some() {
+            return 0;
+        }
+        let Some(solo) = self.solo.as_ref() else {
+            return 0;
+        };
+        let watch_id = solo.watch_id;
+        let (reported, shared) = (&mut self.reported, &self.control.shared);
+        solo.queued_up_to(max, |revision, events| {
+            *reported = (*reported).max(revision);
+            let h = shared.header(*reported);
+            out.push(WatchResponse::new_events(h, watch_id, events));
+        })
     }
 
     /// Takes what the sender handed over (watches, cancels, progress requests), in

@@ -162,6 +162,26 @@ impl Subscription {
         Some((delivery.revision, delivery.events))
     }
 
+    /// Up to `max` deliveries queued for this live watch, in order, for its stream's
+    /// batch receive: [`queued`](Self::queued) as many times, under one lock of the
+    /// mailbox. Returns how many `take` was given (0 when the watch is not live).
+    #[inline]
+    pub(super) fn queued_up_to(
+        &self,
+        max: usize,
+        mut take: impl FnMut(i64, SharedEvents),
+    ) -> usize {
+        let Source::Live { mailbox, .. } = &self.source else {
+            return 0;
+        };
+        let n = mailbox.pop_up_to(max, |d| take(d.revision, d.events));
+        if n > 0 {
+            let shared = &self.shared;
+            shared.metrics.replayed(shared.subscribers.lag());
+        }
+        n
+    }
+
     /// Ends the watch: out of the index, its slot freed.
     fn finish(&mut self, reason: EndReason) {
         let source = std::mem::replace(&mut self.source, Source::Ended);
