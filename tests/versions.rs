@@ -356,8 +356,22 @@ async fn watch_from_a_future_revision() {
             )
             .await
             .unwrap();
-        // Quiet for a while: periodic progress notifications (100 ms) would come now.
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // Quiet for a while: periodic progress notifications (100 ms) would come now. The
+        // cache's watch is read meanwhile, so that a notification it made would be seen.
+        let mut local_early = Vec::new();
+        let quiet = tokio::time::sleep(Duration::from_millis(600));
+        tokio::pin!(quiet);
+        loop {
+            tokio::select! {
+                _ = &mut quiet => break,
+                resp = local.message() => {
+                    let resp = resp.unwrap().expect("cache watch open");
+                    if !resp.created() {
+                        local_early.push(Seen::Progress(resp.header().unwrap().revision()));
+                    }
+                }
+            }
+        }
         let mut written = Vec::new();
         for i in 1..=WRITES {
             let rev = client
@@ -397,7 +411,7 @@ async fn watch_from_a_future_revision() {
                 break;
             }
         }
-        let mut local_seen = Vec::new();
+        let mut local_seen = local_early;
         loop {
             let resp = local.message().await.unwrap().expect("cache watch open");
             if resp.created() {

@@ -491,6 +491,47 @@ async fn watch_progress_notify_at_interval() {
     assert_pending!(quiet.poll_next());
 }
 
+/// 9a'. A watch from a revision the cache has not reached (a client resuming from what
+/// another proxy gave it) gets no progress until the cache reaches its start, as fixed
+/// etcd (etcd#20221): the client's revision never moves backwards.
+#[tokio::test(start_paused = true)]
+async fn no_progress_below_a_start_the_cache_has_not_reached() {
+    let cfg = Config {
+        progress_notify_interval: Duration::from_secs(1),
+        ..config()
+    };
+    let h = ready(cfg, &["3.4.23"], &[], 10).await;
+    let options = WatchOptions::new()
+        .with_progress_notify()
+        .with_start_revision(14);
+    let s = h.cache.watch(k("a"), Some(options)).await.unwrap();
+    let mut s = task::spawn(s);
+    let r = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert!(r.created());
+    assert_eq!(r.revision(), 10, "created at the cache's revision, as etcd");
+    advance(Duration::from_secs(1)).await;
+    assert_pending!(s.poll_next(), "no progress at 10 for a watch from 14");
+    h.watch.events(vec![put("/app/b", "b", 11, 11, 1)]);
+    h.watch.progress(12, false);
+    settle().await;
+    advance(Duration::from_secs(1)).await;
+    assert_pending!(s.poll_next(), "nor at 12");
+    h.watch.progress(13, false);
+    settle().await;
+    advance(Duration::from_secs(1)).await;
+    assert_pending!(s.poll_next(), "nor at 13: etcd waits for its start, 14");
+    h.watch.events(vec![put("/app/b", "b", 14, 14, 1)]);
+    settle().await;
+    advance(Duration::from_secs(1)).await;
+    let r = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert!(r.is_progress_notify(), "{r:?}");
+    assert_eq!(r.revision(), 14, "once the cache is at its start");
+    h.watch.events(vec![put(&k("a"), "v", 15, 15, 1)]);
+    settle().await;
+    let r = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert_eq!(r.events()[0].revision(), 15);
+}
+
 /// 9b. A lagging subscriber's progress never gets ahead of what it was delivered.
 #[tokio::test(start_paused = true)]
 async fn lagging_subscriber_progress_never_ahead_of_its_position() {

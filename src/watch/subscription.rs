@@ -277,13 +277,21 @@ impl Subscription {
                     Item::Canceled { compact_revision }
                 }
                 Polled::Ended(End::Failed(error)) => Item::Failed(error),
-                Polled::Idle { revision } => {
-                    if *progress_due {
+                Polled::Idle { revision, position } => {
+                    // A watch from a start revision the cache had not reached when it
+                    // was created (a client resuming from what it saw through another
+                    // proxy or member, or a future revision) gets no progress until the
+                    // cache reaches its start, as etcd >= 3.4.38 / 3.5.22 / 3.6.2
+                    // (`rev < w.startRev`, etcd#20221): a notification below it would
+                    // move that client's revision backwards, and a client resuming from
+                    // it would be sent events again. (A watch from now starts at
+                    // `floor`, its position or later.)
+                    let reached = this.floor >= position || revision > position;
+                    let revision = revision.max(this.floor);
+                    if *progress_due && reached {
                         *progress_due = false;
                         shared.metrics.progress_response();
-                        return Poll::Ready(Some(Item::Progress {
-                            revision: revision.max(this.floor),
-                        }));
+                        return Poll::Ready(Some(Item::Progress { revision }));
                     }
                     if let Some(timer) = this.progress_timer.as_mut() {
                         if timer.as_mut().poll(cx).is_ready() {
