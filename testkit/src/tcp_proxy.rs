@@ -13,9 +13,11 @@
 //!
 //! Needs a tokio runtime. Dropping the proxy stops its listener and every connection.
 
+use std::collections::HashMap;
 use std::fmt::Display;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +39,10 @@ struct Shared {
     blackhole: watch::Sender<bool>,
     /// Bumped by `drop_all_connections`; every connection alive at that moment ends.
     epoch: watch::Sender<u64>,
+    /// The sockets of every live connection (duplicated handles), by connection, so
+    /// that `drop_all_connections` shuts them down before it returns.
+    sockets: Mutex<HashMap<u64, Vec<std::net::TcpStream>>>,
+    next_id: AtomicU64,
     accepted: AtomicU64,
     refused: AtomicU64,
     dropped: AtomicU64,
@@ -64,6 +70,8 @@ impl TcpProxy {
             refuse: AtomicBool::new(false),
             blackhole: watch::Sender::new(false),
             epoch: watch::Sender::new(0),
+            sockets: Mutex::default(),
+            next_id: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
@@ -91,8 +99,17 @@ impl TcpProxy {
 
     /// Closes every current connection at once, on both sides, with a reset (RST). New
     /// connections are still accepted.
+    ///
+    /// When it returns, nothing more is forwarded on those connections: their sockets
+    /// are shut down before it returns, not when their tasks next run, so a write made
+    /// upstream after this call (and its watch event) cannot reach the client through
+    /// them, however busy the machine.
     pub fn drop_all_connections(&self) {
         self.shared.epoch.send_modify(|e| *e += 1);
+        let sockets = self.shared.sockets.lock().unwrap();
+        for socket in sockets.values().flatten() {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     }
 
     /// While `true`: connections stay open but no byte is forwarded in either direction (and
@@ -191,18 +208,39 @@ fn reset(stream: &TcpStream) {
     let _ = stream.set_linger(Some(Duration::ZERO));
 }
 
-struct ActiveGuard(Arc<Shared>);
+/// Counts a connection as active and keeps its sockets' handles until it ends.
+struct ActiveGuard(Arc<Shared>, u64);
+
+impl ActiveGuard {
+    fn new(shared: &Arc<Shared>) -> ActiveGuard {
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        ActiveGuard(shared.clone(), id)
+    }
+
+    /// Registers a socket of this connection for `drop_all_connections`.
+    fn register(&self, socket: &TcpStream) {
+        // A duplicated handle of the same socket: shutting it down shuts the socket.
+        if let Ok(fd) = socket.as_fd().try_clone_to_owned() {
+            let mut sockets = self.0.sockets.lock().unwrap();
+            sockets.entry(self.1).or_default().push(fd.into());
+        }
+    }
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
+        self.0.sockets.lock().unwrap().remove(&self.1);
         self.0.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
-    shared.active.fetch_add(1, Ordering::SeqCst);
-    let _guard = ActiveGuard(shared.clone());
+    let guard = ActiveGuard::new(&shared);
+    // Subscribed before the socket is registered: a `drop_all_connections` that finds
+    // the socket is seen as a change by this connection.
     let mut epoch = shared.epoch.subscribe();
+    guard.register(&client);
     let _ = client.set_nodelay(true);
 
     // Connect upstream only while traffic flows (a black hole is a partition).
@@ -212,6 +250,13 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
         tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(addr)).await
     };
     let mut upstream = tokio::select! {
+        // The cut first: when both are ready, the connection ends.
+        biased;
+        _ = epoch.changed() => {
+            shared.dropped.fetch_add(1, Ordering::SeqCst);
+            reset(&client);
+            return;
+        }
         r = upstream => match r {
             Ok(Ok(s)) => s,
             _ => {
@@ -219,12 +264,15 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
                 return;
             }
         },
-        _ = epoch.changed() => {
-            shared.dropped.fetch_add(1, Ordering::SeqCst);
-            reset(&client);
-            return;
-        }
     };
+    guard.register(&upstream);
+    if epoch.has_changed().unwrap_or(true) {
+        // Cut while connecting: the upstream socket was not there to be shut down.
+        shared.dropped.fetch_add(1, Ordering::SeqCst);
+        reset(&client);
+        reset(&upstream);
+        return;
+    }
     let _ = upstream.set_nodelay(true);
 
     let cut = {
@@ -233,8 +281,11 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
         let up = pump(cr, uw, shared.blackhole.subscribe(), &shared.bytes);
         let down = pump(ur, cw, shared.blackhole.subscribe(), &shared.bytes);
         tokio::select! {
-            _ = async { tokio::try_join!(up, down) } => false,
+            // The cut first: pumps that failed because it shut the sockets down end the
+            // connection as a cut, not as a close.
+            biased;
             _ = epoch.changed() => true,
+            _ = async { tokio::try_join!(up, down) } => false,
         }
     };
     if cut {
@@ -271,5 +322,48 @@ where
         wait_open(&mut blackhole).await;
         w.write_all(&buf[..n]).await?;
         bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the upstream writes after `drop_all_connections` returns never reaches the
+    /// client (the tests that cut the cache off and write behind its back rely on it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_is_forwarded_once_drop_all_connections_returns() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = TcpProxy::start(upstream.local_addr().unwrap()).await;
+        for round in 0..50 {
+            let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+            let (mut server, _) = upstream.accept().await.unwrap();
+            server.write_all(b"before").await.unwrap();
+            let mut buf = [0u8; 6];
+            client.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"before", "traffic flows before the cut");
+            proxy.drop_all_connections();
+            // It may fail, or land in a socket that forwards nothing any more.
+            let _ = server.write_all(b"after").await;
+            let mut rest = Vec::new();
+            let _ = client.read_to_end(&mut rest).await;
+            assert!(
+                rest.is_empty(),
+                "round {round}: {:?} was forwarded after the cut",
+                String::from_utf8_lossy(&rest)
+            );
+        }
+        // Each connection's task counts its cut when it next runs.
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while proxy.active() > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        assert!(
+            ended.await.is_ok(),
+            "{} connections still open",
+            proxy.active()
+        );
+        assert_eq!(proxy.dropped(), 50, "every connection ended as a cut");
     }
 }
