@@ -39,15 +39,22 @@ struct Shared {
     blackhole: watch::Sender<bool>,
     /// Bumped by `drop_all_connections`; every connection alive at that moment ends.
     epoch: watch::Sender<u64>,
-    /// The sockets of every live connection (duplicated handles), by connection, so
-    /// that `drop_all_connections` shuts them down before it returns.
-    sockets: Mutex<HashMap<u64, Vec<std::net::TcpStream>>>,
+    /// Every live connection's sockets (duplicated handles), so that
+    /// `drop_all_connections` shuts them down, and counts them, before it returns.
+    sockets: Mutex<HashMap<u64, Sockets>>,
     next_id: AtomicU64,
     accepted: AtomicU64,
     refused: AtomicU64,
     dropped: AtomicU64,
     active: AtomicUsize,
     bytes: AtomicU64,
+}
+
+/// One connection's sockets, and whether `drop_all_connections` cut it.
+#[derive(Default)]
+struct Sockets {
+    open: Vec<std::net::TcpStream>,
+    cut: bool,
 }
 
 /// A TCP forwarder on 127.0.0.1 with a random port, in front of one upstream address.
@@ -105,10 +112,16 @@ impl TcpProxy {
     /// upstream after this call (and its watch event) cannot reach the client through
     /// them, however busy the machine.
     pub fn drop_all_connections(&self) {
+        // Under the registry's lock: a task that the bump wakes cannot leave the registry
+        // (uncounted) before the sweep below has marked it.
+        let mut connections = self.shared.sockets.lock().unwrap();
         self.shared.epoch.send_modify(|e| *e += 1);
-        let sockets = self.shared.sockets.lock().unwrap();
-        for socket in sockets.values().flatten() {
-            let _ = socket.shutdown(Shutdown::Both);
+        for connection in connections.values_mut().filter(|c| !c.cut) {
+            connection.cut = true;
+            for socket in &connection.open {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
+            self.shared.dropped.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -212,19 +225,33 @@ fn reset(stream: &TcpStream) {
 struct ActiveGuard(Arc<Shared>, u64);
 
 impl ActiveGuard {
+    /// Counts the connection and enters it in the registry: from here on a
+    /// `drop_all_connections` cuts it (and counts it), whatever its task is doing.
     fn new(shared: &Arc<Shared>) -> ActiveGuard {
         shared.active.fetch_add(1, Ordering::SeqCst);
         let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        shared
+            .sockets
+            .lock()
+            .unwrap()
+            .insert(id, Sockets::default());
         ActiveGuard(shared.clone(), id)
     }
 
-    /// Registers a socket of this connection for `drop_all_connections`.
-    fn register(&self, socket: &TcpStream) {
+    /// Registers a socket of this connection for `drop_all_connections`; `false` if the
+    /// connection was cut already (the socket is then shut down at once).
+    fn register(&self, socket: &TcpStream) -> bool {
+        let mut connections = self.0.sockets.lock().unwrap();
+        let connection = connections.entry(self.1).or_default();
         // A duplicated handle of the same socket: shutting it down shuts the socket.
         if let Ok(fd) = socket.as_fd().try_clone_to_owned() {
-            let mut sockets = self.0.sockets.lock().unwrap();
-            sockets.entry(self.1).or_default().push(fd.into());
+            let socket = std::net::TcpStream::from(fd);
+            if connection.cut {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
+            connection.open.push(socket);
         }
+        !connection.cut
     }
 }
 
@@ -236,11 +263,15 @@ impl Drop for ActiveGuard {
 }
 
 async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
+    // The registry decides (and counts) which connections a cut ends; the epoch only
+    // wakes their tasks. Entered before subscribing: a cut whose bump this connection
+    // does not see as a change swept the registry before it was entered, or marked it.
     let guard = ActiveGuard::new(&shared);
-    // Subscribed before the socket is registered: a `drop_all_connections` that finds
-    // the socket is seen as a change by this connection.
     let mut epoch = shared.epoch.subscribe();
-    guard.register(&client);
+    if !guard.register(&client) {
+        reset(&client);
+        return;
+    }
     let _ = client.set_nodelay(true);
 
     // Connect upstream only while traffic flows (a black hole is a partition).
@@ -253,7 +284,6 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
         // The cut first: when both are ready, the connection ends.
         biased;
         _ = epoch.changed() => {
-            shared.dropped.fetch_add(1, Ordering::SeqCst);
             reset(&client);
             return;
         }
@@ -265,10 +295,8 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
             }
         },
     };
-    guard.register(&upstream);
-    if epoch.has_changed().unwrap_or(true) {
-        // Cut while connecting: the upstream socket was not there to be shut down.
-        shared.dropped.fetch_add(1, Ordering::SeqCst);
+    if !guard.register(&upstream) {
+        // Cut while connecting upstream.
         reset(&client);
         reset(&upstream);
         return;
@@ -282,14 +310,13 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
         let down = pump(ur, cw, shared.blackhole.subscribe(), &shared.bytes);
         tokio::select! {
             // The cut first: pumps that failed because it shut the sockets down end the
-            // connection as a cut, not as a close.
+            // connection with a reset, as a cut.
             biased;
             _ = epoch.changed() => true,
             _ = async { tokio::try_join!(up, down) } => false,
         }
     };
     if cut {
-        shared.dropped.fetch_add(1, Ordering::SeqCst);
         reset(&client);
         reset(&upstream);
     }
@@ -353,7 +380,7 @@ mod tests {
                 String::from_utf8_lossy(&rest)
             );
         }
-        // Each connection's task counts its cut when it next runs.
+        // Every connection ends (its task sees the cut when it next runs).
         let ended = tokio::time::timeout(Duration::from_secs(10), async {
             while proxy.active() > 0 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -364,6 +391,6 @@ mod tests {
             "{} connections still open",
             proxy.active()
         );
-        assert_eq!(proxy.dropped(), 50, "every connection ended as a cut");
+        assert_eq!(proxy.dropped(), 50, "every connection was counted as cut");
     }
 }
