@@ -568,8 +568,7 @@ impl WatchResponseStream {
     }
 
     fn header(&mut self, revision: i64) -> crate::ResponseHeader {
-        self.reported = self.reported.max(revision);
-        self.control.shared.header(self.reported)
+        header_after(&mut self.reported, &self.control.shared, revision)
     }
 
     /// Watches on the stream (not counting those added but not yet polled).
@@ -678,8 +677,7 @@ impl WatchResponseStream {
         let watch_id = solo.watch_id;
         let (reported, shared) = (&mut self.reported, &self.control.shared);
         solo.queued_up_to(max, |revision, events| {
-            *reported = (*reported).max(revision);
-            let h = shared.header(*reported);
+            let h = header_after(reported, shared, revision);
             out.push(WatchResponse::new_events(h, watch_id, events));
         })
     }
@@ -969,6 +967,13 @@ impl WatchResponseStream {
         }
         Poll::Pending
     }
+}
+
+/// A response header at `revision`, or at the revision the stream reported already if
+/// that is later (a stream's headers never go backwards, as etcd's); `reported` follows.
+fn header_after(reported: &mut i64, shared: &Shared, revision: i64) -> crate::ResponseHeader {
+    *reported = (*reported).max(revision);
+    shared.header(*reported)
 }
 
 impl Stream for WatchResponseStream {
