@@ -303,8 +303,9 @@ enum Seen {
 
 /// etcd#20221 (fixed in 3.4.38 / 3.5.22 / 3.6.2): a watch from a future revision got
 /// progress notifications below its start revision, and a client resuming from one of them
-/// got events it had not asked for. Fixed etcd sends no progress below the start revision;
-/// the cache must not either, and must deliver exactly the events from the start on.
+/// got events it had not asked for. Fixed etcd sends no progress below the start revision
+/// (it defers a stream-wide progress request's answer until it can); the cache must not
+/// either, and must deliver exactly the events from the start on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_a_future_revision() {
     testkit::init_tracing();
@@ -356,9 +357,15 @@ async fn watch_from_a_future_revision() {
             )
             .await
             .unwrap();
+        // A stream-wide progress request on each. Fixed etcd drops one it cannot answer
+        // (`rev < w.startRev`: it is never answered); the cache answers it once it has
+        // reached the start, never below it.
+        raw.request_progress().await.unwrap();
+        local.request_progress().await.unwrap();
         // Quiet for a while: periodic progress notifications (100 ms) would come now. The
         // cache's watch is read meanwhile, so that a notification it made would be seen.
         let mut local_early = Vec::new();
+        let mut early_answer = None;
         let quiet = tokio::time::sleep(Duration::from_millis(600));
         tokio::pin!(quiet);
         loop {
@@ -366,6 +373,9 @@ async fn watch_from_a_future_revision() {
                 _ = &mut quiet => break,
                 resp = local.message() => {
                     let resp = resp.unwrap().expect("cache watch open");
+                    if resp.watch_id() == -1 {
+                        early_answer = Some(resp.header().unwrap().revision());
+                    }
                     if !resp.created() {
                         local_early.push(Seen::Progress(resp.header().unwrap().revision()));
                     }
@@ -386,10 +396,15 @@ async fn watch_from_a_future_revision() {
         let last = *written.last().unwrap();
         let expected: Vec<i64> = written.iter().copied().filter(|&r| r >= start).collect();
 
-        // Collect both until the last revision was delivered.
+        // Collect both until the last revision was delivered (and, from the cache, the
+        // stream-wide progress request was answered).
         let mut raw_seen = Vec::new();
-        loop {
+        let (mut done, mut answered) = (false, None);
+        while !done {
             let resp = raw.message().await.unwrap().expect("raw watch open");
+            if resp.watch_id() == -1 {
+                answered = Some(resp.header().unwrap().revision());
+            }
             if resp.created() {
                 continue;
             }
@@ -401,19 +416,21 @@ async fn watch_from_a_future_revision() {
                     (kv.mod_revision(), kv.value().to_vec())
                 })
                 .collect();
-            let done = events.iter().any(|(r, _)| *r >= last);
+            done |= events.iter().any(|(r, _)| *r >= last);
             raw_seen.push(if events.is_empty() {
                 Seen::Progress(resp.header().unwrap().revision())
             } else {
                 Seen::Events(events)
             });
-            if done {
-                break;
-            }
         }
+        let raw_answer = answered;
         let mut local_seen = local_early;
-        loop {
+        let (mut done, mut answered) = (false, early_answer);
+        while !done || answered.is_none() {
             let resp = local.message().await.unwrap().expect("cache watch open");
+            if resp.watch_id() == -1 {
+                answered = Some(resp.header().unwrap().revision());
+            }
             if resp.created() {
                 continue;
             }
@@ -426,16 +443,14 @@ async fn watch_from_a_future_revision() {
                     (kv.mod_revision(), kv.value().to_vec())
                 })
                 .collect();
-            let done = events.iter().any(|(r, _)| *r >= last);
+            done |= events.iter().any(|(r, _)| *r >= last);
             local_seen.push(if events.is_empty() {
                 Seen::Progress(resp.header().unwrap().revision())
             } else {
                 Seen::Events(events)
             });
-            if done {
-                break;
-            }
         }
+        let local_answer = answered;
 
         let summarize = |seen: &[Seen]| {
             let revisions: Vec<i64> = seen
@@ -457,13 +472,15 @@ async fn watch_from_a_future_revision() {
         let (raw_revs, raw_low) = summarize(&raw_seen);
         let (local_revs, local_low) = summarize(&local_seen);
         println!(
-            "VERSIONS | etcd#20221 | etcd {release} | start {start} (current {current}) | etcd: events {} (below start {}), progress below start {} | cache: events {} (below start {}), progress below start {}",
+            "VERSIONS | etcd#20221 | etcd {release} | start {start} (current {current}) | etcd: events {} (below start {}), progress below start {}, stream-wide answer {:?} | cache: events {} (below start {}), progress below start {}, stream-wide answer {:?}",
             raw_revs.len(),
             raw_revs.iter().filter(|&&r| r < start).count(),
             raw_low.len(),
+            raw_answer,
             local_revs.len(),
             local_revs.iter().filter(|&&r| r < start).count(),
             local_low.len(),
+            local_answer,
         );
         // The cache, on every version: exactly the events from `start`, in order, once.
         assert_eq!(local_revs, expected, "cache watch events: {local_seen:?}");

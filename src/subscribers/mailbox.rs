@@ -109,10 +109,8 @@ pub(crate) enum Polled {
     Delivery(Delivery),
     /// Nothing queued, not lagging, not ended: every matching event up to `revision`
     /// (the cache's revision, read under the mailbox lock) has been delivered. The
-    /// consumer's waker is registered. `position` is where the subscriber stands: above
-    /// `revision` only for a subscriber that starts after a revision the cache has not
-    /// reached yet.
-    Idle { revision: i64, position: i64 },
+    /// consumer's waker is registered.
+    Idle { revision: i64 },
     /// The subscription ended, after everything it was owed.
     Ended(End),
 }
@@ -330,7 +328,6 @@ impl Mailbox {
         // so every push up to it is in the (empty) queue already.
         Some(Polled::Idle {
             revision: revision(),
-            position: s.last_rev,
         })
     }
 
@@ -504,7 +501,7 @@ mod tests {
         let waker = futures_util::task::noop_waker();
         assert!(matches!(
             mb.poll(&waker, &history, &lag, || 3),
-            Polled::Idle { revision: 3, .. }
+            Polled::Idle { revision: 3 }
         ));
         let events: Vec<SharedEvents> = (0..8)
             .map(|rev| f.select(&Batch::new(rev, vec![put(b"k1", rev)])).unwrap())

@@ -169,6 +169,9 @@ struct Watch {
     progress_notify: bool,
     /// The revision its `created` response reports (before the stream's maximum).
     created_rev: i64,
+    /// Its start revision (0: from now). No progress may be told below it (etcd#20221:
+    /// a watch from a revision the cache has not reached waits until it has).
+    start: i64,
     /// `Some(floor)` when its start is below the window at registration.
     compacted_at_creation: Option<i64>,
     created: bool,

@@ -530,6 +530,12 @@ async fn no_progress_below_a_start_the_cache_has_not_reached() {
     settle().await;
     let r = assert_ready!(s.poll_next()).unwrap().unwrap();
     assert_eq!(r.events()[0].revision(), 15);
+    // Past its start, it is told its progress as any watch, also where its last event
+    // is the cache's revision.
+    advance(Duration::from_secs(1)).await;
+    let r = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert!(r.is_progress_notify(), "{r:?}");
+    assert_eq!(r.revision(), 15, "at its last event, the cache's revision");
 }
 
 /// 9b. A lagging subscriber's progress never gets ahead of what it was delivered.

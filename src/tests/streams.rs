@@ -295,6 +295,47 @@ async fn stream_progress_waits_for_the_cache_without_going_backwards() {
     assert_eq!((p.watch_id(), p.revision()), (-1, 15));
 }
 
+/// A stream-wide progress request on a stream with a watch from a start the cache has
+/// not reached is answered once the cache reaches it, not at the request's deadline
+/// below it (fixed etcd defers it: `rev < w.startRev`, etcd#20221); meanwhile nothing
+/// polls on a clock, and after the deadline the cache stops asking etcd for progress.
+#[tokio::test(start_paused = true)]
+async fn stream_progress_waits_for_a_start_ahead_of_the_cache() {
+    let h = ready(config(), &["3.5.13"], &[], 10).await;
+    let mut s = h.cache.watch(k("a"), None).await.unwrap();
+    assert!(resp(&mut s).await.created());
+    let ahead = WatchOptions::new().with_start_revision(14);
+    s.watch(k("b"), Some(ahead)).await.unwrap();
+    let c = resp(&mut s).await;
+    assert!(c.created());
+    assert_eq!(c.revision(), 10, "created at the cache's revision, as etcd");
+    let mut s = task::spawn(s);
+    within(s.request_progress()).await.unwrap();
+    assert_pending!(s.poll_next(), "not at 10, below the start 14");
+    h.watch.progress(13, true);
+    settle().await;
+    assert!(s.is_woken(), "a new revision wakes the stream");
+    assert_pending!(s.poll_next(), "nor at 13");
+    advance(config().consistent_read_timeout).await;
+    assert!(s.is_woken(), "its deadline wakes it once");
+    assert_pending!(s.poll_next(), "nor at its deadline");
+    settle().await;
+    let asked = h.up.requests();
+    advance(Duration::from_secs(600)).await;
+    assert!(!s.is_woken(), "nothing polls on a clock after the deadline");
+    assert_eq!(h.up.requests(), asked, "nor asks etcd for progress");
+    h.watch.progress(14, false);
+    settle().await;
+    let p = assert_ready!(s.poll_next()).unwrap().unwrap();
+    assert!(p.is_progress_notify());
+    assert_eq!(
+        (p.watch_id(), p.revision()),
+        (-1, 14),
+        "once the cache is at 14"
+    );
+    assert!(now(&mut s).is_none(), "one request, one answer");
+}
+
 /// Every response on a stream reports a revision at or above the previous one: a watch
 /// from now created at the cluster's revision does not then report the cache's older
 /// revision in a progress response.

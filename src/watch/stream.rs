@@ -17,7 +17,7 @@ use futures_util::stream::StreamExt;
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
-use tokio::time::{Duration, Instant, Sleep};
+use tokio::time::{Instant, Sleep};
 
 use super::options::{Request, WatchOptions};
 use super::ready_set::ReadySet;
@@ -59,8 +59,8 @@ struct ControlInner {
 
 /// What the sender hands the response half, in the order of the requests.
 enum Incoming {
-    /// A watch, registered.
-    Watch(Subscription),
+    /// A watch, registered, and the revision its `created` response reports.
+    Watch(Subscription, i64),
     /// A watch from now whose start is being learned: a task asks for the cluster's
     /// revision and registers it the moment the answer comes (a slow reader of the
     /// stream does not hold it back). What follows it on the stream waits for it, so
@@ -68,7 +68,7 @@ enum Incoming {
     Opening {
         watch_id: i64,
         sub_id: SubId,
-        task: JoinHandle<Result<Subscription>>,
+        task: JoinHandle<Result<(Subscription, i64)>>,
     },
     /// A cancel of the watch `watch_id` (registry id `sub_id`): its id is free already.
     Cancel { watch_id: i64, sub_id: SubId },
@@ -83,7 +83,7 @@ enum Incoming {
 impl Incoming {
     fn watch_id(&self) -> Option<i64> {
         match self {
-            Incoming::Watch(sub) => Some(sub.watch_id),
+            Incoming::Watch(sub, _) => Some(sub.watch_id),
             Incoming::Opening { watch_id, .. } => Some(*watch_id),
             Incoming::Cancel { .. } | Incoming::Canceled { .. } | Incoming::Progress(_) => None,
         }
@@ -280,11 +280,10 @@ impl WatchRequestSender {
         let control = &self.control;
         let added = add(&control.shared, request, control.scope.as_ref());
         match tracing::Instrument::instrument(added, span.clone()).await {
-            Ok(Added::Registered(registration)) => Ok(Incoming::Watch(self.registered(
-                registration,
-                watch_id,
-                &span,
-            ))),
+            Ok(Added::Registered(registration)) => {
+                let (sub, created) = self.registered(registration, watch_id, &span);
+                Ok(Incoming::Watch(sub, created))
+            }
             Ok(Added::Opening(opening)) => {
                 let sub_id = opening.sub_id();
                 control.inner.lock().ids.insert(watch_id, sub_id);
@@ -311,7 +310,11 @@ impl WatchRequestSender {
     /// Registers a watch with the cache under a new id on this stream, waiting for
     /// its start (one round trip for a watch from now); the caller hands it to the
     /// response half.
-    async fn register(&self, key: Vec<u8>, options: Option<WatchOptions>) -> Result<Subscription> {
+    async fn register(
+        &self,
+        key: Vec<u8>,
+        options: Option<WatchOptions>,
+    ) -> Result<(Subscription, i64)> {
         let (request, watch_id, span) = self.reserve(&key, options)?;
         let control = &self.control;
         let registered = register(&control.shared, request, control.scope.as_ref());
@@ -324,19 +327,20 @@ impl WatchRequestSender {
         }
     }
 
-    /// The registered watch, with its id on the stream.
+    /// The registered watch, with its id on the stream, and the revision its `created`
+    /// response reports.
     fn registered(
         &self,
         registration: super::register::Registration,
         watch_id: i64,
         span: &tracing::Span,
-    ) -> Subscription {
+    ) -> (Subscription, i64) {
         let control = &self.control;
-        let sub = Subscription::new(control.shared.clone(), registration, watch_id);
-        span.record("revision", sub.created_revision());
+        let (sub, created) = Subscription::new(control.shared.clone(), registration, watch_id);
+        span.record("revision", created);
         span.in_scope(|| tracing::trace!(watch_id, "watch opened"));
         control.inner.lock().ids.insert(watch_id, sub.sub_id);
-        sub
+        (sub, created)
     }
 
     /// Checks a watch request and reserves its id on the stream.
@@ -414,7 +418,10 @@ impl WatchRequestSender {
     /// shared round trip learns it), once every watch on the stream has been delivered
     /// every matching event up to it. Answered by the cache. If the cache cannot prove
     /// that within `consistent_read_timeout` (a quiet prefix on an etcd whose progress
-    /// answers cannot be trusted), the answer carries the revision it can prove.
+    /// answers cannot be trusted), the answer carries the revision it can prove; never
+    /// one below the start of a watch on the stream, so with a watch from a revision the
+    /// cache has not reached it waits until the cache has (fixed etcd drops such a
+    /// request: etcd#20221).
     ///
     /// # Errors
     /// None today; the `Result` mirrors etcd-client.
@@ -475,15 +482,23 @@ pub struct WatchResponseStream {
 struct Progress {
     /// In the order they were asked.
     requests: VecDeque<UnansweredRequest>,
-    /// While the first waits for the cache: the wait is registered (so the cache asks
-    /// etcd for progress), and a change of the cache's revision or the request's
-    /// deadline wakes the stream.
+    /// While the first waits for the cache.
     wait: Option<AnswerWait>,
 }
 
-/// A stream-wide progress request's wait: registered with the cache (so that it asks
-/// etcd for progress), woken by a change of the cache's revision or the deadline.
-type AnswerWait = (ProgressWait, Changed, Pin<Box<Sleep>>);
+/// A stream-wide progress request's wait for the cache. A watch's delivery wakes the
+/// stream as ever; besides:
+struct AnswerWait {
+    /// Until the deadline, registered with the cache, so that it asks etcd for
+    /// progress (after it, the request waits for what the cache learns anyway).
+    asking: Option<ProgressWait>,
+    /// A change of the cache's revision.
+    changed: Changed,
+    /// The deadline, until it has passed. After it, the answer waits only for a watch
+    /// that starts ahead of the cache (as fixed etcd defers it), and nothing polls on a
+    /// clock meanwhile, however far ahead that start is.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
 
 /// The part of a [`WatchResponseStream`] that only a stream with several watches uses.
 #[derive(Default)]
@@ -606,12 +621,12 @@ impl WatchResponseStream {
         }
     }
 
-    /// Takes a newly registered watch: its `created` response goes out next (after
-    /// the replies to the requests before it), then its items.
-    fn add(&mut self, sub: Subscription) {
+    /// Takes a newly registered watch: its `created` response (at `created`) goes out
+    /// next (after the replies to the requests before it), then its items.
+    fn add(&mut self, sub: Subscription, created: i64) {
         self.reply(Reply::Created {
             watch_id: sub.watch_id,
-            revision: sub.created_revision(),
+            revision: created,
         });
         if self.len() == 0 {
             self.solo = Some(sub);
@@ -742,7 +757,7 @@ impl WatchResponseStream {
             return;
         }
         match item {
-            Incoming::Watch(sub) => self.add(sub),
+            Incoming::Watch(sub, created) => self.add(sub, created),
             Incoming::Cancel { watch_id, sub_id } => self.cancel(watch_id, sub_id),
             Incoming::Canceled { watch_id } => self.reply(Reply::Canceled { watch_id }),
             Incoming::Opening { .. } | Incoming::Progress(_) => unreachable!("taken above"),
@@ -773,7 +788,7 @@ impl WatchResponseStream {
                 return;
             };
             match (item, opened) {
-                (Incoming::Opening { .. }, Some(Ok(Ok(sub)))) => self.add(sub),
+                (Incoming::Opening { .. }, Some(Ok(Ok((sub, created))))) => self.add(sub, created),
                 // The cache closed meanwhile (the stream ends with it), or the runtime
                 // is shutting down.
                 (
@@ -790,7 +805,7 @@ impl WatchResponseStream {
                     tracing::debug!(watch_id, error, "watch not opened");
                     self.control.forget(watch_id, sub_id);
                 }
-                (Incoming::Watch(sub), _) => self.add(sub),
+                (Incoming::Watch(sub, created), _) => self.add(sub, created),
                 (Incoming::Cancel { watch_id, sub_id }, _) => self.cancel(watch_id, sub_id),
                 (Incoming::Canceled { watch_id }, _) => {
                     self.reply(Reply::Canceled { watch_id });
@@ -928,24 +943,37 @@ impl WatchResponseStream {
                     return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
                 }
                 None => {
-                    // Not yet: the cache asks etcd for progress meanwhile, and a new
-                    // revision (or the deadline) wakes this stream to look again.
-                    let wait = progress.wait.get_or_insert_with(|| {
-                        (
-                            shared.progress.wait(),
-                            shared.view.changed(),
-                            Box::pin(tokio::time::sleep_until(request.deadline)),
-                        )
-                    });
-                    if wait.1.as_mut().poll(cx).is_ready() {
-                        wait.1 = shared.view.changed();
+                    // Not yet: a new revision (or the deadline) wakes this stream to
+                    // look again, and until the deadline the cache asks etcd for
+                    // progress meanwhile. A new wait does not see a change made since
+                    // the look above: one more look, then.
+                    let wait = match &mut progress.wait {
+                        Some(wait) => wait,
+                        None => {
+                            cx.waker().wake_by_ref();
+                            progress.wait.insert(AnswerWait {
+                                asking: (!due).then(|| shared.progress.wait()),
+                                changed: shared.view.changed(),
+                                deadline: (!due)
+                                    .then(|| Box::pin(tokio::time::sleep_until(request.deadline))),
+                            })
+                        }
+                    };
+                    if wait.changed.as_mut().poll(cx).is_ready() {
+                        wait.changed = shared.view.changed();
                         cx.waker().wake_by_ref();
                     }
-                    if wait.2.as_mut().poll(cx).is_ready() {
-                        wait.2 = Box::pin(tokio::time::sleep_until(
-                            Instant::now() + Duration::from_millis(10),
-                        ));
-                        cx.waker().wake_by_ref();
+                    // At the deadline: what the cache can prove, unless a watch starts
+                    // ahead of it (looked at above when `due`, again if it passed since).
+                    let passed = due
+                        || (wait.deadline.as_mut())
+                            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                    if passed {
+                        wait.deadline = None;
+                        wait.asking = None;
+                        if !due {
+                            cx.waker().wake_by_ref();
+                        }
                     }
                 }
             }
@@ -1096,9 +1124,9 @@ impl WatchStream {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<()> {
-        let sub = self.sender.register(key.into(), options).await?;
+        let (sub, created) = self.sender.register(key.into(), options).await?;
         self.responses.take_news();
-        self.responses.take_request(Incoming::Watch(sub));
+        self.responses.take_request(Incoming::Watch(sub, created));
         Ok(())
     }
 

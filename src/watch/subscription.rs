@@ -65,8 +65,10 @@ pub(super) struct Subscription {
     source: Source,
     /// Freed as soon as the watch ends, not when the stream is dropped.
     slot: Option<Slot>,
-    /// Every matching event up to this revision was delivered once the mailbox is
-    /// drained: the revision reported when it was created.
+    /// No progress is told below it: the revision its `created` reported (every
+    /// matching event up to it was delivered once the mailbox is drained), or, for a
+    /// watch that starts [`ahead`](Source::Live) of the cache, the revision before its
+    /// start.
     floor: i64,
     progress_timer: Option<Pin<Box<Sleep>>>,
 }
@@ -75,10 +77,13 @@ pub(super) struct Subscription {
 /// idle watch's stream stays small).
 enum Source {
     /// Registered: its deliveries arrive in the mailbox; `progress_due` once its
-    /// periodic progress timer has fired and the progress is not sent yet.
+    /// periodic progress timer has fired and the progress is not sent yet; `ahead` for
+    /// a watch from a start revision the cache had not reached when it was created
+    /// (see [`progress_at`]).
     Live {
         mailbox: Arc<Mailbox>,
         progress_due: bool,
+        ahead: bool,
     },
     /// Its start is below the history window: it yields the compaction signal with
     /// this compact revision, then ends.
@@ -88,8 +93,24 @@ enum Source {
     Ended,
 }
 
+/// The revision a live watch's progress may be told at, with the cache at `revision`
+/// and nothing queued for the watch: never below its `floor`; and for a watch that
+/// starts `ahead` of the cache (a client resuming from what it saw through another
+/// proxy or member, or a future revision), nothing until the cache reaches its start
+/// (`floor + 1`), as etcd >= 3.4.38 / 3.5.22 / 3.6.2 (`rev < w.startRev`, etcd#20221):
+/// a revision below it would move that client's revision backwards, and a client
+/// resuming from it would be sent events again.
+fn progress_at(floor: i64, ahead: bool, revision: i64) -> Option<i64> {
+    (!ahead || revision > floor).then_some(revision.max(floor))
+}
+
 impl Subscription {
-    pub(super) fn new(shared: Arc<Shared>, registration: Registration, watch_id: i64) -> Self {
+    /// The watch, and the revision its `created` response reports.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        registration: Registration,
+        watch_id: i64,
+    ) -> (Self, i64) {
         let Registration {
             start_revision,
             progress_notify,
@@ -97,53 +118,56 @@ impl Subscription {
             slot,
             revision,
         } = registration;
-        let (sub_id, source, created) = match registered {
+        let (sub_id, source, created, floor) = match registered {
             Registered::Live {
                 id,
                 mailbox,
                 position,
             } => {
                 // A watch from now is current at the revision it starts after, which
-                // may be ahead of the cache's.
-                let created = if start_revision == 0 {
-                    position.max(revision)
+                // may be ahead of the cache's. A watch from a start revision (its
+                // position just below it) reports the cache's revision, and is `ahead`
+                // while the cache is below its start.
+                let (created, ahead) = if start_revision == 0 {
+                    (position.max(revision), false)
                 } else {
-                    revision
+                    (revision, revision <= position)
                 };
                 let source = Source::Live {
                     mailbox,
                     progress_due: false,
+                    ahead,
                 };
-                (id, source, created)
+                let floor = if ahead { position } else { created };
+                (id, source, created, floor)
             }
-            Registered::Compacted { floor } => (0, Source::Compacted(floor), revision),
+            Registered::Compacted { floor } => (0, Source::Compacted(floor), revision, revision),
         };
         let progress_timer = (progress_notify && matches!(source, Source::Live { .. }))
             .then(|| Box::pin(tokio::time::sleep(shared.config.progress_notify_interval)));
-        Subscription {
+        let subscription = Subscription {
             shared,
             watch_id,
             sub_id,
             source,
             slot: Some(slot),
-            floor: created,
+            floor,
             progress_timer,
-        }
-    }
-
-    /// The revision its `created` response reports.
-    pub(super) fn created_revision(&self) -> i64 {
-        self.floor
+        };
+        (subscription, created)
     }
 
     /// The revision up to which every matching event has been delivered to this watch
     /// now, if it has nothing queued and is not catching up.
     pub(super) fn provable(&self) -> Option<i64> {
-        let Source::Live { mailbox, .. } = &self.source else {
+        let &Source::Live {
+            ref mailbox, ahead, ..
+        } = &self.source
+        else {
             return None;
         };
         let revision = mailbox.idle_revision(|| self.shared.view.revision())?;
-        Some(revision.max(self.floor))
+        progress_at(self.floor, ahead, revision)
     }
 
     /// The next delivery queued for this live watch, if there is one: its stream's
@@ -232,11 +256,12 @@ impl Stream for Subscription {
 impl Subscription {
     fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self;
-        let (mailbox, progress_due) = match &mut this.source {
+        let (mailbox, progress_due, ahead) = match &mut this.source {
             Source::Live {
                 mailbox,
                 progress_due,
-            } => (&*mailbox, progress_due),
+                ahead,
+            } => (&*mailbox, progress_due, *ahead),
             Source::Ended => return Poll::Ready(None),
             &mut Source::Compacted(compact_revision) => {
                 this.finish(EndReason::Compacted);
@@ -277,18 +302,9 @@ impl Subscription {
                     Item::Canceled { compact_revision }
                 }
                 Polled::Ended(End::Failed(error)) => Item::Failed(error),
-                Polled::Idle { revision, position } => {
-                    // A watch from a start revision the cache had not reached when it
-                    // was created (a client resuming from what it saw through another
-                    // proxy or member, or a future revision) gets no progress until the
-                    // cache reaches its start, as etcd >= 3.4.38 / 3.5.22 / 3.6.2
-                    // (`rev < w.startRev`, etcd#20221): a notification below it would
-                    // move that client's revision backwards, and a client resuming from
-                    // it would be sent events again. (A watch from now starts at
-                    // `floor`, its position or later.)
-                    let reached = this.floor >= position || revision > position;
-                    let revision = revision.max(this.floor);
-                    if *progress_due && reached {
+                Polled::Idle { revision } => {
+                    let due = progress_at(this.floor, ahead, revision).filter(|_| *progress_due);
+                    if let Some(revision) = due {
                         *progress_due = false;
                         shared.metrics.progress_response();
                         return Poll::Ready(Some(Item::Progress { revision }));

@@ -108,6 +108,12 @@ impl Model {
                     continue;
                 }
                 w.settle_start(None);
+                if rev < w.start {
+                    return Err(format!(
+                        "s{}: stream progress at {rev}, below the start {} of {}",
+                        s.name, w.start, w.label
+                    ));
+                }
                 if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
                     return Err(format!(
                         "s{}: stream progress at {rev}, but {} has not been delivered {m} (covered to {})",
@@ -226,6 +232,12 @@ impl Model {
                     ));
                 }
                 w.settle_start(None);
+                if rev < w.start {
+                    return Err(format!(
+                        "{}: progress at {rev}, below its start {}",
+                        w.label, w.start
+                    ));
+                }
                 if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
                     return Err(format!(
                         "{}: progress at {rev}, but {m} has not been delivered (covered to {})",
@@ -284,19 +296,24 @@ impl Model {
         Ok(())
     }
 
-    /// The end of a run: the cache reconnects, etcd writes once more, and every
-    /// stream must answer a progress request covering that write; then everything is
-    /// dropped and nothing may be left behind.
+    /// The end of a run: the cache reconnects, etcd writes once more (up to every
+    /// watch's start at least: a stream-wide progress waits for those, as fixed etcd's),
+    /// and every stream must answer a progress request covering that write; then
+    /// everything is dropped and nothing may be left behind.
     pub(super) async fn drain(&mut self) -> Check {
         if self.conn.is_none() {
             self.reconnect(false).await?;
             settle().await;
         }
-        // A final write the cache must get, inside its range.
+        // A final write the cache must get, inside its range, at or after every start.
         let before = self.truth.etcd_rev;
+        let starts = (self.streams.iter())
+            .flat_map(|s| s.watches.values().map(|w| w.start))
+            .max()
+            .unwrap_or(0);
         let r = loop {
             let r = self.etcd_txn();
-            if !self.truth.cache_events(r).is_empty() {
+            if !self.truth.cache_events(r).is_empty() && r >= starts {
                 break r;
             }
         };

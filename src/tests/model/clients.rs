@@ -122,6 +122,7 @@ impl Model {
             no_delete,
             progress_notify,
             created_rev,
+            start: start_opt,
             compacted_at_creation,
             created: false,
             covered: position,
