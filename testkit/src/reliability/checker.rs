@@ -610,6 +610,17 @@ pub fn check_sub(
                         format!("progress {p} after an event at {last_event}"),
                     );
                 }
+                if *p < spec.start_revision {
+                    // etcd#20221: a client that resumes from it is sent events from
+                    // before the start it asked for.
+                    v(
+                        "ordered",
+                        format!(
+                            "progress {p} below the start revision {}",
+                            spec.start_revision
+                        ),
+                    );
+                }
                 if *p > covered {
                     for rev in (covered + 1)..=*p {
                         let exp = spec.expected(truth, rev);
@@ -943,6 +954,10 @@ mod self_test {
         let mut r = good(&t, true);
         r.insert(4, Resp::Events(5, t.events[&5].clone()));
         assert!(guarantees(r, true, End::Drained).contains(&"filter"));
+        // A progress below the watch's start (2), before anything was delivered.
+        let mut r = good(&t, true);
+        r.insert(1, Resp::Progress(1));
+        assert!(guarantees(r, true, End::Drained).contains(&"ordered"));
         // A progress that promises an event never delivered (bookmarkable).
         let mut r = good(&t, true);
         r.insert(2, Resp::Progress(3));
