@@ -16,6 +16,12 @@
 //! (`serverWatchStream.recvLoop`: `watchStream.Watch`, then `prevKV[id] = true`), so
 //! events its send loop picks up in between come without prev_kv. The proxy fills those
 //! in as etcd's send loop would have ([`Forwarded::fill_prev_kv`]).
+//!
+//! etcd before 3.4.38 / 3.5.22 / 3.6.2 sends a watch from a revision it has not reached
+//! progress notifications below that start (etcd#20221), and answers a stream-level
+//! progress request below it; a client that resumes from one is sent events before the
+//! start it asked for. The proxy drops those, as fixed etcd never sends them (it drops
+//! such a stream-level request unanswered).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -67,6 +73,9 @@ pub(crate) struct Forwarded {
     ids: IdSet,
     /// The ones that asked for prev_kv.
     prev_kv: IdSet,
+    /// The start revisions of the ones from a start revision etcd has not been heard to
+    /// reach (see the module docs): no progress below it goes to the client.
+    ahead: IdMap<i64>,
     /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
     /// refused create is answered with id -1).
     creating: VecDeque<i64>,
@@ -97,6 +106,7 @@ impl Forwarded {
             rx: None,
             ids: IdSet::default(),
             prev_kv: IdSet::default(),
+            ahead: IdMap::default(),
             creating: VecDeque::new(),
             canceling: IdMap::default(),
             cancel_reply: false,
@@ -141,9 +151,13 @@ impl Forwarded {
         if c.prev_kv {
             self.prev_kv.insert(id);
         }
+        if c.start_revision > 0 {
+            // Until a response of it at or past its start (its `created`, for a start
+            // etcd has reached).
+            self.ahead.insert(id, c.start_revision);
+        }
         if let Err(e) = self.send(RequestUnion::CreateRequest(c)).await {
-            self.ids.remove(&id);
-            self.prev_kv.remove(&id);
+            self.forget(id);
             return Err(e);
         }
         self.creating.push_back(id);
@@ -175,8 +189,7 @@ impl Forwarded {
         }
         // As etcd: the id is free once the cancel is read (a create after it may take
         // it); etcd's `canceled` reply to it comes before the replies to what follows.
-        self.ids.remove(&watch_id);
-        self.prev_kv.remove(&watch_id);
+        self.forget(watch_id);
         *self.canceling.entry(watch_id).or_default() += 1;
         let watch_id = if watch_id == 0 { ZERO } else { watch_id };
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
@@ -188,14 +201,20 @@ impl Forwarded {
     /// cache under the same id): as [`cancel`](Self::cancel), but etcd's `canceled`
     /// reply is not the client's, and neither is anything else etcd still sends of it.
     pub(crate) async fn retire(&mut self, watch_id: i64) -> Result<(), Status> {
-        if !self.ids.remove(&watch_id) {
+        if !self.forget(watch_id) {
             return Ok(());
         }
-        self.prev_kv.remove(&watch_id);
         *self.retiring.entry(watch_id).or_default() += 1;
         let watch_id = if watch_id == 0 { ZERO } else { watch_id };
         self.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id }))
             .await
+    }
+
+    /// Forgets live watch `watch_id`; false if it was not one.
+    fn forget(&mut self, watch_id: i64) -> bool {
+        self.prev_kv.remove(&watch_id);
+        self.ahead.remove(&watch_id);
+        self.ids.remove(&watch_id)
     }
 
     /// Whether client id `id` (0 or [`ZERO`], which share etcd's id [`ZERO`]) names a
@@ -387,8 +406,7 @@ impl Forwarded {
             if r.canceled {
                 // Refused by etcd (id -1): the id it was asked with is free.
                 if let Some(id) = asked {
-                    self.ids.remove(&id);
-                    self.prev_kv.remove(&id);
+                    self.forget(id);
                     // Canceled before etcd refused it: etcd ignores that cancel.
                     self.dead_cancels += self.canceling.remove(&id).unwrap_or(0);
                 }
@@ -403,8 +421,7 @@ impl Forwarded {
         } else if r.canceled && self.took(r.watch_id) {
             self.cancel_reply = true;
             self.open.sub();
-        } else if r.canceled && self.ids.remove(&r.watch_id) {
-            self.prev_kv.remove(&r.watch_id);
+        } else if r.canceled && self.forget(r.watch_id) {
             self.open.sub();
         } else if r.watch_id != INVALID_WATCH_ID
             && (self.canceling.contains_key(&r.watch_id) || self.retiring.contains_key(&r.watch_id))
@@ -417,7 +434,46 @@ impl Forwarded {
             );
             return None;
         }
+        if !self.ahead.is_empty() && !self.past_starts(&r) {
+            return None;
+        }
         Some(r)
+    }
+
+    /// False for a progress response below the start of a watch etcd has not reached
+    /// (see the module docs): a watch's own, or the stream's (watch id -1), which then
+    /// counts as dropped, as fixed etcd drops it. A watch's response at or past its
+    /// start ends its check.
+    fn past_starts(&mut self, r: &WatchResponse) -> bool {
+        let revision = r.header.as_ref().map_or(0, |h| h.revision);
+        if r.watch_id == INVALID_WATCH_ID {
+            let below = self.ahead.values().any(|&start| revision < start);
+            if below && !r.created && !r.canceled && r.events.is_empty() {
+                tracing::debug!(
+                    revision,
+                    "etcd answered a progress request below a watch's start (etcd#20221): dropped"
+                );
+                return false;
+            }
+            return true;
+        }
+        let Some(&start) = self.ahead.get(&r.watch_id) else {
+            return true;
+        };
+        if revision >= start {
+            self.ahead.remove(&r.watch_id);
+            return true;
+        }
+        let progress = !r.created && !r.canceled && r.events.is_empty();
+        if progress {
+            tracing::debug!(
+                watch_id = r.watch_id,
+                revision,
+                start,
+                "etcd's progress notification below the watch's start (etcd#20221): dropped"
+            );
+        }
+        !progress
     }
 }
 
@@ -523,5 +579,49 @@ mod tests {
         assert!(f.take(canceled).is_some(), "the canceled reply is sent");
         assert!(f.took_cancel());
         assert!(f.canceling.is_empty());
+    }
+
+    fn at(mut r: WatchResponse, revision: i64) -> WatchResponse {
+        r.header = Some(crate::pb::etcdserverpb::ResponseHeader {
+            revision,
+            ..Default::default()
+        });
+        r
+    }
+
+    /// etcd#20221 (etcd before 3.4.38 / 3.5.22 / 3.6.2): a forwarded watch from a start
+    /// etcd has not reached gets no progress below it, its own or the stream's; once a
+    /// response of it is at its start, its progress passes as any watch's.
+    #[tokio::test]
+    async fn no_progress_from_etcd_below_a_forwarded_watchs_start() {
+        let mut f = forwarded();
+        f.ids.insert(4);
+        f.ahead.insert(4, 12);
+        f.ids.insert(5);
+        let progress = |id| WatchResponse {
+            watch_id: id,
+            ..Default::default()
+        };
+        assert!(f.take(at(progress(4), 9)).is_none(), "its own, at 9");
+        assert!(
+            f.take(at(progress(INVALID_WATCH_ID), 9)).is_none(),
+            "the stream's"
+        );
+        assert!(
+            f.take(at(progress(5), 9)).is_some(),
+            "another watch's passes"
+        );
+        assert!(f.take(at(events(5, 10), 10)).is_some());
+        assert!(f.take(at(progress(4), 11)).is_none(), "at 11");
+        let first = f.take(at(events(4, 12), 12)).expect("its first event");
+        assert_eq!(first.events.len(), 1);
+        assert!(f.ahead.is_empty(), "past its start");
+        assert!(f.take(at(progress(4), 12)).is_some());
+        assert!(f.take(at(progress(INVALID_WATCH_ID), 12)).is_some());
+        // A cancel forgets its start.
+        f.ids.insert(6);
+        f.ahead.insert(6, 30);
+        assert!(f.forget(6));
+        assert!(f.take(at(progress(INVALID_WATCH_ID), 13)).is_some());
     }
 }
