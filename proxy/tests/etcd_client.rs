@@ -112,12 +112,7 @@ async fn write_history(c: &mut Client) -> i64 {
     .await
     .unwrap();
     c.put("/a/0", "zzz", None).await.unwrap();
-    c.put("z", "last", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision()
+    put_rev(c, "z", "last").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,13 +275,7 @@ async fn watches_match_etcd() {
         .await
         .unwrap();
     let created = message(&mut v).await;
-    let now = direct
-        .put("/n/1", "x", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let now = put_rev(&mut direct, "/n/1", "x").await;
     assert!(created.header().unwrap().revision() < now);
     let r = message(&mut v).await;
     assert_eq!(r.events().len(), 1);
@@ -344,24 +333,12 @@ async fn watch_stream_control_as_etcd() {
         assert!(r.canceled());
         assert_eq!(r.watch_id(), 7);
         // Both remaining watches see the next write; the canceled one does not.
-        let rev = c
-            .put("/w/b", "1", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
+        let rev = put_rev(c, "/w/b", "1").await;
         let r = step(&mut s, "step 7").await;
         assert_eq!((r.watch_id(), r.header().unwrap().revision()), (0, rev));
         // WatchProgressRequest: one answer for the stream, watch id -1, at a revision
         // that covers a write completed before it (on keys no watch here matches).
-        let other = c
-            .put("/elsewhere", "x", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
+        let other = put_rev(c, "/elsewhere", "x").await;
         s.request_progress().await.unwrap();
         let r = step(&mut s, "step 8").await;
         assert_eq!(r.watch_id(), -1);
@@ -464,13 +441,7 @@ async fn watch_cap_per_connection() {
     let mut s3 = other.watch("/cap/a", None).await.unwrap();
     assert!(!message(&mut s3).await.canceled());
     // The watches that were created still work.
-    let rev = via
-        .put("/cap/a", "1", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let rev = put_rev(&mut via, "/cap/a", "1").await;
     let r = message(&mut s).await;
     assert_eq!(r.header().unwrap().revision(), rev);
     assert_eq!(r.watch_id(), 0);
@@ -811,13 +782,7 @@ async fn watches_below_the_window_are_forwarded_to_etcd() {
     assert_eq!(p.watch_id(), -1);
     assert!(p.header().unwrap().revision() >= last);
     // Live events keep coming on the forwarded watch; cancelling it works.
-    let rev = direct
-        .put("/a/live", "1", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let rev = put_rev(&mut direct, "/a/live", "1").await;
     let r = step(&mut v, "live event on the forwarded watch").await;
     assert_eq!(r.watch_id(), created.watch_id());
     assert_eq!(r.header().unwrap().revision(), rev);
@@ -840,13 +805,7 @@ async fn watches_below_the_window_are_forwarded_to_etcd() {
     let mut n = client(&narrow.endpoint()).await;
     let mut w = n.watch("/c", None).await.unwrap();
     assert!(step(&mut w, "outside-prefix watch created").await.created());
-    let rev = direct
-        .put("/c", "new", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let rev = put_rev(&mut direct, "/c", "new").await;
     let r = step(&mut w, "outside-prefix event").await;
     assert_eq!(r.header().unwrap().revision(), rev);
     assert_eq!(r.events()[0].kv().unwrap().value(), b"new");

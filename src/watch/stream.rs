@@ -495,8 +495,9 @@ struct AnswerWait {
     /// A change of the cache's revision.
     changed: Changed,
     /// The deadline, until it has passed. After it, the answer waits only for a watch
-    /// that starts ahead of the cache (as fixed etcd defers it), and nothing polls on a
-    /// clock meanwhile, however far ahead that start is.
+    /// that starts ahead of the cache (fixed etcd drops such a request; the cache answers
+    /// it once it gets there), and nothing polls on a clock meanwhile, however far ahead
+    /// that start is.
     deadline: Option<Pin<Box<Sleep>>>,
 }
 

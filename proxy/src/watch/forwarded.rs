@@ -446,34 +446,27 @@ impl Forwarded {
     /// start ends its check.
     fn past_starts(&mut self, r: &WatchResponse) -> bool {
         let revision = r.header.as_ref().map_or(0, |h| h.revision);
-        if r.watch_id == INVALID_WATCH_ID {
-            let below = self.ahead.values().any(|&start| revision < start);
-            if below && !r.created && !r.canceled && r.events.is_empty() {
-                tracing::debug!(
-                    revision,
-                    "etcd answered a progress request below a watch's start (etcd#20221): dropped"
-                );
-                return false;
-            }
-            return true;
-        }
-        let Some(&start) = self.ahead.get(&r.watch_id) else {
-            return true;
-        };
-        if revision >= start {
-            self.ahead.remove(&r.watch_id);
-            return true;
-        }
         let progress = !r.created && !r.canceled && r.events.is_empty();
-        if progress {
+        let below = if r.watch_id == INVALID_WATCH_ID {
+            self.ahead.values().any(|&start| revision < start)
+        } else {
+            match self.ahead.get(&r.watch_id) {
+                Some(&start) if revision >= start => {
+                    self.ahead.remove(&r.watch_id);
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            }
+        };
+        if below && progress {
             tracing::debug!(
                 watch_id = r.watch_id,
                 revision,
-                start,
-                "etcd's progress notification below the watch's start (etcd#20221): dropped"
+                "etcd's progress below a watch's start (etcd#20221): dropped"
             );
         }
-        !progress
+        !(below && progress)
     }
 }
 

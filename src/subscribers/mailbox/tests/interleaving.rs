@@ -518,7 +518,7 @@ impl<'c> World<'c> {
             let published = self.published;
             let noop = futures_util::task::noop_waker_ref();
             match s.mailbox.poll_queue(noop, &|| published) {
-                Some(Polled::Idle { revision, .. }) => {
+                Some(Polled::Idle { revision }) => {
                     cov.idle_claims += 1;
                     if let Some(m) = self.next_owed().filter(|&m| m <= revision) {
                         return Err(format!(
