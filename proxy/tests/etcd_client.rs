@@ -398,6 +398,85 @@ async fn stream_progress_with_a_future_watch_is_never_below_its_start() {
     );
 }
 
+/// A stream-level progress request while a watch of the stream (cached, or forwarded:
+/// outside `--prefix`) starts far beyond etcd's revision: fixed etcd drops it
+/// (`rev < w.startRev`, etcd#20221), 3.4.23 answers it below the start. Through the
+/// proxy it is dropped as fixed etcd drops it: no answer comes before the stream's
+/// other watch gets its event, none comes for it once the far watches are canceled
+/// (a request held for them would then be answered), and the request made after the
+/// cancels is the only one answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_progress_that_etcd_drops_is_dropped_and_holds_nothing() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(etcd.endpoint(), vec!["--prefix".into(), "/fa/c/".into()]).await;
+    let mut c = client(&etcd.endpoint()).await;
+    let mut via = client(&proxy.endpoint()).await;
+    let mut writer = client(&etcd.endpoint()).await;
+    let now = put_rev(&mut writer, "/fa/c/n", "0").await;
+    let far = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(now + 1000);
+    let mut answers = Vec::new();
+    for target in [&mut c, &mut via] {
+        let mut s = target.watch("/fa/c/n", None).await.unwrap();
+        let n = message(&mut s).await.watch_id();
+        let mut far_ids = Vec::new();
+        for key in ["/fa/c/", "/fa/e/"] {
+            s.watch(key, Some(far.clone())).await.unwrap();
+            let r = message(&mut s).await;
+            assert!(r.created() && !r.canceled(), "{key}: {}", r.cancel_reason());
+            far_ids.push(r.watch_id());
+        }
+        let mut progress = Vec::new();
+        // While the far watches are there: etcd >= 3.5 drops the request. They are
+        // canceled before anything is read, so a request held for them would be
+        // answered (before the second one) once they are gone.
+        s.request_progress().await.unwrap();
+        let first = put_rev(&mut writer, "/fa/c/n", "1").await;
+        for &id in &far_ids {
+            s.cancel(id).await.unwrap();
+        }
+        let (mut before_event, mut event, mut canceled) = (None, false, 0);
+        while !event || canceled < 2 {
+            let r = message(&mut s).await;
+            if r.watch_id() == -1 {
+                progress.push(r.header().unwrap().revision());
+            } else if r.canceled() {
+                canceled += 1;
+            } else {
+                assert_eq!(r.watch_id(), n);
+                assert_eq!(r.events()[0].kv().unwrap().mod_revision(), first);
+                before_event = Some(progress.len());
+                event = true;
+            }
+        }
+        let before_event = before_event.expect("the event came");
+        let last = put_rev(&mut writer, "/fa/c/n", "2").await;
+        s.request_progress().await.unwrap();
+        // Until the answer to the second request (at least etcd's revision then).
+        while progress.last().is_none_or(|&r| r < last) {
+            let r = message(&mut s).await;
+            if r.watch_id() == -1 {
+                progress.push(r.header().unwrap().revision());
+            }
+        }
+        answers.push((before_event, progress));
+    }
+    println!(
+        "PROGRESS | watches from {} (etcd at {now}) | answers before the event, all answers: etcd {:?}, proxy {:?}",
+        now + 1000,
+        answers[0],
+        answers[1]
+    );
+    let (before_event, proxy) = &answers[1];
+    assert_eq!(*before_event, 0, "the proxy answered below the far start");
+    assert_eq!(
+        proxy.len(),
+        1,
+        "the request made while the far watches were there was answered: {proxy:?}"
+    );
+}
+
 async fn put_rev(c: &mut Client, key: &str, value: &str) -> i64 {
     c.put(key, value, None)
         .await

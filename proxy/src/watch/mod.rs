@@ -14,6 +14,7 @@
 //! | `forwarded.rs` | the etcd-forwarded side: one upstream Watch stream for the watches the cache cannot serve |
 //! | `reply_order.rs` | the replies to creates and cancels in the order of the requests across both sides; the requests that wait for the other side |
 //! | `progress.rs` | the stream-level progress machine over both sides (what is held back, when the answer goes) |
+//! | `ahead.rs` | progress requests on a stream with a watch from beyond the proxy's revision: etcd's revision asked, the ones etcd drops dropped |
 //! | `wire.rs` | a response as it is written: a message, or the cache's events encoded once per revision and shared by every watch of the same options; the codec |
 //! | `id_map.rs` | maps and sets keyed by watch id (foldhash) |
 //! | `responses.rs` | what the client is sent: etcd's messages from the cache's, the merging of a batch of replies, fragments, the refusal of a create (a typed reason printed there) |
@@ -35,6 +36,7 @@
 //! At shutdown every stream ends with `Unavailable`, which etcd clients answer by
 //! reconnecting and resuming each watch after its last revision.
 
+mod ahead;
 pub(crate) mod cached;
 mod catch_up;
 mod forwarded;

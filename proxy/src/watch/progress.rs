@@ -23,9 +23,10 @@
 //! stream is unsynced or starts above the current revision. So a request to etcd that is
 //! not answered within [`ASK_TIMEOUT`] counts as dropped and etcd is asked again (the
 //! cache answers every request, if need be with the revision it can prove; but not
-//! below the start of a watch from a revision it has not reached: then once it has,
-//! which for a client resuming from what another proxy or member showed it is soon, and
-//! for a watch far in the future may be after [`HOLD_LIMIT`]).
+//! below the start of a watch from a revision it has not reached: then once it has.
+//! A request with a watch from beyond etcd's own revision, which etcd drops, never gets
+//! here: `ahead.rs` drops it first, so what waits for the cache here is a start etcd
+//! has reached and the cache soon will.)
 //! A side whose answer is below a request's floor is asked again too. A client request
 //! that is not answered within [`HOLD_LIMIT`] (or while more than [`HELD_LIMIT`]
 //! responses wait) is given up: the held responses go out and that request gets no

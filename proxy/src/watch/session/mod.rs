@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use super::ahead::{AheadChecks, Checked, CHECK_TIMEOUT};
 use super::cached::{self, ConnScope, NotTaken, Watches};
 use super::catch_up::CatchUp;
 use super::forwarded::Forwarded;
@@ -80,6 +81,9 @@ enum Step {
     AuthChanged,
     /// The cached watches etcd no longer allows this caller, with etcd's refusal.
     Revoked(Vec<(i64, Status)>),
+    /// etcd's revision, for progress requests on a stream with a watch from beyond
+    /// the proxy's (see `ahead.rs`).
+    AheadChecked(Checked),
 }
 
 /// A check of the stream's cached watches against etcd's current decisions.
@@ -129,6 +133,13 @@ pub(super) struct Session {
     /// etcd when watches are forwarded, and the responses held back meanwhile so that the
     /// one answer holds for every watch (see `progress.rs`).
     progress: Progress,
+    /// The start revisions of the stream's watches from a revision the proxy had not
+    /// reached when they were created, by id (pruned once reached, or once the id names
+    /// no watch): a progress request while one is ahead asks etcd whether etcd would
+    /// drop it (see `ahead.rs`).
+    future_starts: IdMap<i64>,
+    /// Those progress requests, waiting for etcd's revision (made on first use).
+    ahead: Option<AheadChecks>,
     require_leader: bool,
     /// Counts the stream in `etcd_cache_proxy_watch_streams` while it is open.
     _stream: GaugeGuard,
@@ -166,6 +177,8 @@ impl Session {
             cache_ids: IdSet::default(),
             next_id: 0,
             progress: Progress::default(),
+            future_starts: IdMap::default(),
+            ahead: None,
             require_leader,
             _stream: crate::metrics::get().watch_stream(),
             open: crate::metrics::get().open_watches(Served::Cache),
@@ -200,6 +213,7 @@ impl Session {
                     Err(_) => continue,
                 },
                 denied = async { self.recheck.as_mut().expect("guarded").await }, if self.recheck.is_some() => Step::Revoked(denied),
+                checked = async { self.ahead.as_mut().expect("guarded").next().await }, if self.ahead.as_ref().is_some_and(AheadChecks::busy) => Step::AheadChecked(checked),
             };
             match step {
                 Step::Shutdown => {
@@ -246,6 +260,11 @@ impl Session {
                     }
                 }
                 Step::AuthChanged => self.start_recheck(),
+                Step::AheadChecked(checked) => {
+                    if self.ahead_checked(checked).await.is_err() {
+                        return;
+                    }
+                }
                 Step::Revoked(ids) => {
                     self.recheck = None;
                     for (id, refusal) in ids {
@@ -316,6 +335,73 @@ impl Session {
             );
             return Ok(());
         }
+        // A watch from beyond the proxy's revision: etcd decides (`ahead.rs`).
+        if let Some(start) = self.start_ahead() {
+            let ahead = self.ahead.get_or_insert_with(|| {
+                let upstream = self.state.upstream.clone();
+                let metadata = self.metadata.clone();
+                AheadChecks::new(std::sync::Arc::new(move || {
+                    let (upstream, metadata) = (upstream.clone(), metadata.clone());
+                    Box::pin(etcd_revision(upstream, metadata))
+                }))
+            });
+            if !ahead.add(start) {
+                tracing::debug!("progress request dropped: too many wait for etcd's revision");
+            }
+            return Ok(());
+        }
+        self.take_progress_request().await
+    }
+
+    /// The highest start of a watch of the stream from a revision the proxy has not
+    /// reached (the cache's, or what was sent), if there is one. Forgets the starts
+    /// reached and those of watches that are gone.
+    fn start_ahead(&mut self) -> Option<i64> {
+        if self.future_starts.is_empty() {
+            return None;
+        }
+        let revision = self.revision();
+        let gone: Vec<i64> = (self.future_starts.iter())
+            .filter(|&(&id, &start)| start <= revision || !self.id_in_use(id))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.future_starts.remove(&id);
+        }
+        self.future_starts.values().copied().max()
+    }
+
+    /// A create (of either side) was taken under `id`, from `start_revision`.
+    fn created_from(&mut self, id: i64, start_revision: i64) {
+        if start_revision > self.revision() {
+            self.future_starts.insert(id, start_revision);
+        } else {
+            self.future_starts.remove(&id);
+        }
+    }
+
+    /// etcd's revision came for progress requests with a watch from beyond the proxy's:
+    /// each one etcd would drop is dropped, the others are taken.
+    async fn ahead_checked(&mut self, checked: Checked) -> Result<(), ()> {
+        let known = self.revision();
+        for &start in &checked.starts {
+            if checked.dropped(start, known) {
+                tracing::debug!(
+                    start,
+                    revision = checked.revision,
+                    "progress request with a watch from beyond etcd's revision: dropped, as \
+                     etcd drops it (etcd#20221)"
+                );
+            } else {
+                self.take_progress_request().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A progress request that is answered: held responses and the sides' answers
+    /// (`progress.rs`).
+    async fn take_progress_request(&mut self) -> Result<(), ()> {
         // Answered as etcd answers it, at a revision that covers every write completed
         // before the request: the cache's answer is at least the cluster's revision when
         // it is asked (one round trip it shares), and etcd's is its own. The floor above
@@ -507,6 +593,7 @@ impl Session {
                     resume,
                     rejoin: false,
                 });
+                self.created_from(id, request.start_revision);
                 self.order.sent(Side::Cache);
                 Ok(())
             }
@@ -541,7 +628,7 @@ impl Session {
         if self.would_lend_authority() {
             return self.refuse(Refusal::NotAllowed(status::user_empty())).await;
         }
-        let fragment = request.fragment;
+        let (fragment, start_revision) = (request.fragment, request.start_revision);
         let request = WatchCreateRequest {
             key,
             range_end,
@@ -554,6 +641,7 @@ impl Session {
                 if let Some(create) = away {
                     self.resumable.stay_away(create);
                 }
+                self.created_from(id, start_revision);
                 self.order.sent(Side::Etcd);
                 if fragment {
                     self.outbound.add_fragment(id);
@@ -656,6 +744,32 @@ impl Session {
         }
         self.next_id += 1;
         self.next_id - 1
+    }
+}
+
+/// etcd's revision as the member that answers `Status` for the caller has it (with the
+/// caller's token: the proxy lends it nothing); `None` if etcd could not tell in time.
+async fn etcd_revision(
+    upstream: std::sync::Arc<crate::upstream::Upstream>,
+    metadata: tonic::metadata::MetadataMap,
+) -> Option<i64> {
+    let maintenance = upstream.maintenance();
+    let status = upstream.call(
+        "status",
+        &metadata,
+        crate::pb::etcdserverpb::StatusRequest {},
+        |r| {
+            let mut m = maintenance.clone();
+            async move { m.status(r).await }
+        },
+    );
+    match tokio::time::timeout(CHECK_TIMEOUT, status).await {
+        Ok(Ok(resp)) => resp.into_inner().header.map(|h| h.revision),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "etcd's revision for a progress request: not known");
+            None
+        }
+        Err(_) => None,
     }
 }
 
