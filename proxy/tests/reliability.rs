@@ -364,7 +364,22 @@ async fn stream_task(
                         // A stream-level progress response.
                         ctx.stats.progress_answers.fetch_add(1, Ordering::Relaxed);
                         let target = *drain.borrow();
-                        if target > 0 && done >= target && in_flight.is_none() && pending.is_empty()
+                        // Every live watch is owed an answer that counts for it: a
+                        // request may have been dropped (as etcd drops one while a
+                        // watch starts beyond its revision), and then this answer may
+                        // be to a later request than its count says; the next one is
+                        // asked for at once.
+                        let all_counted = subs.iter().all(|s| {
+                            s.done
+                                || s.id.is_none()
+                                || s.cancel_sent
+                                || s.created_seq < asks.answered
+                        });
+                        if target > 0
+                            && done >= target
+                            && all_counted
+                            && in_flight.is_none()
+                            && pending.is_empty()
                         {
                             for s in &mut subs {
                                 let end = if s.cancel_sent {
