@@ -89,8 +89,10 @@ impl AheadChecks {
     }
 
     /// The answer to the question in flight, for the requests it covers; the requests
-    /// queued since are asked next. Cancel safe: the question stays in flight until
-    /// it is answered. Pending forever when nothing is asked.
+    /// queued since are asked next. Pending forever when nothing is asked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the question stays in flight until it is answered.
     pub(crate) async fn next(&mut self) -> Checked {
         let Some(question) = self.in_flight.as_mut() else {
             return futures::future::pending().await;
