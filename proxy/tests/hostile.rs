@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use raw::etcdserverpb::{
     kv_client::KvClient, watch_client::WatchClient, watch_request::RequestUnion, PutRequest,
-    RangeRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest, WatchResponse,
+    RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
+    WatchResponse,
 };
 use support::{scrape, start_etcd, start_proxy, EtcdOptions};
 use tokio::sync::mpsc;
@@ -137,6 +138,88 @@ async fn pipelined_floods_are_answered_in_full() {
         let ids: std::collections::HashSet<i64> = got.iter().map(|r| r.watch_id).collect();
         assert!(got.iter().all(|r| r.created && !r.canceled), "{endpoint}");
         assert_eq!(ids.len(), n, "{endpoint}: every watch its own id");
+        drop(tx);
+    }
+}
+
+/// A flood of progress requests on a stream with a watch from far beyond etcd's
+/// revision, sent without reading, then a cancel of that watch and one more request:
+/// fixed etcd drops the flood (`rev < w.startRev`, etcd#20221) and answers the last
+/// request; through the proxy the same, with the flood costing nothing that lasts: the
+/// stream's other watch still gets its events. (3.4.23 answers every request, below the
+/// start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_flood_etcd_would_drop_is_dropped() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(etcd.endpoint(), vec!["--prefix".into(), "/app/".into()]).await;
+    let channel = raw::channel(&etcd.endpoint()).await;
+    let mut kv = KvClient::new(channel);
+    let put = |key: &str| PutRequest {
+        key: key.as_bytes().to_vec().into(),
+        value: b"v".to_vec().into(),
+        ..Default::default()
+    };
+    let now = kv.put(put("/app/n")).await.unwrap().into_inner();
+    let far = now.header.unwrap().revision + 1_000_000;
+    let flood = 3000;
+    let fixed = testkit::EtcdVersion::from_env().major_minor() >= (3, 5);
+    for endpoint in [etcd.endpoint(), proxy.endpoint()] {
+        let mut reqs = vec![
+            create("/app/n", 0),
+            WatchRequest {
+                request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                    key: b"/app/f".to_vec().into(),
+                    start_revision: far,
+                    ..Default::default()
+                })),
+            },
+        ];
+        reqs.extend((0..flood).map(|_| progress()));
+        reqs.push(WatchRequest {
+            request_union: Some(RequestUnion::CancelRequest(WatchCancelRequest {
+                watch_id: 1,
+            })),
+        });
+        reqs.push(progress());
+        let (tx, mut stream) = pipelined(&endpoint, reqs).await;
+        let created = take(&mut stream, 2).await;
+        assert!(
+            created.iter().all(|r| r.created && !r.canceled),
+            "{endpoint}"
+        );
+        assert_eq!((created[0].watch_id, created[1].watch_id), (0, 1));
+        // Until the far watch's `canceled` and the answer to the last request (the
+        // first answer not below the far start, or the only one).
+        let (mut canceled, mut answers) = (false, Vec::new());
+        while !canceled
+            || answers.is_empty()
+            || (!fixed && endpoint == etcd.endpoint() && answers.len() < flood + 1)
+        {
+            let r = take(&mut stream, 1).await.remove(0);
+            if r.canceled {
+                assert_eq!(r.watch_id, 1, "{endpoint}");
+                canceled = true;
+            } else {
+                assert_eq!((r.watch_id, r.events.len()), (-1, 0), "{endpoint}: {r:?}");
+                answers.push(r.header.unwrap().revision);
+            }
+        }
+        // The other watch goes on: the next thing on the stream is its event.
+        let rev = kv.put(put("/app/n")).await.unwrap().into_inner();
+        let r = take(&mut stream, 1).await.remove(0);
+        assert_eq!(
+            (r.watch_id, r.header.unwrap().revision),
+            (0, rev.header.unwrap().revision),
+            "{endpoint}: {r:?}"
+        );
+        println!(
+            "PROGRESS FLOOD | {endpoint} | {} answers to {} requests",
+            answers.len(),
+            flood + 1
+        );
+        if endpoint == proxy.endpoint() || fixed {
+            assert_eq!(answers.len(), 1, "{endpoint}: {answers:?}");
+        }
         drop(tx);
     }
 }
