@@ -361,13 +361,9 @@ impl Session {
             return None;
         }
         let revision = self.revision();
-        let gone: Vec<i64> = (self.future_starts.iter())
-            .filter(|&(&id, &start)| start <= revision || !self.id_in_use(id))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in gone {
-            self.future_starts.remove(&id);
-        }
+        let mut starts = std::mem::take(&mut self.future_starts);
+        starts.retain(|&id, &mut start| start > revision && self.id_in_use(id));
+        self.future_starts = starts;
         self.future_starts.values().copied().max()
     }
 
@@ -408,13 +404,10 @@ impl Session {
         // which responses wait is what the cache has applied now (nothing sent is above
         // it); no round trip here, which would hold up the whole stream while etcd is
         // slow or away. Without a cache side, etcd answers for the stream.
-        let (floor, etcd) = match &self.watches {
-            Some(w) => (w.revision(), !self.forwarded.is_empty()),
-            None => (self.progress.sent_max(), true),
-        };
+        let etcd = self.watches.is_none() || !self.forwarded.is_empty();
         let out = self
             .progress
-            .request(floor, etcd, tokio::time::Instant::now());
+            .request(self.revision(), etcd, tokio::time::Instant::now());
         self.apply(out).await
     }
 
