@@ -3,44 +3,57 @@
 //! drops it when etcd's auth state moves.
 //!
 //! ## The ask
-//! A serializable, count-only Range with limit 1 on the caller's range, with the caller's
-//! token: member-local and cheap, and checked by etcd exactly as the caller's own Range
-//! (`isOpPermitted`). Identical asks that are in flight together are one ask. An allow
-//! for a range covers its sub-ranges; a deny covers only that range. A refusal is kept
-//! with etcd's own status (code and message), so a client library's retry and re-auth
-//! logic works unchanged. Other failures (etcd unreachable) are not kept.
+//! A linearizable, count-only Range with limit 1 on the caller's range, with the caller's
+//! token (or, for a caller without one, without a user: never the proxy's certificate,
+//! see `Upstream::request`): checked by etcd exactly as the caller's own Range
+//! (`isOpPermitted`), by a member that has applied every auth change committed before
+//! it (a serializable ask could hit a follower that has not applied a revocation yet).
+//! Identical asks that are in flight together are one ask. An allow for a range covers
+//! its sub-ranges; a deny covers only that range. A refusal is kept with etcd's own
+//! status (code and message), so a client library's retry and re-auth logic works
+//! unchanged. Other failures (etcd unreachable) are not kept.
 //!
 //! ## How long a decision lives
-//! - Until etcd's auth revision moves. etcd >= 3.5 reports it in `AuthStatus`, which the
-//!   proxy polls every `--auth-check-interval`; on 3.4, which has no `AuthStatus`, every
-//!   decision is re-asked after [`RECHECK_WITHOUT_REVISION`] (2 s) and open watches are
-//!   checked every [`WATCH_RECHECK_WITHOUT_REVISION`] (10 s). An auth call forwarded
-//!   through the proxy (user, role, permission, enable, disable) drops them at once.
-//! - Never longer than half of `--auth-token-ttl` (etcd's token TTL, 300 s by default):
-//!   a cached read never touches etcd, so without a bound a token would outlive its TTL.
-//!   An ask uses the token as a direct call would, so a token in use stays valid as it
-//!   does on etcd, and an unused one expires.
+//! - Until etcd's auth state moves. etcd >= 3.5 reports its auth revision in
+//!   `AuthStatus`, which the proxy polls every `--auth-check-interval`; on 3.4, which has
+//!   no `AuthStatus`, every decision is re-asked after [`RECHECK_WITHOUT_REVISION`] (2 s)
+//!   and open watches are checked every [`WATCH_RECHECK_WITHOUT_REVISION`] (10 s). An
+//!   auth call forwarded through the proxy (user, role, permission, enable, disable)
+//!   drops them at once. Asks in flight when decisions are dropped are forgotten too:
+//!   their answers serve the callers that waited for them, and are not kept.
+//! - Never past the token's own end: half of `--auth-token-ttl` from the ask (etcd's
+//!   simple-token TTL, 300 s by default, which etcd counts from the token's last use:
+//!   a cached read does not use it on etcd), and for a JWT (`--auth-token jwt,...`) not
+//!   past its `exp` claim.
+//!
+//! While etcd's auth state is not known yet (before the first answer, or in front of a
+//! learner), every caller is asked about as with auth on.
 //!
 //! When decisions are dropped, the [`epoch`](Authz::epoch) moves: every Watch stream
-//! re-checks its cached watches and cancels the ones now refused, with etcd's reason.
+//! re-checks its cached watches (and creates not answered yet) and cancels the ones now
+//! refused, with etcd's reason.
 //!
 //! ## Auth off
-//! With etcd's auth off, [`Authz::check`] is one atomic load. The poll is one
-//! member-local request per interval, to notice auth being turned on.
+//! With etcd's auth off, [`Authz::check`] is one atomic load. The poll is one request per
+//! interval, to notice auth being turned on.
 //!
 //! ## Bounds
-//! At most [`MAX_TOKENS`] tokens with at most [`MAX_RANGES_PER_TOKEN`] decisions each are
-//! kept (the least recently used token goes first), so distinct tokens cannot exhaust
-//! memory, and a repeated token, good or garbage, costs etcd one ask per range and
-//! interval, not one per request.
+//! The decisions are kept in at most `--auth-cache-bytes` (keys, range ends, tokens and
+//! messages, with a fixed overhead per decision), at most [`MAX_RANGES_PER_TOKEN`] per
+//! token; the least recently used token's decisions go first, in O(1). Asks in flight
+//! hold at most `--auth-ask-bytes` of keys; a check beyond that is refused with
+//! `ResourceExhausted`, naming the limit. So distinct tokens with long keys cannot grow
+//! the proxy beyond its bounds, and a repeated token, good or garbage, costs etcd one ask
+//! per range and interval, not one per request.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
+use lru::LruCache;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -49,12 +62,20 @@ use tonic::{Code, Status};
 
 use crate::pb::etcdserverpb::{AuthStatusRequest, RangeRequest};
 use crate::status::is_auth_refusal;
-use crate::upstream::{Upstream, TOKEN};
+use crate::upstream::{AuthState, Upstream, TOKEN};
 
-/// Tokens whose decisions are kept at most.
-pub(crate) const MAX_TOKENS: usize = 10_000;
 /// Decisions kept per token at most (the oldest goes first).
 pub(crate) const MAX_RANGES_PER_TOKEN: usize = 64;
+/// Bytes counted for a decision beyond its key, range end and message (the entry, its
+/// place in the token's list and the token's entry, rounded up).
+const DECISION_OVERHEAD: usize = 128;
+/// Default of `--auth-cache-bytes`.
+pub(crate) const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+/// Default of `--auth-ask-bytes`.
+pub(crate) const DEFAULT_ASK_BYTES: usize = 64 << 20;
+/// Decisions of a token not used for this long are dropped: the proxy is idle for that
+/// caller, and an idle proxy asks etcd nothing that goes through raft.
+const IDLE_AFTER: Duration = Duration::from_secs(10);
 /// On etcd without `AuthStatus` (3.4), how long a decision lives.
 pub(crate) const RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(2);
 /// On etcd without `AuthStatus` (3.4), how often open cached watches are checked again
@@ -75,6 +96,13 @@ impl Verdict {
             Verdict::Deny(code, msg) => Err(Status::new(*code, msg.clone())),
         }
     }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Verdict::Allow => 0,
+            Verdict::Deny(_, msg) => msg.len(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -82,25 +110,143 @@ struct Decision {
     key: Bytes,
     end: Bytes,
     verdict: Verdict,
-    at: Instant,
+    /// When it is no longer used (the token's TTL or `exp`).
+    until: Instant,
 }
 
-#[derive(Debug, Default)]
+impl Decision {
+    fn bytes(&self) -> usize {
+        self.key.len() + self.end.len() + self.verdict.bytes() + DECISION_OVERHEAD
+    }
+}
+
+/// One token's decisions.
+#[derive(Debug)]
 struct TokenDecisions {
     list: Vec<Decision>,
-    used: Option<Instant>,
+    /// The bytes of `list` and of the token.
+    bytes: usize,
+    /// When one of them was last used or kept.
+    used: Instant,
 }
 
+/// Every token's decisions, bounded in bytes; the least recently used token goes first.
+struct Decisions {
+    by_token: LruCache<Bytes, TokenDecisions>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Decisions {
+    fn new(limit: usize) -> Decisions {
+        Decisions {
+            by_token: LruCache::unbounded(),
+            bytes: 0,
+            limit,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_token.clear();
+        self.bytes = 0;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_token.is_empty()
+    }
+
+    /// Drops the decisions of tokens not used for `idle` (the least recently used go
+    /// first, so this stops at the first token used since).
+    fn prune_unused(&mut self, now: Instant, idle: Duration) {
+        while let Some((_, d)) = self.by_token.peek_lru() {
+            if now.saturating_duration_since(d.used) < idle {
+                break;
+            }
+            if let Some((_, gone)) = self.by_token.pop_lru() {
+                self.bytes -= gone.bytes;
+            }
+        }
+    }
+
+    /// A kept decision for `[key, end)` still in force at `now` (marks the token used).
+    fn find(&mut self, token: &Bytes, key: &[u8], end: &[u8], now: Instant) -> Option<Verdict> {
+        let entry = self.by_token.get_mut(token)?;
+        entry.used = now;
+        entry
+            .list
+            .iter()
+            .filter(|d| now < d.until)
+            .find_map(|d| match &d.verdict {
+                Verdict::Allow if covers(&d.key, &d.end, key, end) => Some(Verdict::Allow),
+                Verdict::Deny(..) if d.key == key && d.end == end => Some(d.verdict.clone()),
+                _ => None,
+            })
+    }
+
+    fn insert(&mut self, token: &Bytes, d: Decision) {
+        let cost = d.bytes();
+        if cost + token.len() > self.limit {
+            return;
+        }
+        if !self.by_token.contains(token) {
+            self.by_token.put(
+                token.clone(),
+                TokenDecisions {
+                    list: Vec::new(),
+                    bytes: token.len(),
+                    used: Instant::now(),
+                },
+            );
+            self.bytes += token.len();
+        }
+        let entry = self.by_token.get_mut(token).expect("just inserted");
+        entry.used = Instant::now();
+        let before = entry.bytes;
+        entry.list.retain(|o| !(o.key == d.key && o.end == d.end));
+        if entry.list.len() >= MAX_RANGES_PER_TOKEN {
+            entry.list.remove(0);
+        }
+        entry.list.push(d);
+        entry.bytes = token.len() + entry.list.iter().map(Decision::bytes).sum::<usize>();
+        self.bytes = self.bytes - before + entry.bytes;
+        while self.bytes > self.limit {
+            match self.by_token.pop_lru() {
+                Some((_, gone)) => self.bytes -= gone.bytes,
+                None => break,
+            }
+        }
+    }
+}
+
+/// The (token, key, range end) of an ask; the token as kept (`+token` or `-`).
 type AskKey = (Bytes, Bytes, Bytes);
 type Ask = Shared<BoxFuture<'static, Result<Verdict, (Code, String)>>>;
+
+/// An ask in flight.
+struct InFlight {
+    ask: Ask,
+    /// The generation it was started in: its answer is kept only if no invalidation came
+    /// since.
+    generation: u64,
+    bytes: usize,
+}
+
+/// The asks in flight, bounded in bytes.
+struct Asking {
+    asks: HashMap<AskKey, InFlight>,
+    bytes: usize,
+}
 
 /// The decisions, the asks in flight and etcd's auth state.
 pub(crate) struct Authz {
     upstream: Arc<Upstream>,
-    decisions: Mutex<HashMap<Bytes, TokenDecisions>>,
-    asking: Mutex<HashMap<AskKey, Ask>>,
+    decisions: Mutex<Decisions>,
+    asking: Mutex<Asking>,
+    ask_limit: usize,
     /// etcd's auth revision (`AuthStatus`), 0 when unknown.
     revision: AtomicU64,
+    /// etcd has no `AuthStatus` (3.4), or refuses it to the proxy.
+    no_auth_status: std::sync::atomic::AtomicBool,
     max_age: Duration,
     epoch: watch::Sender<u64>,
     /// Moves whenever decisions are dropped: a decision asked for before is not kept.
@@ -108,13 +254,24 @@ pub(crate) struct Authz {
 }
 
 impl Authz {
-    /// Decisions living at most half of `token_ttl`.
-    pub(crate) fn new(upstream: Arc<Upstream>, token_ttl: Duration) -> Arc<Authz> {
+    /// Decisions living at most half of `token_ttl`, in at most `cache_bytes`; asks in
+    /// flight holding at most `ask_bytes`.
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        token_ttl: Duration,
+        cache_bytes: usize,
+        ask_bytes: usize,
+    ) -> Arc<Authz> {
         Arc::new(Authz {
             upstream,
-            decisions: Mutex::new(HashMap::new()),
-            asking: Mutex::new(HashMap::new()),
+            decisions: Mutex::new(Decisions::new(cache_bytes)),
+            asking: Mutex::new(Asking {
+                asks: HashMap::new(),
+                bytes: 0,
+            }),
+            ask_limit: ask_bytes,
             revision: AtomicU64::new(0),
+            no_auth_status: std::sync::atomic::AtomicBool::new(false),
             max_age: (token_ttl / 2).max(Duration::from_millis(100)),
             epoch: watch::channel(0).0,
             generation: AtomicU64::new(0),
@@ -126,9 +283,10 @@ impl Authz {
         self.epoch.subscribe()
     }
 
-    /// Whether etcd's auth is on (as last learned).
+    /// Whether etcd's auth may be on: it is, or the proxy does not know yet. Callers are
+    /// asked about unless etcd's auth is known to be off.
     pub(crate) fn enabled(&self) -> bool {
-        self.upstream.auth_enabled()
+        self.upstream.auth_state() != AuthState::Off
     }
 
     /// Forgets every decision (etcd's auth state moved) and tells the Watch streams.
@@ -137,17 +295,22 @@ impl Authz {
         self.epoch.send_modify(|e| *e += 1);
     }
 
-    /// Forgets every decision; the next use of each asks etcd again.
+    /// Forgets every decision and every ask in flight; the next use of each asks etcd
+    /// again.
     fn forget(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.decisions.lock().clear();
+        let mut asking = self.asking.lock();
+        asking.asks.clear();
+        asking.bytes = 0;
     }
 
     /// Whether the caller of `metadata` may read `[key, end)` (etcd's keyspace; empty end: one
     /// key, `"\0"`: from key on) as etcd would decide it now.
     ///
     /// # Errors
-    /// etcd's refusal, as etcd gave it; or why etcd could not be asked.
+    /// etcd's refusal, as etcd gave it; why etcd could not be asked; or `ResourceExhausted`
+    /// when asks in flight already hold `--auth-ask-bytes`.
     pub(crate) async fn check(
         &self,
         metadata: &MetadataMap,
@@ -163,8 +326,7 @@ impl Authz {
             Some(t) => Bytes::from([b"+", t.as_bytes()].concat()),
             None => Bytes::from_static(b"-"),
         };
-        let now = Instant::now();
-        if let Some(v) = self.cached(&token, key, end, now) {
+        if let Some(v) = self.decisions.lock().find(&token, key, end, Instant::now()) {
             return v.result();
         }
         let ask_key = (
@@ -172,21 +334,38 @@ impl Authz {
             Bytes::copy_from_slice(key),
             Bytes::copy_from_slice(end),
         );
-        // A decision asked for before the auth state moved is not kept after it.
-        let generation = self.generation.load(Ordering::Acquire);
-        let ask = {
+        let (ask, generation) = self.join_or_ask(&ask_key)?;
+        let started = Instant::now();
+        let verdict = ask.clone().await;
+        {
             let mut asking = self.asking.lock();
-            asking
-                .entry(ask_key.clone())
-                .or_insert_with(|| self.ask(ask_key.clone()))
-                .clone()
-        };
-        let verdict = ask.await;
-        self.asking.lock().remove(&ask_key);
+            if asking
+                .asks
+                .get(&ask_key)
+                .is_some_and(|f| f.generation == generation)
+            {
+                let gone = asking.asks.remove(&ask_key).expect("just seen");
+                asking.bytes -= gone.bytes;
+            }
+        }
         match verdict {
             Ok(v) => {
+                // Kept only if no invalidation came since the ask started.
                 if self.generation.load(Ordering::Acquire) == generation {
-                    self.remember(&ask_key, v.clone(), now);
+                    let until = self.until(&token, started);
+                    if until > Instant::now() {
+                        tracing::debug!(key = ?ask_key.1, end = ?ask_key.2, verdict = ?v, "decision kept");
+                        let (_, key, end) = ask_key;
+                        self.decisions.lock().insert(
+                            &token,
+                            Decision {
+                                key,
+                                end,
+                                verdict: v.clone(),
+                                until,
+                            },
+                        );
+                    }
                 }
                 v.result()
             }
@@ -194,47 +373,53 @@ impl Authz {
         }
     }
 
-    /// A kept decision for `[key, end)` that is still fresh.
-    fn cached(&self, token: &Bytes, key: &[u8], end: &[u8], now: Instant) -> Option<Verdict> {
-        let mut decisions = self.decisions.lock();
-        let entry = decisions.get_mut(token)?;
-        entry.used = Some(now);
-        let fresh = |d: &Decision| now.duration_since(d.at) < self.max_age;
-        entry
-            .list
-            .iter()
-            .filter(|d| fresh(d))
-            .find_map(|d| match &d.verdict {
-                Verdict::Allow if covers(&d.key, &d.end, key, end) => Some(Verdict::Allow),
-                Verdict::Deny(..) if d.key == key && d.end == end => Some(d.verdict.clone()),
-                _ => None,
-            })
+    /// The ask in flight for `ask_key`, or a new one; with its generation.
+    fn join_or_ask(&self, ask_key: &AskKey) -> Result<(Ask, u64), Status> {
+        let mut asking = self.asking.lock();
+        if let Some(f) = asking.asks.get(ask_key) {
+            return Ok((f.ask.clone(), f.generation));
+        }
+        let bytes = ask_key.0.len() + ask_key.1.len() + ask_key.2.len() + DECISION_OVERHEAD;
+        if asking.bytes + bytes > self.ask_limit {
+            crate::metrics::get().auth_ask_refused();
+            return Err(Status::resource_exhausted(format!(
+                "etcd-cache-proxy: too many permission checks in flight: their keys hold at \
+                 most {} bytes (--auth-ask-bytes)",
+                self.ask_limit
+            )));
+        }
+        // Read under the lock that `forget` takes: an ask started here belongs to this
+        // generation or a later one's `forget` drops it.
+        let generation = self.generation.load(Ordering::Acquire);
+        let ask = self.ask(ask_key.clone());
+        asking.asks.insert(
+            ask_key.clone(),
+            InFlight {
+                ask: ask.clone(),
+                generation,
+                bytes,
+            },
+        );
+        asking.bytes += bytes;
+        Ok((ask, generation))
     }
 
-    fn remember(&self, (token, key, end): &AskKey, verdict: Verdict, at: Instant) {
-        tracing::debug!(key = ?key, end = ?end, ?verdict, "decision kept");
-        let mut decisions = self.decisions.lock();
-        if !decisions.contains_key(token) && decisions.len() >= MAX_TOKENS {
-            let oldest = decisions
-                .iter()
-                .min_by_key(|(_, d)| d.used)
-                .map(|(t, _)| t.clone());
-            if let Some(t) = oldest {
-                decisions.remove(&t);
+    /// Until when a decision asked for at `asked` may be used: half the token TTL, and
+    /// never past a JWT's `exp`.
+    fn until(&self, token: &Bytes, asked: Instant) -> Instant {
+        let by_ttl = asked + self.max_age;
+        let Some(jwt) = token.strip_prefix(b"+") else {
+            return by_ttl;
+        };
+        match jwt_expiry(jwt) {
+            Some(exp) => {
+                let left = exp
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                by_ttl.min(Instant::now() + left)
             }
+            None => by_ttl,
         }
-        let entry = decisions.entry(token.clone()).or_default();
-        entry.used = Some(at);
-        entry.list.retain(|d| !(d.key == *key && d.end == *end));
-        if entry.list.len() >= MAX_RANGES_PER_TOKEN {
-            entry.list.remove(0);
-        }
-        entry.list.push(Decision {
-            key: key.clone(),
-            end: end.clone(),
-            verdict,
-            at,
-        });
     }
 
     /// One ask to etcd with the caller's token (shared by identical concurrent asks).
@@ -257,13 +442,12 @@ impl Authz {
                 key,
                 range_end: end,
                 limit: 1,
-                serializable: true,
                 count_only: true,
                 ..Default::default()
             };
             let up2 = upstream.clone();
             let answer = upstream
-                .call("range", &metadata, req, move |q| {
+                .call(&metadata, req, move |q| {
                     let mut c = up2.kv();
                     async move { c.range(q).await }
                 })
@@ -280,33 +464,68 @@ impl Authz {
         .shared()
     }
 
-    /// Learns etcd's auth state once: whether auth is on and, on etcd >= 3.5, its auth
-    /// revision. Returns whether auth is on.
+    /// Learns etcd's auth state once: whether auth is on and, while something depends on
+    /// it on etcd >= 3.5, its auth revision. Returns whether auth is on.
+    ///
+    /// Nothing here goes through etcd's raft log unless auth is on and the proxy serves
+    /// callers from memory (it keeps decisions used within [`IDLE_AFTER`], or a Watch
+    /// stream is open): whether auth is on is one read (a linearizable Range without a
+    /// user, which etcd refuses with `user name is empty` while auth is on).
+    /// `AuthStatus`, a raft request on every version that has it (3.5, 3.6, 3.7:
+    /// `raftRequest(AuthStatus)` in etcd's v3_server.go), is asked only then, as the one
+    /// way to see the auth revision move. So an idle proxy, or one in front of an etcd
+    /// with auth off, writes nothing to etcd's log.
     ///
     /// # Errors
     /// Why etcd did not answer.
     pub(crate) async fn learn(&self) -> Result<bool, Status> {
-        let (on, revision) = self.probe().await?;
-        let was = self.upstream.auth_enabled();
+        let kept = {
+            let mut d = self.decisions.lock();
+            d.prune_unused(Instant::now(), IDLE_AFTER);
+            !d.is_empty()
+        };
+        // One receiver is the cache slot's; the others are Watch streams', whose cached
+        // watches are checked again when the revision moves.
+        let streams = self.epoch.receiver_count() > 1;
+        let active = self.upstream.auth_state() == AuthState::On && (kept || streams);
+        let status = if active && !self.no_auth_status.load(Ordering::Acquire) {
+            self.auth_status().await?
+        } else {
+            None
+        };
+        let (on, revision) = match status {
+            Some(s) => s,
+            None => (self.probe().await?, 0),
+        };
+        let was = self.upstream.auth_state();
         self.upstream.set_auth_enabled(on);
-        let old = self.revision.swap(revision, Ordering::AcqRel);
-        if was != on {
+        // The last revision seen stays while it is not asked: a move in between is seen
+        // when it is asked again.
+        let old = match revision {
+            0 => self.revision.load(Ordering::Acquire),
+            r => self.revision.swap(r, Ordering::AcqRel),
+        };
+        let now = if on { AuthState::On } else { AuthState::Off };
+        if was != now {
             tracing::info!(
                 auth = on,
                 "etcd's auth is {}",
                 if on { "on" } else { "off" }
             );
             self.invalidate();
-        } else if revision != old {
+        } else if revision != 0 && revision != old {
+            // Also from unknown (0), the first answer: a change between the first asks
+            // and it is not seen otherwise.
             tracing::debug!(revision, "etcd's auth revision moved: decisions dropped");
             self.invalidate();
         }
         Ok(on)
     }
 
-    /// `(auth on, auth revision)`: `AuthStatus` where etcd has it (>= 3.5), else a
-    /// Range without a token (etcd answers `user name is empty` while auth is on).
-    async fn probe(&self) -> Result<(bool, u64), Status> {
+    /// `AuthStatus`: `Some((auth on, auth revision))`, or `None` where etcd has none (3.4)
+    /// or refuses it to the proxy (>= 3.6 asks for a user while auth is on, and the proxy
+    /// may have none): then never asked again.
+    async fn auth_status(&self) -> Result<Option<(bool, u64)>, Status> {
         let upstream = &self.upstream;
         let status = upstream
             .own_call(AuthStatusRequest {}, |q| {
@@ -317,48 +536,43 @@ impl Authz {
         match status {
             Ok(r) => {
                 let r = r.into_inner();
-                return Ok((r.enabled, r.auth_revision));
+                Ok(Some((r.enabled, r.auth_revision)))
             }
-            Err(s) if s.code() == Code::Unimplemented => {}
-            // etcd >= 3.6 asks a caller of AuthStatus for a user while auth is on: the
-            // proxy has none (no --user), so auth is on; its revision stays unknown and
-            // decisions live as on 3.4.
-            Err(s) if is_auth_refusal(&s) => return Ok((true, 0)),
-            Err(s) => return Err(s),
-        }
-        let req = RangeRequest {
-            key: Bytes::from_static(b"\0"),
-            limit: 1,
-            serializable: true,
-            count_only: true,
-            ..Default::default()
-        };
-        let answer = upstream.kv().range(tonic::Request::new(req)).await;
-        match answer {
-            Ok(_) if upstream.cert_identity().is_some() => {
-                // Over the proxy's certificate the CN is the caller: an allowed Range
-                // says nothing. Admin calls are refused to a non-root user with auth on.
-                let list = upstream
-                    .own_call(crate::pb::etcdserverpb::AuthRoleListRequest {}, |q| {
-                        let mut c = upstream.auth();
-                        async move { c.role_list(q).await }
-                    })
-                    .await;
-                match list {
-                    Ok(_) => Ok((false, 0)),
-                    Err(s) if is_auth_refusal(&s) => Ok((true, 0)),
-                    Err(s) => Err(s),
-                }
+            Err(s) if s.code() == Code::Unimplemented || is_auth_refusal(&s) => {
+                self.no_auth_status.store(true, Ordering::Release);
+                Ok(None)
             }
-            Ok(_) => Ok((false, 0)),
-            Err(s) if is_auth_refusal(&s) => Ok((true, 0)),
             Err(s) => Err(s),
         }
     }
 
-    /// Whether etcd reports an auth revision (>= 3.5).
+    /// Whether auth is on: a linearizable Range without a user (etcd answers `user name
+    /// is empty` while auth is on). It never goes as the proxy's certificate
+    /// (`Upstream::request`): etcd would take its CN as the caller and let it through.
+    async fn probe(&self) -> Result<bool, Status> {
+        let upstream = &self.upstream;
+        let req = RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            limit: 1,
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = upstream
+            .call(&MetadataMap::new(), req, |q| {
+                let mut c = upstream.kv();
+                async move { c.range(q).await }
+            })
+            .await;
+        match answer {
+            Ok(_) => Ok(false),
+            Err(s) if is_auth_refusal(&s) => Ok(true),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Whether etcd reports an auth revision (>= 3.5) that the proxy follows.
     fn has_revision(&self) -> bool {
-        self.revision.load(Ordering::Acquire) != 0
+        self.revision.load(Ordering::Acquire) != 0 && !self.no_auth_status.load(Ordering::Acquire)
     }
 
     /// Polls etcd's auth state every `interval`, until dropped. On etcd without an auth
@@ -390,6 +604,23 @@ impl Authz {
     }
 }
 
+/// The `exp` claim of a JWT (`header.payload.signature`, the payload base64url JSON), if
+/// `token` is one that has it. etcd's simple tokens (`random.index`) are not.
+fn jwt_expiry(token: &[u8]) -> Option<SystemTime> {
+    use base64::Engine;
+    let mut parts = token.split(|b| *b == b'.');
+    let (_, payload, _, none) = (parts.next()?, parts.next()?, parts.next()?, parts.next());
+    if none.is_some() {
+        return None;
+    }
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&json).ok()?;
+    let exp = claims.get("exp")?.as_f64()?;
+    (exp >= 0.0).then(|| UNIX_EPOCH + Duration::from_secs_f64(exp.min(1e12)))
+}
+
 /// Whether the range `[key, end)` (etcd's forms: empty end one key, `"\0"` from key on)
 /// lies inside the range `[start, stop)` of the same forms.
 fn covers(start: &[u8], stop: &[u8], key: &[u8], end: &[u8]) -> bool {
@@ -414,59 +645,142 @@ fn covers(start: &[u8], stop: &[u8], key: &[u8], end: &[u8]) -> bool {
     }
 }
 
-/// Refuses to start when the proxy's own etcd identity (`--user`, or the CN of `--cert`)
-/// has etcd's root role, unless `--allow-root-upstream`: that identity feeds the cache,
-/// so it needs read on the cached prefix and nothing else.
+/// Refuses to start when the proxy's own etcd identity (`--user`, or the CN of `--cert`,
+/// each checked on its own) has etcd's root role, unless `--allow-root-upstream`: that
+/// identity feeds the cache, so it needs read on the cached prefix and nothing else.
+///
+/// `--user` is looked up with its own token, and the CN as the CN itself (a call over the
+/// certificate with no token): etcd lets every user read its own entry, so a root CN is
+/// found whatever `--user` may read.
 pub(crate) async fn check_upstream_identity(
     upstream: &Upstream,
     config: &crate::config::Config,
 ) -> crate::error::Result<()> {
-    use crate::error::Error;
-    let names: Vec<(String, &str)> = upstream
-        .user()
-        .map(|u| (u.to_string(), "--user"))
-        .into_iter()
-        .chain(
-            upstream
-                .cert_identity()
-                .map(|cn| (cn.to_string(), "the CN of --cert")),
-        )
-        .collect();
-    for (name, what) in names {
-        let req = crate::pb::etcdserverpb::AuthUserGetRequest { name: name.clone() };
+    use crate::pb::etcdserverpb::AuthUserGetRequest;
+    if let Some(name) = upstream.user() {
+        let req = AuthUserGetRequest {
+            name: name.to_string(),
+        };
         let answer = upstream
             .own_call(req, |q| {
                 let mut c = upstream.auth();
                 async move { c.user_get(q).await }
             })
             .await;
-        match answer {
-            Ok(r) if r.get_ref().roles.iter().any(|r| r == "root") => {
-                let who = format!("{what} ({name:?})");
-                if !config.allow_root_upstream {
-                    return Err(Error::RootUpstream(who));
-                }
-                tracing::warn!("{who} has etcd's root role (--allow-root-upstream)");
-            }
-            Ok(_) => {}
-            // Not an etcd user (yet), or not one this identity may look up: not root.
-            Err(s) if s.message().contains("user name not found") || is_auth_refusal(&s) => {
-                tracing::debug!(user = %name, error = %s.message(), "identity check");
-            }
-            Err(s) => {
-                return Err(Error::IdentityCheck {
-                    user: name,
-                    status: s,
-                })
-            }
-        }
+        judge_identity(config, name, "--user", answer)?;
+    }
+    if let Some(cn) = upstream.cert_identity() {
+        let req = upstream.certificate_request(AuthUserGetRequest {
+            name: cn.to_string(),
+        });
+        let answer = upstream.auth().user_get(req).await;
+        judge_identity(config, cn, "the CN of --cert", answer)?;
     }
     Ok(())
 }
 
+/// Whether `name`'s roles (etcd's answer to its `UserGet`) may be the proxy's identity.
+fn judge_identity(
+    config: &crate::config::Config,
+    name: &str,
+    what: &str,
+    answer: Result<tonic::Response<crate::pb::etcdserverpb::AuthUserGetResponse>, Status>,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    match answer {
+        Ok(r) if r.get_ref().roles.iter().any(|r| r == "root") => {
+            let who = format!("{what} ({name:?})");
+            if !config.allow_root_upstream {
+                return Err(Error::RootUpstream(who));
+            }
+            tracing::warn!("{who} has etcd's root role (--allow-root-upstream)");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        // Not an etcd user (yet): not root. A refusal of a user's own entry: no user
+        // etcd knows (an empty CN, an expired token), so not root either.
+        Err(s) if s.message().contains("user name not found") || is_auth_refusal(&s) => {
+            tracing::debug!(user = %name, error = %s.message(), "identity check");
+            Ok(())
+        }
+        Err(s) => Err(Error::IdentityCheck {
+            user: name.to_string(),
+            status: s,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::covers;
+    use super::*;
+
+    fn decision(key: &[u8], until: Instant) -> Decision {
+        Decision {
+            key: Bytes::copy_from_slice(key),
+            end: Bytes::new(),
+            verdict: Verdict::Deny(Code::Unauthenticated, "invalid auth token".into()),
+            until,
+        }
+    }
+
+    /// Distinct tokens with long keys: the decisions never hold more than their bound,
+    /// the least recently used token goes first, and one decision above the bound is not
+    /// kept at all.
+    #[test]
+    fn decisions_are_bounded_in_bytes_and_the_least_recently_used_token_goes() {
+        let limit = 1 << 20;
+        let mut d = Decisions::new(limit);
+        let later = Instant::now() + Duration::from_secs(60);
+        let key = vec![b'k'; 100 << 10];
+        for i in 0..100u32 {
+            let token = Bytes::from(format!("+garbage{i}"));
+            d.insert(&token, decision(&key, later));
+            assert!(d.bytes <= limit, "{} bytes after {i}", d.bytes);
+            // The first token stays in use: it is never the least recently used.
+            let first = Bytes::from_static(b"+garbage0");
+            assert!(d.find(&first, &key, b"", Instant::now()).is_some(), "{i}");
+        }
+        assert!(d.by_token.len() < 12, "{}", d.by_token.len());
+        assert!(d
+            .find(&Bytes::from_static(b"+garbage1"), &key, b"", Instant::now())
+            .is_none());
+        let huge = vec![b'k'; 2 << 20];
+        d.insert(&Bytes::from_static(b"+huge"), decision(&huge, later));
+        assert!(d.bytes <= limit);
+        assert!(!d.by_token.contains(&Bytes::from_static(b"+huge")));
+    }
+
+    /// A decision is used until its `until`, not after.
+    #[test]
+    fn a_decision_is_not_used_past_its_end() {
+        let mut d = Decisions::new(1 << 20);
+        let now = Instant::now();
+        let token = Bytes::from_static(b"+t");
+        d.insert(&token, decision(b"/a", now + Duration::from_secs(1)));
+        assert!(d.find(&token, b"/a", b"", now).is_some());
+        assert!(d
+            .find(&token, b"/a", b"", now + Duration::from_secs(1))
+            .is_none());
+    }
+
+    /// A JWT's `exp`; a simple token (`random.index`) and garbage have none.
+    #[test]
+    fn a_jwts_expiry_is_read_from_its_payload() {
+        use base64::Engine;
+        let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let jwt = format!(
+            "{}.{}.sig",
+            enc(r#"{"alg":"ES256"}"#),
+            enc(r#"{"username":"reader","revision":5,"exp":1900000000}"#)
+        );
+        assert_eq!(
+            jwt_expiry(jwt.as_bytes()),
+            Some(UNIX_EPOCH + Duration::from_secs(1_900_000_000))
+        );
+        assert_eq!(jwt_expiry(b"QWERTYuiop.42"), None);
+        assert_eq!(jwt_expiry(b"a.b.c"), None);
+        assert_eq!(jwt_expiry(b"a.b.c.d"), None);
+    }
 
     #[test]
     fn an_allowed_range_covers_its_sub_ranges() {

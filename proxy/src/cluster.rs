@@ -2,7 +2,8 @@
 //! MemberList answers with the proxy itself (that URL), so a client that syncs its
 //! endpoints from the member list stays on the proxy; with `--resolver-prefix` as well,
 //! with every proxy registered there (`register.rs`), itself when none is yet; without
-//! it, MemberList is etcd's.
+//! it, MemberList is etcd's. The registrations are read with the caller's token: a caller
+//! etcd does not let read `--resolver-prefix` gets the proxy alone.
 //! Membership changes are forwarded to etcd with the caller's token (etcd asks for root).
 
 use std::hash::{Hash, Hasher};
@@ -71,10 +72,25 @@ impl cluster_server::Cluster for ClusterService {
             // user): etcd decides, the proxy answers with itself.
             let metadata = req.metadata().clone();
             let upstream = &self.state.upstream;
-            call_upstream!(upstream, &metadata, req.into_inner(), cluster.member_list).await?;
+            call_upstream!(
+                upstream,
+                &metadata,
+                req.get_ref().clone(),
+                cluster.member_list
+            )
+            .await?;
         }
+        // The registrations, read with the caller's token: one etcd does not let read
+        // them gets the proxy alone.
         let mut members = match &self.state.resolver_prefix {
-            Some(prefix) => register::members(&self.state.upstream, prefix, member_id).await?,
+            Some(prefix) => {
+                match register::members(&self.state.upstream, req.metadata(), prefix, member_id)
+                    .await
+                {
+                    Err(s) if crate::status::is_auth_refusal(&s) => Vec::new(),
+                    other => other?,
+                }
+            }
             None => Vec::new(),
         };
         if members.is_empty() {

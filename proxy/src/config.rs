@@ -92,9 +92,14 @@ pub(crate) struct Config {
     /// only; a user with the root role is refused (see --allow-root-upstream).
     #[arg(long)]
     pub(crate) user: Option<String>,
-    /// Password of --user (when not given as `name:password`).
+    /// Password of --user (when not given as `name:password`). Visible in `ps`: prefer
+    /// --password-file or the environment variable.
     #[arg(long, env = "ETCD_CACHE_PROXY_PASSWORD", hide_env_values = true)]
     pub(crate) password: Option<String>,
+    /// File holding the password of --user (its first line; a trailing newline is not
+    /// part of it), so that the password is not on the command line.
+    #[arg(long, conflicts_with = "password")]
+    pub(crate) password_file: Option<PathBuf>,
 
     /// Revisions (event batches) kept in memory for watches that start in the past.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_HISTORY_WINDOW)]
@@ -148,6 +153,15 @@ pub(crate) struct Config {
     /// token that is only used through the cache expires as it does on etcd.
     #[arg(long, value_parser = parse_duration, default_value = "300s")]
     pub(crate) auth_token_ttl: Duration,
+    /// Bytes the kept permission decisions take at most (keys, range ends, tokens,
+    /// messages and a fixed overhead each): the least recently used token's decisions go
+    /// first, so distinct tokens cannot grow the proxy beyond this.
+    #[arg(long, default_value_t = crate::authz::DEFAULT_CACHE_BYTES)]
+    pub(crate) auth_cache_bytes: usize,
+    /// Bytes of keys the permission checks in flight at etcd hold at most; a check
+    /// beyond that is refused with ResourceExhausted, naming this flag.
+    #[arg(long, default_value_t = crate::authz::DEFAULT_ASK_BYTES)]
+    pub(crate) auth_ask_bytes: usize,
     /// Start even when the proxy's own etcd identity (--user, or the CN of --cert) has
     /// etcd's root role. Without it such a start is refused: the proxy's user needs
     /// read on the cached prefix and nothing else.
@@ -166,13 +180,39 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    /// The user name and password toward etcd, if any.
+    /// The user name and password toward etcd, if any (a `--password-file` read by
+    /// [`load_password_file`](Self::load_password_file) is in `password`).
     pub(crate) fn credentials(&self) -> Option<(String, String)> {
         let user = self.user.as_ref()?;
         match user.split_once(':') {
             Some((name, password)) => Some((name.to_string(), password.to_string())),
             None => Some((user.clone(), self.password.clone().unwrap_or_default())),
         }
+    }
+
+    /// Reads `--password-file` into `password`.
+    ///
+    /// # Errors
+    /// The file cannot be read, or is given without `--user` or with a password in
+    /// `--user name:password`.
+    pub(crate) fn load_password_file(&mut self) -> Result<(), String> {
+        let Some(path) = &self.password_file else {
+            return Ok(());
+        };
+        match &self.user {
+            None => return Err("--password-file without --user: whose password is it?".into()),
+            Some(u) if u.contains(':') => {
+                return Err(
+                    "--password-file with --user name:password: give the password once".into(),
+                )
+            }
+            Some(_) => {}
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--password-file {}: {e}", path.display()))?;
+        let line = text.lines().next().unwrap_or_default();
+        self.password = Some(line.to_string());
+        Ok(())
     }
 
     /// True when a TLS flag toward etcd is given (`--cacert`, `--cert`).

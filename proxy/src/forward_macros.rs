@@ -45,7 +45,7 @@ macro_rules! forward {
 macro_rules! call_upstream {
     ($upstream:expr, $metadata:expr, $msg:expr, $client:ident . $method:ident) => {{
         let upstream = $upstream;
-        upstream.call(stringify!($method), $metadata, $msg, |q| {
+        upstream.call($metadata, $msg, |q| {
             let mut c = upstream.$client();
             async move { c.$method(q).await }
         })

@@ -89,19 +89,23 @@ impl KvService {
     ) -> Result<Option<RangeResponse>, Status> {
         check_range(r)?;
         self.state.namespace.range_in(r);
-        // etcd answers a read at a revision it compacted, not the cache's window.
         let mut cache = self
             .state
             .cache()
             .filter(|_| self.state.in_cache(&r.key, &r.range_end));
-        if cache.is_some() && self.state.compacted(r.revision).await {
-            cache = None;
-        }
-        if let Some(cache) = cache {
+        if cache.is_some() {
+            // The caller first, as etcd checks it before it reads: a caller etcd refuses
+            // costs the proxy no read of its own.
             self.state
                 .authz
                 .check(metadata, &r.key, &r.range_end)
                 .await?;
+        }
+        // etcd answers a read at a revision it compacted, not the cache's window.
+        if cache.is_some() && self.state.compacted(r.revision).await {
+            cache = None;
+        }
+        if let Some(cache) = cache {
             match self.cached_range(&cache, r).await {
                 Ok(resp) => {
                     crate::metrics::get().range(Served::Cache);

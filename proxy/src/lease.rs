@@ -143,7 +143,7 @@ async fn open(
     tx.try_send(LeaseKeepAliveRequest { id: first })
         .expect("an empty queue has room");
     // The callers' token, never the proxy's.
-    let req = upstream.caller_request("lease_keep_alive", metadata, ReceiverStream::new(rx))?;
+    let req = upstream.request(metadata, ReceiverStream::new(rx));
     let rx = upstream.lease().lease_keep_alive(req).await?.into_inner();
     Ok(UpstreamStream { tx, rx })
 }

@@ -191,6 +191,7 @@ pub(crate) struct Metrics {
     ranges_cache: Counter,
     ranges_etcd: Counter,
     auth_asks: Counter,
+    auth_asks_refused: Counter,
     auth_revoked: Counter,
     caught_up: Counter,
     rejoined: Counter,
@@ -229,6 +230,7 @@ impl Metrics {
             ranges_cache: served("etcd_cache_proxy_ranges_total", "cache"),
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
+            auth_asks_refused: metrics::counter!("etcd_cache_proxy_auth_asks_refused_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
             rejoined: metrics::counter!("etcd_cache_proxy_watches_rejoined_total"),
@@ -251,6 +253,11 @@ impl Metrics {
     /// One ask to etcd for a caller's permission on a range (`authz.rs`).
     pub(crate) fn auth_ask(&self) {
         self.auth_asks.increment(1);
+    }
+
+    /// A permission check refused because asks in flight hold `--auth-ask-bytes`.
+    pub(crate) fn auth_ask_refused(&self) {
+        self.auth_asks_refused.increment(1);
     }
 
     /// A cached watch canceled because etcd no longer allows its caller.
@@ -380,6 +387,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_auth_asks_total",
         "asks to etcd whether a caller may read a range (once per token and range while etcd's auth state holds)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_auth_asks_refused_total",
+        "permission checks refused because the asks in flight already held --auth-ask-bytes"
     );
     describe_counter!(
         "etcd_cache_proxy_auth_revoked_watches_total",

@@ -65,12 +65,14 @@ pub(crate) fn member(value: &[u8], id: impl Fn(&str) -> u64) -> Option<Member> {
 }
 
 /// The registered proxies under `prefix` (one serializable read of etcd, with the
-/// proxy's identity), in key order.
+/// caller's token, as `metadata` carries it: a caller sees only registrations etcd lets
+/// it read), in key order.
 ///
 /// # Errors
 /// etcd's answer to the read.
 pub(crate) async fn members(
     upstream: &Upstream,
+    metadata: &tonic::metadata::MetadataMap,
     prefix: &str,
     id: impl Fn(&str) -> u64,
 ) -> Result<Vec<Member>, Status> {
@@ -83,7 +85,7 @@ pub(crate) async fn members(
         ..Default::default()
     };
     let resp = upstream
-        .own_call(req, |q| {
+        .call(metadata, req, |q| {
             let mut c = upstream.kv();
             async move { c.range(q).await }
         })

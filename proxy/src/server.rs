@@ -47,8 +47,9 @@ const START_CHECK: Duration = Duration::from_secs(10);
 const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Runs the proxy until SIGTERM or SIGINT.
-pub(crate) async fn run(config: Config) -> Result<()> {
+pub(crate) async fn run(mut config: Config) -> Result<()> {
     config.check().map_err(Error::Config)?;
+    config.load_password_file().map_err(Error::Config)?;
     // First: the recorder must be in place before the cache and the services register
     // their metrics.
     let metrics = match config.metrics_addr {
@@ -101,7 +102,12 @@ pub(crate) async fn run(config: Config) -> Result<()> {
     }
 
     let upstream = Upstream::new(&config)?;
-    let authz = Authz::new(upstream.clone(), config.auth_token_ttl);
+    let authz = Authz::new(
+        upstream.clone(),
+        config.auth_token_ttl,
+        config.auth_cache_bytes,
+        config.auth_ask_bytes,
+    );
     // A learner refuses what the cache and the auth checks need (Watch, linearizable
     // reads, AuthStatus): until etcd promotes it, every call is forwarded and etcd
     // answers it (as grpc-proxy forwards it); the cache starts once it is a voter.

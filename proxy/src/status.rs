@@ -41,11 +41,6 @@ pub(crate) fn empty_key() -> Status {
     Status::invalid_argument("etcdserver: key is not provided")
 }
 
-/// `rpctypes.ErrGRPCUserEmpty`: a call that needs a user came without one.
-pub(crate) fn user_empty() -> Status {
-    Status::invalid_argument("etcdserver: user name is empty")
-}
-
 /// `rpctypes.ErrGRPCNoLeader`.
 pub(crate) fn no_leader() -> Status {
     Status::unavailable("etcdserver: no leader")

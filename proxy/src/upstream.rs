@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
@@ -25,6 +25,10 @@ use crate::pb::v3lockpb::lock_client::LockClient;
 
 /// Metadata key of etcd's auth token.
 pub(crate) const TOKEN: &str = "token";
+/// Metadata with which etcd ignores the CN of the connection's client certificate
+/// (`AuthInfoFromTLS` in etcd's server/auth/store.go, since 3.3.23 / 3.4.10: etcd's own
+/// gRPC gateway sends it, as the proxy does for every call of a caller without a token).
+const NOT_THE_CERTIFICATE: &str = "grpcgateway-accept";
 /// Metadata keys passed through from a client to etcd as they are.
 const PASSED: &[&str] = &[TOKEN, "hasleader"];
 /// How often the identity used in served headers is refreshed.
@@ -42,19 +46,24 @@ pub(crate) struct Upstream {
     auth_lock: tokio::sync::Mutex<()>,
     /// cluster_id, member_id and raft_term from etcd's last Status answer.
     identity: Mutex<ResponseHeader>,
-    /// Whether etcd's auth is on, as the proxy last learned it (see `authz.rs`).
-    auth_enabled: AtomicBool,
-    /// The CN of the client certificate the proxy presents to etcd (`--cert`): etcd takes
-    /// it as the user of a call that carries no token, so such calls are refused here
-    /// while auth is on instead of being made with the proxy's identity.
+    /// etcd's auth state as the proxy last learned it (see `authz.rs`): [`AuthState`].
+    auth_state: AtomicU8,
+    /// Whether the proxy presents a client certificate to etcd (`--cert` with https://).
+    presents_certificate: bool,
+    /// The CN of that certificate: etcd (with `--client-cert-auth`) takes it as the user
+    /// of a call that carries neither a token nor [`NOT_THE_CERTIFICATE`].
     cert_identity: Option<String>,
 }
 
-/// Calls etcd answers without a user while auth is on (no permission check), so a call
-/// without a token may make them over the proxy's certificate.
-/// (etcd 3.6 and later check the caller of a lease renewal, so keep-alives are not
-/// among them.)
-const ANONYMOUS_OK: &[&str] = &["authenticate", "auth_status", "status"];
+/// etcd's auth state as the proxy knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AuthState {
+    /// Not learned yet (before the first answer, or etcd is a learner that cannot tell):
+    /// every caller is asked about as with auth on.
+    Unknown = 0,
+    Off = 1,
+    On = 2,
+}
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
 pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
@@ -117,8 +126,9 @@ impl Upstream {
             return Err(Error::NoEndpoints);
         }
         let channel = Channel::balance_list(endpoints.into_iter());
+        let presents_certificate = config.cert.is_some() && config.upstream_tls();
         let cert_identity = match &config.cert {
-            Some(path) if config.upstream_tls() => certificate_cn(&read(path)?)?,
+            Some(path) if presents_certificate => certificate_cn(&read(path)?)?,
             _ => None,
         };
         Ok(Arc::new(Upstream {
@@ -127,7 +137,8 @@ impl Upstream {
             token: RwLock::new(None),
             auth_lock: tokio::sync::Mutex::new(()),
             identity: Mutex::new(ResponseHeader::default()),
-            auth_enabled: AtomicBool::new(false),
+            auth_state: AtomicU8::new(AuthState::Unknown as u8),
+            presents_certificate,
             cert_identity,
         }))
     }
@@ -165,7 +176,9 @@ impl Upstream {
 
     /// `msg` as a request to etcd on a client's behalf: the client's token and
     /// `hasleader` pass through, nothing else. A call without a token reaches etcd
-    /// without one: the proxy never lends its own authority.
+    /// without one, and over the proxy's certificate with [`NOT_THE_CERTIFICATE`], so
+    /// that etcd answers it as a caller without a user, never as the certificate's CN:
+    /// the proxy never lends its own authority, whatever it knows of etcd's auth state.
     pub(crate) fn request<T>(&self, from: &MetadataMap, msg: T) -> Request<T> {
         let mut req = Request::new(msg);
         let metadata = req.metadata_mut();
@@ -174,7 +187,16 @@ impl Upstream {
                 metadata.insert(*key, v.clone());
             }
         }
+        if self.presents_certificate && metadata.get(TOKEN).is_none() {
+            metadata.insert(NOT_THE_CERTIFICATE, AsciiMetadataValue::from_static("1"));
+        }
         req
+    }
+
+    /// `msg` as a request of the certificate's CN itself: no token, and nothing that
+    /// makes etcd ignore the certificate (only for learning what that CN may do).
+    pub(crate) fn certificate_request<T>(&self, msg: T) -> Request<T> {
+        Request::new(msg)
     }
 
     /// `msg` as a request of the proxy's own (Status for headers, the keep-alive
@@ -191,12 +213,9 @@ impl Upstream {
     /// [`request`](Self::request)).
     ///
     /// # Errors
-    /// etcd's answer; or, when auth is on, the client sent no token and the proxy
-    /// presents a certificate with a CN (which etcd would take as the caller),
-    /// `etcdserver: user name is empty`, as etcd answers a caller without a user.
+    /// etcd's answer.
     pub(crate) async fn call<T, R, F, Fut>(
         &self,
-        method: &'static str,
         from: &MetadataMap,
         msg: T,
         mut f: F,
@@ -205,27 +224,7 @@ impl Upstream {
         F: FnMut(Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        f(self.caller_request(method, from, msg)?).await
-    }
-
-    /// [`request`](Self::request) for a call or stream of `method` made for a client:
-    /// refused with `etcdserver: user name is empty` when auth is on, the client sent no
-    /// token and the proxy presents a certificate with a CN (which etcd would take as
-    /// the caller).
-    pub(crate) fn caller_request<T>(
-        &self,
-        method: &'static str,
-        from: &MetadataMap,
-        msg: T,
-    ) -> Result<Request<T>, Status> {
-        if self.cert_identity.is_some()
-            && from.get(TOKEN).is_none()
-            && self.auth_enabled()
-            && !ANONYMOUS_OK.contains(&method)
-        {
-            return Err(crate::status::user_empty());
-        }
-        Ok(self.request(from, msg))
+        f(self.request(from, msg)).await
     }
 
     /// Calls etcd for the proxy's own work with its token; when etcd says the token is
@@ -249,14 +248,19 @@ impl Upstream {
         }
     }
 
-    /// Whether etcd's auth is on, as last learned.
-    pub(crate) fn auth_enabled(&self) -> bool {
-        self.auth_enabled.load(Ordering::Acquire)
+    /// etcd's auth state, as last learned.
+    pub(crate) fn auth_state(&self) -> AuthState {
+        match self.auth_state.load(Ordering::Acquire) {
+            1 => AuthState::Off,
+            2 => AuthState::On,
+            _ => AuthState::Unknown,
+        }
     }
 
     /// Records what the proxy learned of etcd's auth state.
     pub(crate) fn set_auth_enabled(&self, on: bool) {
-        self.auth_enabled.store(on, Ordering::Release);
+        let state = if on { AuthState::On } else { AuthState::Off };
+        self.auth_state.store(state as u8, Ordering::Release);
     }
 
     /// The --user name, if any.
@@ -390,7 +394,8 @@ pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, Str
     out
 }
 
-/// The CN of the first certificate in a PEM file, if it has one.
+/// The CN of the first certificate in a PEM file, if it has one: the last CN of its
+/// subject, as Go's x509 (and so etcd) reads it.
 /// (The identity etcd takes as the caller of a call without a token: see `authz.rs`.)
 fn certificate_cn(pem: &[u8]) -> Result<Option<String>> {
     use x509_parser::prelude::*;
@@ -400,7 +405,7 @@ fn certificate_cn(pem: &[u8]) -> Result<Option<String>> {
     let cn = cert
         .subject()
         .iter_common_name()
-        .next()
+        .last()
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_string)
         .filter(|cn| !cn.is_empty());

@@ -262,9 +262,9 @@ impl Forwarded {
         // its first answer.
         let (tx, rx) = mpsc::channel(QUEUE);
         tx.try_send(req).expect("an empty queue has room");
-        let call =
-            self.upstream
-                .caller_request("watch", &self.metadata, ReceiverStream::new(rx))?;
+        let call = self
+            .upstream
+            .request(&self.metadata, ReceiverStream::new(rx));
         let stream = self.upstream.watch().watch(call).await?.into_inner();
         self.tx = Some(tx);
         self.rx = Some(stream);

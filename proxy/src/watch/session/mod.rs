@@ -268,8 +268,14 @@ impl Session {
                 Step::Revoked(ids) => {
                     self.recheck = None;
                     for (id, refusal) in ids {
-                        self.resumable.forget(id);
-                        if self.cached.remove(&id).is_some() {
+                        // Open, or created and not answered yet (its `created` goes out
+                        // first, then the cancel, as for an open one).
+                        let pending = self
+                            .pending_creates
+                            .iter()
+                            .any(|p| p.id == id && !p.canceled && !p.rejoin);
+                        if self.cached.remove(&id).is_some() || pending {
+                            self.resumable.forget(id);
                             tracing::info!(
                                 watch_id = id,
                                 "watch canceled: etcd no longer allows it"
@@ -542,14 +548,9 @@ impl Session {
         if !self.state.in_cache(&key, &range_end) {
             return self.forward(request, key, range_end, false).await;
         }
-        // Below the window (or etcd's compaction, which etcd answers): etcd serves it,
-        // and once etcd has brought it into the window it comes to the cache.
-        if (request.start_revision > 0 && request.start_revision < floor)
-            || self.state.compacted(request.start_revision).await
-        {
-            return self.forward(request, key, range_end, true).await;
-        }
-        // The cache serves only a caller etcd allows this range (`authz.rs`).
+        // The cache serves only a caller etcd allows this range (`authz.rs`), asked
+        // first, as etcd checks a watch before it looks at its start: a caller etcd
+        // refuses costs the proxy no read of its own.
         match self
             .state
             .authz
@@ -562,6 +563,13 @@ impl Session {
             }
             // etcd could not be asked: etcd decides when it serves the watch itself.
             Err(_) => return self.forward(request, key, range_end, false).await,
+        }
+        // Below the window (or etcd's compaction, which etcd answers): etcd serves it,
+        // and once etcd has brought it into the window it comes to the cache.
+        if (request.start_revision > 0 && request.start_revision < floor)
+            || self.state.compacted(request.start_revision).await
+        {
+            return self.forward(request, key, range_end, true).await;
         }
         let id = match self.take_id(Side::Cache, &request) {
             Ok(id) => id,
@@ -616,11 +624,6 @@ impl Session {
             Err(Some(())) => return self.refuse(Refusal::DuplicateId).await,
             Err(None) => return Ok(()),
         };
-        // Over the proxy's certificate a caller without a token would be the
-        // certificate's CN: refused as etcd refuses a caller without a user.
-        if self.would_lend_authority() {
-            return self.refuse(Refusal::NotAllowed(status::user_empty())).await;
-        }
         let (fragment, start_revision) = (request.fragment, request.start_revision);
         let request = WatchCreateRequest {
             key,
@@ -651,14 +654,6 @@ impl Session {
         }
     }
 
-    /// Over the proxy's certificate, a caller without a token would be the certificate's
-    /// CN on etcd's stream: nothing of such a caller's is forwarded.
-    fn would_lend_authority(&self) -> bool {
-        self.state.upstream.cert_identity().is_some()
-            && self.metadata.get(crate::upstream::TOKEN).is_none()
-            && self.state.authz.enabled()
-    }
-
     /// The revision of the proxy's own responses: the cache's, or what was sent.
     fn revision(&self) -> i64 {
         match &self.watches {
@@ -667,16 +662,29 @@ impl Session {
         }
     }
 
-    /// Checks the stream's cached watches against etcd's decisions for this caller now
-    /// (one ask per distinct range, shared with every stream of the same token).
+    /// Checks the stream's cached watches, and the cached creates not answered yet,
+    /// against etcd's decisions for this caller now (one ask per distinct range, shared
+    /// with every stream of the same token).
     fn start_recheck(&mut self) {
-        if self.cached.is_empty() || !self.state.authz.enabled() {
+        let pending = self
+            .pending_creates
+            .iter()
+            .filter(|p| !p.canceled && !p.rejoin);
+        if (self.cached.is_empty() && pending.clone().next().is_none())
+            || !self.state.authz.enabled()
+        {
             return;
         }
         let mut by_range: std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> =
             std::collections::HashMap::new();
         for (id, range) in &self.cached {
             by_range.entry(range.clone()).or_default().push(*id);
+        }
+        for p in pending {
+            by_range
+                .entry((p.key.clone(), p.end.clone()))
+                .or_default()
+                .push(p.id);
         }
         let authz = self.state.authz.clone();
         let metadata = self.metadata.clone();
@@ -747,15 +755,10 @@ async fn etcd_revision(
     metadata: tonic::metadata::MetadataMap,
 ) -> Option<i64> {
     let maintenance = upstream.maintenance();
-    let status = upstream.call(
-        "status",
-        &metadata,
-        crate::pb::etcdserverpb::StatusRequest {},
-        |r| {
-            let mut m = maintenance.clone();
-            async move { m.status(r).await }
-        },
-    );
+    let status = upstream.call(&metadata, crate::pb::etcdserverpb::StatusRequest {}, |r| {
+        let mut m = maintenance.clone();
+        async move { m.status(r).await }
+    });
     match tokio::time::timeout(CHECK_TIMEOUT, status).await {
         Ok(Ok(resp)) => resp.into_inner().header.map(|h| h.revision),
         Ok(Err(e)) => {

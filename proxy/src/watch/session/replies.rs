@@ -210,7 +210,7 @@ impl Session {
             }
             self.cached.remove(&watch_id);
             let resumable = self.resumable.take(watch_id);
-            let behind = r.compact_revision() > 0 && !self.would_lend_authority();
+            let behind = r.compact_revision() > 0;
             if let Some(create) = resumable.filter(|_| behind) {
                 // Behind the cache's window, not (as far as the cache knows) etcd's
                 // compaction: etcd serves it from where it is, and answers itself if
