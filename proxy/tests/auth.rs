@@ -699,7 +699,9 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
     );
     let refused = watch_outcome(&mut anon, "/other", None).await;
     assert!(refused.contains("canceled=true"), "{refused}");
-    // Nor is a lease renewed as the CN for a caller without a token.
+    // Nor is a lease renewed as the CN for a caller without a token: etcd answers it
+    // as a caller without a user, which 3.4 lets renew and 3.6 and later refuse
+    // (compared with etcd's own answer in cert_identity.rs, on 3.4 and 3.7).
     let lease = admin.lease_grant(60, None).await.unwrap().id();
     let renewed = async {
         let (mut keeper, mut stream) = anon.lease_keep_alive(lease).await?;
@@ -707,8 +709,10 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
         stream.message().await
     }
     .await;
-    let err = renewed.map(|_| ()).unwrap_err().to_string();
-    assert!(err.contains("user name is empty"), "{err}");
+    if testkit::EtcdVersion::from_env().major_minor() >= (3, 6) {
+        let err = renewed.map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("user name is empty"), "{err}");
+    }
     // A token gets exactly its own rights.
     let mut reader = connect(&proxy.endpoint(), Some(("reader", "pw"))).await;
     assert_eq!(reader.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
