@@ -250,7 +250,8 @@ impl Config {
     ///
     /// # Errors
     /// Endpoints that mix `http://` and `https://` (one client cannot carry both), an
-    /// endpoint of another scheme, or `--insecure-skip-tls-verify`.
+    /// endpoint of another scheme, TLS flags toward etcd with `http://` endpoints
+    /// (which would carry tokens and passwords in clear), or `--insecure-skip-tls-verify`.
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.insecure_skip_tls_verify {
             return Err(
@@ -301,13 +302,29 @@ impl Config {
                 "--endpoints mixes http:// and https:// ({urls:?}): give every endpoint the same scheme"
             ));
         }
+        // etcd's Go client (and so grpc-proxy) ignores them: the proxy would carry its
+        // clients' tokens and passwords to etcd in clear while its operator asked for TLS.
+        if tls == 0 && self.tls_flags() {
+            return Err(format!(
+                "{} given, but every endpoint is http:// ({urls:?}): the connection to etcd \
+                 would be plain text, tokens and passwords included; give https:// endpoints \
+                 (or host:port, which the TLS flags make https://), or drop the TLS flags",
+                self.given_tls_flags().join(", ")
+            ));
+        }
         Ok(())
     }
 
-    /// TLS flags given for plain `http://` endpoints (ignored, as etcd's clients ignore
-    /// them).
-    pub(crate) fn ignored_tls_flags(&self) -> bool {
-        self.tls_flags() && !self.upstream_tls()
+    /// The TLS flags toward etcd that are given, by name.
+    fn given_tls_flags(&self) -> Vec<&'static str> {
+        [
+            ("--cacert", self.cacert.is_some()),
+            ("--cert", self.cert.is_some()),
+            ("--key", self.key.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
     }
 }
 
@@ -346,10 +363,14 @@ mod tests {
     fn tls_follows_the_endpoint_scheme_as_etcds_clients() {
         let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
         let c = parse(&["--endpoints", "http://127.0.0.1:2379", "--cacert", "ca.pem"]);
-        assert!(!c.upstream_tls() && c.ignored_tls_flags() && c.check().is_ok());
+        let err = c.check().unwrap_err();
+        assert!(
+            !c.upstream_tls() && err.contains("--cacert given") && err.contains("http://"),
+            "{err}"
+        );
         let c = parse(&["--endpoints", "127.0.0.1:2379", "--cacert", "ca.pem"]);
         assert_eq!(c.endpoint_urls(), ["https://127.0.0.1:2379"]);
-        assert!(c.upstream_tls() && !c.ignored_tls_flags());
+        assert!(c.upstream_tls() && c.check().is_ok());
         let c = parse(&["--endpoints", "https://a:1,http://b:2"]);
         assert!(c.check().unwrap_err().contains("mixes"), "{:?}", c.check());
         let c = parse(&["--endpoints", "unix://x"]);

@@ -91,9 +91,6 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     if let Some(addr) = metrics {
         tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
     }
-    if config.ignored_tls_flags() {
-        tracing::warn!("--cacert/--cert are ignored: the endpoints are http:// (etcd's clients use TLS for https:// endpoints only)");
-    }
     for (url, version) in upstream::versions(&config).await {
         match version {
             Ok(v) => tracing::info!(endpoint = %url, version = %v, "etcd version"),

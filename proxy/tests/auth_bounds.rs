@@ -83,9 +83,14 @@ async fn an_idle_proxy_writes_nothing_to_etcds_raft_log() {
     }
 }
 
-/// Distinct garbage tokens, each with a 1 MiB key inside the cached prefix: etcd refuses
-/// each, and the proxy keeps each refusal, within `--auth-cache-bytes` (8 MiB here);
-/// without a bound in bytes the proxy grew by the keys it kept (about 1 MiB a request).
+/// Keys of the garbage-token flood.
+const KEY_BYTES: usize = 256 << 10;
+/// Distinct garbage tokens of the flood.
+const TOKENS: usize = 512;
+
+/// Distinct garbage tokens, each with a 256 KiB key inside the cached prefix: etcd
+/// refuses each, and the proxy keeps each refusal, within `--auth-cache-bytes` (8 MiB
+/// here); without a bound in bytes the proxy grew by the keys it kept (128 MiB here).
 /// Meanwhile another client's cached reads stay answered; their p99 is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_tokens_with_long_keys_stay_within_the_decision_bound() {
@@ -158,17 +163,18 @@ async fn garbage_tokens_with_long_keys_stay_within_the_decision_bound() {
     });
 
     let mut kv = KvClient::new(raw::channel(&proxy.endpoint()).await);
-    let long_key: Vec<u8> = [b"/app/".as_slice(), &vec![b'k'; 1 << 20]].concat();
+    let long_key: Vec<u8> = [b"/app/".as_slice(), &vec![b'k'; KEY_BYTES]].concat();
     let warm = support::rss_kib(pid);
     let mut refusals = 0;
-    for i in 0..200 {
+    for i in 0..TOKENS {
         let req = raw::with_tokens(
             RangeRequest {
                 key: long_key.clone().into(),
                 serializable: true,
                 ..Default::default()
             },
-            &[&format!("garbage.{i}")],
+            // No `.`: etcd reads `x.N` as a simple token and waits for raft index N.
+            &[&format!("garbage-{i}")],
         );
         let r = kv.range(req).await;
         assert!(
@@ -184,16 +190,17 @@ async fn garbage_tokens_with_long_keys_stay_within_the_decision_bound() {
     lat.sort();
     let p99 = lat[lat.len() * 99 / 100];
     println!(
-        "{refusals} garbage tokens with 1 MiB keys: the proxy grew {grown_mib} MiB \
+        "{refusals} garbage tokens with {} KiB keys: the proxy grew {grown_mib} MiB \
          (--auth-cache-bytes 8 MiB); another client's cached reads: {} reads, p50 {:?}, \
          p99 {p99:?}",
+        KEY_BYTES >> 10,
         lat.len(),
         lat[lat.len() / 2]
     );
-    // 200 MiB of keys were refused; what is kept is 8 MiB, the rest is the allocator's
+    // 128 MiB of keys were refused; what is kept is 8 MiB, the rest is the allocator's
     // slack for requests in flight.
     assert!(
         grown_mib < 64,
-        "the proxy grew {grown_mib} MiB under 200 garbage tokens with 1 MiB keys"
+        "the proxy grew {grown_mib} MiB under {TOKENS} garbage tokens with long keys"
     );
 }

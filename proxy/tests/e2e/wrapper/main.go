@@ -167,8 +167,19 @@ func translate(in []string) proxyCmd {
 	flags := parseFlags(in)
 	var dataDir string
 	autoTLS, skipVerify := false, false
+	// grpc-proxy (etcd's Go client) ignores --cacert/--cert/--key when every endpoint is
+	// http://; etcd-cache-proxy refuses that at start (tokens would travel in clear), so
+	// the wrapper drops them as grpc-proxy ignores them.
+	plainEndpoints := false
 	for _, f := range flags {
 		switch f.name {
+		case "endpoints":
+			plainEndpoints = true
+			for _, e := range strings.Split(f.value, ",") {
+				if !strings.HasPrefix(strings.TrimSpace(e), "http://") {
+					plainEndpoints = false
+				}
+			}
 		case "data-dir":
 			dataDir = f.value
 		case "auto-tls":
@@ -181,6 +192,10 @@ func translate(in []string) proxyCmd {
 		switch f.name {
 		case "endpoints", "namespace", "cert", "key", "cacert", "cert-file", "key-file",
 			"trusted-ca-file", "client-crl-file", "max-send-bytes", "max-recv-bytes":
+			if plainEndpoints && (f.name == "cacert" || f.name == "cert" || f.name == "key") {
+				note("--%s=%s with http:// endpoints: grpc-proxy ignores it, etcd-cache-proxy refuses it; dropped", f.name, f.value)
+				continue
+			}
 			if f.name == "cacert" && autoTLS && skipVerify {
 				// The member serves etcd's --auto-tls certificate: grpc-proxy skips
 				// verification; etcd-cache-proxy has no such flag, so trust that
