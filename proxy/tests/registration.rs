@@ -345,3 +345,82 @@ async fn a_proxy_cut_off_longer_than_its_ttl_registers_again() {
     let back = registered_becomes(&mut direct, &me, Duration::from_secs(20)).await;
     eprintln!("registered again {back:?} after etcd was reachable again");
 }
+
+/// With etcd's auth on, MemberList through a proxy reads the registrations with the
+/// caller's token: a caller etcd lets read `--resolver-prefix` gets every registered
+/// proxy, one it does not gets the proxy alone (the registrations were read with the
+/// proxy's own user before, and listed to anyone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_are_listed_only_to_callers_that_may_read_them() {
+    use etcd_client::{ConnectOptions, Permission};
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let mut admin = client(&etcd.endpoint()).await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    for (user, perms) in [
+        (
+            "cacher",
+            vec![
+                Permission::read("/app/").with_prefix(),
+                Permission::read_write(format!("{PREFIX}/")).with_prefix(),
+            ],
+        ),
+        ("reader", vec![Permission::read("/app/").with_prefix()]),
+    ] {
+        admin.user_add(user, "pw", None).await.unwrap();
+        admin.role_add(user).await.unwrap();
+        for p in perms {
+            admin.role_grant_permission(user, p).await.unwrap();
+        }
+        admin.user_grant_role(user, user).await.unwrap();
+    }
+    admin.auth_enable().await.unwrap();
+    let start = |endpoint: String| {
+        Proxy::start(
+            &endpoint,
+            &[
+                "--prefix",
+                "/app/",
+                "--user",
+                "cacher:pw",
+                "--advertise-client-url",
+                "{addr}",
+                "--resolver-prefix",
+                PREFIX,
+                "--resolver-ttl",
+                &TTL.to_string(),
+            ],
+        )
+    };
+    let a = start(etcd.endpoint());
+    let b = start(etcd.endpoint());
+    let mut direct = Client::connect(
+        [etcd.endpoint()],
+        Some(ConnectOptions::new().with_user("root", "rootpw")),
+    )
+    .await
+    .unwrap();
+    let both = [a.addr().to_string(), b.addr().to_string()];
+    registered_becomes(&mut direct, &both, Duration::from_secs(10)).await;
+    let urls = |user: &'static str, pw: &'static str| {
+        let endpoint = a.endpoint();
+        async move {
+            let opts = ConnectOptions::new().with_user(user, pw);
+            let mut c = Client::connect([endpoint], Some(opts)).await.unwrap();
+            let mut urls: Vec<String> = c
+                .member_list()
+                .await
+                .unwrap()
+                .members()
+                .iter()
+                .flat_map(|m| m.client_urls().iter().cloned())
+                .collect();
+            urls.sort();
+            urls
+        }
+    };
+    let mut want = both.to_vec();
+    want.sort();
+    assert_eq!(urls("root", "rootpw").await, want);
+    assert_eq!(urls("reader", "pw").await, [a.addr().to_string()]);
+}
