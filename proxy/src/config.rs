@@ -9,6 +9,13 @@ use clap::Parser;
 /// etcd's default `--max-request-bytes`: the size above which a watch response is split
 /// into fragments (for watches that asked for it).
 pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// Default of `--max-watches-per-connection`: a tenth of the proxy's default budget.
+pub(crate) const DEFAULT_MAX_WATCHES_PER_CONNECTION: usize = etcd_cache::DEFAULT_MAX_WATCHERS / 10;
+/// Default of `--max-concurrent-streams`: far above what etcd's clients open on one
+/// connection (clientv3 shares one Watch stream among the watches of one context
+/// metadata), low enough that one connection cannot hold a session per stream without
+/// end.
+pub(crate) const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
 /// etcd's gRPC overhead allowance on top of `--max-request-bytes` for received messages.
 pub(crate) const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
@@ -122,8 +129,15 @@ pub(crate) struct Config {
 
     /// Watches allowed on one client connection; the next is refused with
     /// `ETCD_WATCH_LIMIT: at most N watches are allowed per connection` (0: no limit).
-    #[arg(long, default_value_t = 0)]
+    /// By default a tenth of --max-watches: one client cannot take the whole budget.
+    #[arg(long, default_value_t = DEFAULT_MAX_WATCHES_PER_CONNECTION)]
     pub(crate) max_watches_per_connection: usize,
+    /// HTTP/2 streams (calls in flight and open Watch, LeaseKeepAlive and other
+    /// streams) allowed at once on one client connection, as etcd's
+    /// --max-concurrent-streams (etcd's default: no limit). A client past it waits for a
+    /// stream to end (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: grpc-go queues the call).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS)]
+    pub(crate) max_concurrent_streams: u32,
     /// Watches allowed on the whole proxy.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]
     pub(crate) max_watches: usize,

@@ -199,7 +199,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     }
     let in_flight = InFlight::default();
     let builder = Server::builder()
-        .max_concurrent_streams(u32::MAX)
+        .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         // What etcd's grpc-go server uses: 64 KiB windows grown by its BDP estimate.
