@@ -234,11 +234,36 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub async fn compacted(&self, revision: i64) -> Result<Option<i64>> {
+        Ok(self.check_compaction(revision).await?.compacted())
+    }
+
+    /// [`compacted`](Self::compacted), with etcd's revision when etcd serves `revision`
+    /// ([`CompactionCheck::Readable`]). A front that answers a read at `revision` from
+    /// the cache after this check reports that revision in the answer's header: the
+    /// check and the header are then one decision, which a compaction finishing after
+    /// the check cannot contradict (a header above a compaction that covers the read
+    /// revision would be a state in which etcd refuses the read).
+    ///
+    /// # Errors
+    /// As [`compacted`](Self::compacted).
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// use etcd_cache::CompactionCheck;
+    /// match cache.check_compaction(40).await? {
+    ///     CompactionCheck::Compacted(oldest) => println!("compacted; etcd serves {oldest} on"),
+    ///     CompactionCheck::Readable { etcd_revision } => {
+    ///         println!("readable; etcd was at {etcd_revision} when it said so")
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_compaction(&self, revision: i64) -> Result<crate::CompactionCheck> {
         let status = self.shared.view.status();
         if status.closed() {
             return Err(status.closed_error());
         }
-        self.shared.etcd_compacted(revision).await
+        self.shared.etcd_compaction_check(revision).await
     }
 
     /// Resolves once [`revision`](Self::revision) `>= rev`. While it waits, the cache

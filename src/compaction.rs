@@ -42,9 +42,42 @@ struct State {
     running: bool,
 }
 
-/// How a check ended: etcd answered (the floor was raised if it said compacted), or
-/// why it did not.
-type Outcome = std::result::Result<(), Arc<Error>>;
+/// How a check ended: etcd answered (the floor was raised if it said compacted; etcd's
+/// revision when it said readable, else 0), or why it did not.
+type Outcome = std::result::Result<i64, Arc<Error>>;
+
+/// What etcd says of a revision ([`Cache::check_compaction`](crate::Cache::check_compaction)).
+///
+/// ```
+/// use etcd_cache::CompactionCheck;
+/// let c = CompactionCheck::Readable { etcd_revision: 57 };
+/// assert_eq!(c.compacted(), None);
+/// assert_eq!(CompactionCheck::Compacted(49).compacted(), Some(49));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactionCheck {
+    /// etcd compacted it; the oldest revision etcd serves.
+    Compacted(i64),
+    /// etcd serves it. `etcd_revision` is etcd's revision when it said so (a
+    /// linearizable read sent after the call, so at least every revision committed
+    /// before it); 0 when it was not asked (revision 0, or beyond etcd's revision). A
+    /// read at the revision answered with this header revision is one etcd could have
+    /// given at that moment: a compaction that finishes later does not make it stale.
+    Readable {
+        /// etcd's revision when it answered (0: not asked).
+        etcd_revision: i64,
+    },
+}
+
+impl CompactionCheck {
+    /// The compact revision when compacted.
+    pub fn compacted(&self) -> Option<i64> {
+        match self {
+            CompactionCheck::Compacted(floor) => Some(*floor),
+            CompactionCheck::Readable { .. } => None,
+        }
+    }
+}
 
 impl Compaction {
     /// `Some(compact revision)` when `revision` is below what etcd is known to have
@@ -83,11 +116,31 @@ impl Compaction {
         revision: i64,
         limit: Duration,
     ) -> Result<Option<i64>> {
+        Ok(self
+            .check_at(upstream, range, revision, limit)
+            .await?
+            .compacted())
+    }
+
+    /// [`check`](Self::check), with etcd's revision when it said readable.
+    ///
+    /// # Errors
+    /// As [`check`](Self::check).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped caller is left out of the next check.
+    pub(crate) async fn check_at(
+        self: &Arc<Self>,
+        upstream: &Arc<dyn Upstream>,
+        range: &KeyRange,
+        revision: i64,
+        limit: Duration,
+    ) -> Result<CompactionCheck> {
         if revision <= 0 {
-            return Ok(None);
+            return Ok(CompactionCheck::Readable { etcd_revision: 0 });
         }
         if let Some(floor) = self.known_below(revision) {
-            return Ok(Some(floor));
+            return Ok(CompactionCheck::Compacted(floor));
         }
         let (tx, rx) = oneshot::channel();
         let start = {
@@ -100,7 +153,10 @@ impl Compaction {
             tokio::spawn(self.clone().run(upstream.clone(), range.clone(), limit));
         }
         match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(Ok(()))) => Ok(self.known_below(revision)),
+            Ok(Ok(Ok(etcd_revision))) => Ok(match self.known_below(revision) {
+                Some(floor) => CompactionCheck::Compacted(floor),
+                None => CompactionCheck::Readable { etcd_revision },
+            }),
             Ok(Ok(Err(e))) => Err(Error::Transport {
                 reason: format!("etcd's compaction could not be checked: {e}"),
                 source: None,
@@ -128,12 +184,11 @@ impl Compaction {
                 match tokio::time::timeout(limit, upstream.compacted_at(range.clone(), lowest))
                     .await
                 {
-                    Ok(Ok(compacted)) => {
-                        if let Some(floor) = compacted {
-                            self.raise(floor);
-                        }
-                        Ok(())
+                    Ok(Ok(CompactionCheck::Compacted(floor))) => {
+                        self.raise(floor);
+                        Ok(0)
                     }
+                    Ok(Ok(CompactionCheck::Readable { etcd_revision })) => Ok(etcd_revision),
                     Ok(Err(e)) => Err(Arc::new(e)),
                     Err(_) => Err(Arc::new(Error::timeout(
                         "etcd to answer a compaction check",

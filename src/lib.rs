@@ -213,6 +213,7 @@ struct ReadmeDoctests;
 struct TypedDoctests;
 
 pub use cache::Cache;
+pub use compaction::CompactionCheck;
 pub use config::{
     CacheBuilder, ProgressTrust, ReadFallback, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
     DEFAULT_CONSISTENT_READ_TIMEOUT, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_WINDOW,

@@ -107,9 +107,17 @@ impl Shared {
     /// Whether etcd compacted `revision` (a check sent after this call, shared, bounded
     /// by the consistent-read timeout): `Some(etcd's compact revision)` if so.
     pub(crate) async fn etcd_compacted(&self, revision: i64) -> Result<Option<i64>> {
+        Ok(self.etcd_compaction_check(revision).await?.compacted())
+    }
+
+    /// [`etcd_compacted`](Self::etcd_compacted), with etcd's revision when readable.
+    pub(crate) async fn etcd_compaction_check(
+        &self,
+        revision: i64,
+    ) -> Result<crate::CompactionCheck> {
         let limit = self.config.consistent_read_timeout;
         self.compaction
-            .check(&self.upstream, &self.range, revision, limit)
+            .check_at(&self.upstream, &self.range, revision, limit)
             .await
     }
 

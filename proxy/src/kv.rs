@@ -29,10 +29,16 @@ impl KvService {
     }
 
     /// Answers an etcd-space range from `cache`; `Err(None)`: forward it.
+    ///
+    /// `checked_at`: etcd's revision when it said `r.revision` is not compacted (0: not
+    /// asked); a read at a past revision then answers with it as its header revision, so
+    /// that the check and the answer are one decision (a later header could be a state
+    /// after a compaction that covers `r.revision`, where etcd refuses the read).
     async fn cached_range(
         &self,
         cache: &etcd_cache::Cache,
         r: &RangeRequest,
+        checked_at: i64,
     ) -> Result<RangeResponse, Option<Status>> {
         let mut o = GetOptions::new()
             .with_revision(r.revision)
@@ -62,7 +68,10 @@ impl KvService {
         // the call, also at an older revision; etcd's own when etcd answered), never
         // below what the cache has applied since.
         let header_revision = resp.header().map_or(0, |h| h.revision());
-        let revision = cache.revision().max(resp.revision()).max(header_revision);
+        let mut revision = cache.revision().max(resp.revision()).max(header_revision);
+        if r.revision > 0 && checked_at >= r.revision {
+            revision = checked_at;
+        }
         Ok(RangeResponse {
             header: Some(
                 self.state
@@ -102,11 +111,18 @@ impl KvService {
                 .await?;
         }
         // etcd answers a read at a revision it compacted, not the cache's window.
-        if cache.is_some() && self.state.compacted(r.revision).await {
-            cache = None;
+        let mut checked_at = 0;
+        if cache.is_some() && r.revision > 0 {
+            match self.state.compaction_check(r.revision).await {
+                Some(etcd_cache::CompactionCheck::Compacted(_)) => cache = None,
+                Some(etcd_cache::CompactionCheck::Readable { etcd_revision }) => {
+                    checked_at = etcd_revision;
+                }
+                None => {}
+            }
         }
         if let Some(cache) = cache {
-            match self.cached_range(&cache, r).await {
+            match self.cached_range(&cache, r, checked_at).await {
                 Ok(resp) => {
                     crate::metrics::get().range(Served::Cache);
                     return Ok(Some(resp));

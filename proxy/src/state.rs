@@ -92,14 +92,23 @@ impl State {
     /// fails leaves the cache to answer (what it knows of etcd's compaction is the
     /// cache's own), as it answers while etcd is away.
     pub(crate) async fn compacted(&self, revision: i64) -> bool {
-        let Some(cache) = self.cache().filter(|_| revision > 0) else {
-            return false;
-        };
-        match cache.compacted(revision).await {
-            Ok(floor) => floor.is_some(),
+        self.compaction_check(revision)
+            .await
+            .is_some_and(|c| c.compacted().is_some())
+    }
+
+    /// [`compacted`](Self::compacted), with etcd's revision when it said readable
+    /// (`None`: not asked, or the check failed).
+    pub(crate) async fn compaction_check(
+        &self,
+        revision: i64,
+    ) -> Option<etcd_cache::CompactionCheck> {
+        let cache = self.cache().filter(|_| revision > 0)?;
+        match cache.check_compaction(revision).await {
+            Ok(check) => Some(check),
             Err(e) => {
                 tracing::debug!(error = %e, revision, "compaction check failed");
-                false
+                None
             }
         }
     }

@@ -76,7 +76,8 @@ async fn an_idle_proxy_writes_nothing_to_etcds_raft_log() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = raft_index(&mut admin).await;
         assert_eq!(
-            after, before,
+            after,
+            before,
             "auth {auth}: etcd's raft index moved while the proxy was idle:\n{}",
             proxy.log_tail()
         );
@@ -124,9 +125,8 @@ async fn garbage_tokens_with_long_keys_stay_within_the_decision_bound() {
     .await;
     let pid = proxy.pid().unwrap();
     let token = {
-        let mut a = raw::etcdserverpb::auth_client::AuthClient::new(
-            raw::channel(&etcd.endpoint()).await,
-        );
+        let mut a =
+            raw::etcdserverpb::auth_client::AuthClient::new(raw::channel(&etcd.endpoint()).await);
         a.authenticate(raw::etcdserverpb::AuthenticateRequest {
             name: "cacher".into(),
             password: "pw".into(),

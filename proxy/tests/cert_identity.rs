@@ -353,9 +353,15 @@ async fn a_decision_for_a_jwt_ends_with_the_token() {
         if d != "ok" {
             break d;
         }
-        assert!(issued.elapsed() < Duration::from_secs(20), "the JWT never expired");
+        assert!(
+            issued.elapsed() < Duration::from_secs(20),
+            "the JWT never expired"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let p = raw::outcome(&proxied.range(read()).await);
-    assert_eq!(p, refused, "through the proxy right after etcd refused the JWT");
+    assert_eq!(
+        p, refused,
+        "through the proxy right after etcd refused the JWT"
+    );
 }

@@ -456,7 +456,12 @@ impl Upstream for EtcdUpstream {
         })
     }
 
-    fn compacted_at(&self, range: KeyRange, revision: i64) -> BoxFuture<'_, Result<Option<i64>>> {
+    fn compacted_at(
+        &self,
+        range: KeyRange,
+        revision: i64,
+    ) -> BoxFuture<'_, Result<crate::CompactionCheck>> {
+        use crate::CompactionCheck;
         Box::pin(async move {
             let opts = etcd_client::GetOptions::new()
                 .with_revision(revision)
@@ -470,16 +475,21 @@ impl Upstream for EtcdUpstream {
             })
             .await;
             match read {
-                Ok(_) => Ok(None),
+                Ok(resp) => Ok(CompactionCheck::Readable {
+                    etcd_revision: resp.header().map_or(0, |h| h.revision()),
+                }),
+                // Beyond etcd's revision: not compacted, and etcd's revision is unknown.
                 Err(Error::Upstream(etcd_client::Error::GRpcStatus(s)))
                     if s.message().contains(FUTURE_REVISION) =>
                 {
-                    Ok(None)
+                    Ok(CompactionCheck::Readable { etcd_revision: 0 })
                 }
                 Err(Error::Upstream(etcd_client::Error::GRpcStatus(s)))
                     if s.message().contains(COMPACTED_REVISION) =>
                 {
-                    self.compact_revision_from(&range, revision).await.map(Some)
+                    self.compact_revision_from(&range, revision)
+                        .await
+                        .map(CompactionCheck::Compacted)
                 }
                 Err(e) => Err(e),
             }

@@ -460,10 +460,21 @@ impl Upstream for FakeUpstream {
         })
     }
 
-    fn compacted_at(&self, _range: KeyRange, revision: i64) -> BoxFuture<'_, Result<Option<i64>>> {
+    fn compacted_at(
+        &self,
+        _range: KeyRange,
+        revision: i64,
+    ) -> BoxFuture<'_, Result<crate::CompactionCheck>> {
         self.compaction_checks.fetch_add(1, Ordering::SeqCst);
         let compacted = self.compact_revision.load(Ordering::SeqCst);
-        Box::pin(async move { Ok((revision < compacted).then_some(compacted)) })
+        let etcd_revision = self.current_revision.load(Ordering::SeqCst);
+        Box::pin(async move {
+            Ok(if revision < compacted {
+                crate::CompactionCheck::Compacted(compacted)
+            } else {
+                crate::CompactionCheck::Readable { etcd_revision }
+            })
+        })
     }
 
     fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>> {

@@ -108,11 +108,16 @@ pub(crate) trait Upstream: Send + Sync + 'static {
     fn current_revision(&self, range: KeyRange) -> BoxFuture<'_, Result<i64>>;
     /// A read answered by etcd itself (the fallback of the read path).
     fn range(&self, request: RangeRequest) -> BoxFuture<'_, Result<RangeResponse>>;
-    /// Whether etcd compacted `revision`: `Some(compact_revision)` when a read at it is
-    /// refused as compacted, `None` when it can be read (or is in the future). One
-    /// linearizable count-only, limit-1 read of the first key of `range` at `revision`;
-    /// when compacted, a watch from `revision` learns etcd's compact revision.
-    fn compacted_at(&self, range: KeyRange, revision: i64) -> BoxFuture<'_, Result<Option<i64>>>;
+    /// Whether etcd compacted `revision`: [`CompactionCheck::Compacted`] when a read at it
+    /// is refused as compacted, [`CompactionCheck::Readable`] with etcd's revision when
+    /// it can be read (or is in the future). One linearizable count-only, limit-1 read
+    /// of the first key of `range` at `revision`; when compacted, a watch from
+    /// `revision` learns etcd's compact revision.
+    fn compacted_at(
+        &self,
+        range: KeyRange,
+        revision: i64,
+    ) -> BoxFuture<'_, Result<crate::CompactionCheck>>;
 }
 
 /// True if this etcd version answers `RequestProgress` correctly (etcd#15220 fixed in
