@@ -63,6 +63,13 @@ impl Cache {
     /// credentials needs the same options on [`CacheBuilder::connect_options`] too; or
     /// use [`CacheBuilder::connect`], which connects the client and passes them once.
     ///
+    /// Connect `client` with `Client::connect_with_balanced_channel(.., `
+    /// [`EtcdChannel::new()`](crate::EtcdChannel)`)`: with `Client::connect`'s HTTP/2
+    /// windows a stall of a few seconds while etcd sends many small events makes the
+    /// client's own h2 close the connection (`too_many_data_frames`), failing every call
+    /// on it. The cache reconnects, warns once and counts
+    /// `etcd_cache_upstream_disconnects_total{cause="too_many_data_frames"}`.
+    ///
     /// ```no_run
     /// # async fn f() -> etcd_cache::Result<()> {
     /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None).await?;
@@ -501,10 +508,13 @@ impl Cache {
 impl CacheBuilder {
     /// Connects an `etcd_client::Client` to `endpoints` with `options` and starts
     /// configuring a cache over it that uses the same options for its own connections
-    /// (the per-member version probe): TLS and credentials are given once. The same as
-    /// `Cache::builder(Client::connect(endpoints, options.clone()).await?)
-    /// .connect_options(options)`; a later [`connect_options`](Self::connect_options)
-    /// replaces the probe's options.
+    /// (the per-member version probe): TLS and credentials are given once. The client's
+    /// HTTP/2 windows are [`EtcdChannel`](crate::EtcdChannel)'s, sized so that a
+    /// process that stalls for seconds while etcd sends many small events keeps its
+    /// connection (see docs/RELIABILITY.md). The same as
+    /// `Cache::builder(Client::connect_with_balanced_channel(endpoints, options.clone(),
+    /// EtcdChannel::new()).await?).connect_options(options)`; a later
+    /// [`connect_options`](Self::connect_options) replaces the probe's options.
     ///
     /// # Errors
     /// [`Error::Upstream`] with etcd-client's error: an invalid endpoint, or (with
@@ -527,9 +537,15 @@ impl CacheBuilder {
         endpoints: S,
         options: Option<etcd_client::ConnectOptions>,
     ) -> Result<CacheBuilder> {
-        let client = etcd_client::Client::connect(endpoints, options.clone()).await?;
+        let client = etcd_client::Client::connect_with_balanced_channel(
+            endpoints,
+            options.clone(),
+            crate::EtcdChannel::new(),
+        )
+        .await?;
         let mut builder = CacheBuilder::new(client);
         builder.config.connect_options = options;
+        builder.config.own_channel = true;
         Ok(builder)
     }
 

@@ -91,6 +91,9 @@ pub(crate) struct Config {
     pub(crate) consistency_check: Option<Duration>,
     /// Reads and watches at a revision etcd compacted are refused, as etcd refuses them.
     pub(crate) follow_etcd_compaction: bool,
+    /// The client was connected by [`CacheBuilder::connect`], with
+    /// [`EtcdChannel`](crate::EtcdChannel)'s HTTP/2 windows (else it is the user's).
+    pub(crate) own_channel: bool,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             connect_options: None,
             follow_etcd_compaction: true,
             consistency_check: None,
+            own_channel: false,
         }
     }
 }

@@ -285,6 +285,18 @@ impl Error {
         }
     }
 
+    /// True for a connection closed by the client's own h2 because too many small DATA
+    /// frames from etcd sat unread (see `upstream/channel.rs`), not by etcd.
+    pub(crate) fn is_too_many_data_frames(&self) -> bool {
+        match self {
+            Error::Upstream(e)
+            | Error::Transport {
+                source: Some(e), ..
+            } => too_many_data_frames(e),
+            _ => false,
+        }
+    }
+
     /// True for a connection that was made (TCP, and TLS where configured) and then
     /// closed by the server before anything was answered: hyper's request canceled on
     /// a "connection closed", or a broken pipe, reset or abort after the connect. Not a
@@ -336,6 +348,7 @@ fn closed_under_call(status: &tonic::Status) -> bool {
 pub(crate) fn connection_failed(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(_) if too_many_data_frames(e) => true,
         etcd_client::Error::GRpcStatus(status) => {
             !certificate_refused(status)
                 && (status.code() == tonic::Code::Unavailable || closed_under_call(status))
@@ -453,6 +466,8 @@ fn is_stream_break(e: &etcd_client::Error) -> bool {
     };
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        // Answered `ResourceExhausted` (tonic's code for `ENHANCE_YOUR_CALM`).
+        etcd_client::Error::GRpcStatus(_) if too_many_data_frames(e) => true,
         etcd_client::Error::GRpcStatus(status) => {
             if !matches!(
                 status.code(),
@@ -476,6 +491,25 @@ fn is_stream_break(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// True for a call or stream whose connection the client's own h2 closed because too
+/// many small DATA frames sat unread ([`TOO_MANY_DATA_FRAMES`] in its text or sources).
+pub(crate) fn too_many_data_frames(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    if status.message().contains(TOO_MANY_DATA_FRAMES) {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.to_string().contains(TOO_MANY_DATA_FRAMES) {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 /// What etcd-client reports for a request whose connection the server closed right after
 /// it was made (hyper's "operation was canceled" on "connection closed"), as the fake
 /// upstream scripts it.
@@ -492,6 +526,10 @@ pub(crate) fn closed_after_connect() -> Error {
 const CONNECT_ERROR: &str = "connect error";
 /// hyper's reason for a request canceled because its connection closed under it.
 const CONNECTION_CLOSED: &str = "connection closed";
+/// The debug data of h2's GOAWAY `ENHANCE_YOUR_CALM` when too many small DATA frames sat
+/// unread: the client's own HTTP/2 stack closed the connection (see
+/// `upstream/channel.rs`), etcd did not.
+const TOO_MANY_DATA_FRAMES: &str = "too_many_data_frames";
 
 // etcd's status words, read here and nowhere else.
 

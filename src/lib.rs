@@ -236,6 +236,7 @@ pub use typed::{
     decode_with, BoxError, Codec, DecodeError, Decoded, FnCodec, TypedEvent, TypedKv, TypedList,
     TypedView, TypedViewBuilder, TypedWatchResponse, TypedWatchStream,
 };
+pub use upstream::channel::{EtcdChannel, UPSTREAM_CONNECTION_WINDOW, UPSTREAM_STREAM_WINDOW};
 pub use watch::{
     ResponseHeader, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream, WatchScope, WatchStream,
@@ -253,6 +254,7 @@ impl AssertSendUnpin for WatchResponseStream {}
 impl AssertSendSync for WatchRequestSender {}
 impl AssertSendSync for WatchResponse {}
 impl AssertSendSync for Error {}
+impl AssertSendSync for EtcdChannel {}
 
 #[cfg(feature = "unstable-bench-internals")]
 #[doc(hidden)]

@@ -43,6 +43,7 @@ mod enabled {
         pub(crate) disconnect_protocol: Counter,
         pub(crate) disconnect_upstream: Counter,
         pub(crate) disconnect_compacted: Counter,
+        pub(crate) disconnect_data_frames: Counter,
         pub(crate) relists: Counter,
         pub(crate) list_pages: Counter,
         pub(crate) progress_requests: Counter,
@@ -99,6 +100,11 @@ mod enabled {
                     "protocol",
                 ),
                 disconnect_upstream: cl("etcd_cache_upstream_disconnects_total", "cause", "etcd"),
+                disconnect_data_frames: cl(
+                    "etcd_cache_upstream_disconnects_total",
+                    "cause",
+                    "too_many_data_frames",
+                ),
                 disconnect_compacted: cl(
                     "etcd_cache_upstream_disconnects_total",
                     "cause",
@@ -138,6 +144,8 @@ pub(crate) enum Cause {
     Protocol,
     Etcd,
     Compacted,
+    /// The client's own h2 closed the connection: too many small DATA frames unread.
+    TooManyDataFrames,
 }
 
 /// One cache's metrics.
@@ -286,6 +294,7 @@ impl Metrics {
             Cause::Protocol => h.disconnect_protocol.increment(1),
             Cause::Etcd => h.disconnect_upstream.increment(1),
             Cause::Compacted => h.disconnect_compacted.increment(1),
+            Cause::TooManyDataFrames => h.disconnect_data_frames.increment(1),
         })
     }
 

@@ -199,6 +199,10 @@ impl Follower {
                 }
                 SessionEnd::Broken(e) => {
                     self.shared.metrics.disconnected(match e {
+                        _ if e.is_too_many_data_frames() => {
+                            warn_too_many_data_frames(self.shared.config.own_channel);
+                            Cause::TooManyDataFrames
+                        }
                         Error::Upstream(_) => Cause::Etcd,
                         Error::Protocol { .. } => Cause::Protocol,
                         _ => Cause::Transport,
@@ -484,4 +488,29 @@ impl Follower {
         }
         None
     }
+}
+
+/// Warns, once per process, that the client's own h2 closed the connection to etcd
+/// because too many small DATA frames sat unread (`own_channel`: the cache connected the
+/// client itself, with [`EtcdChannel`](crate::EtcdChannel)'s windows).
+fn warn_too_many_data_frames(own_channel: bool) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if own_channel {
+            warn!(
+                "the connection to etcd was closed by this process's own HTTP/2 stack \
+                 (h2 too_many_data_frames: more small watch responses sat unread than its \
+                 budget allows); the cache reconnects and resumes"
+            );
+        } else {
+            warn!(
+                "the connection to etcd was closed by this process's own HTTP/2 stack \
+                 (h2 too_many_data_frames: more small watch responses sat unread than its \
+                 budget allows, after a stall), failing every call on it; connect the \
+                 etcd_client::Client with Client::connect_with_balanced_channel(.., \
+                 etcd_cache::EtcdChannel::new()) (CacheBuilder::connect does), whose \
+                 windows keep it open; see docs/RELIABILITY.md"
+            );
+        }
+    });
 }

@@ -77,3 +77,49 @@ async fn metrics_are_recorded_through_the_facade() {
     );
     assert_eq!(value("etcd_cache_consistent_read_wait_seconds", None), 1.0);
 }
+
+/// A watch stream closed by the client's own h2 (GOAWAY `ENHANCE_YOUR_CALM`,
+/// `too_many_data_frames`, which tonic answers `ResourceExhausted`) is a broken stream,
+/// counted under its own cause, not as an answer of etcd's.
+#[tokio::test(start_paused = true)]
+async fn a_connection_closed_by_h2s_small_frame_guard_is_counted_as_such() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (up, mut watches) = FakeUpstream::new(&["3.5.13"], &[(&k("a"), "1")], 10);
+    let cache =
+        metrics::with_local_recorder(&recorder, || Cache::start(config(), up.clone())).unwrap();
+    let watch = next_watch(&mut watches).await;
+    watch.created();
+    within(cache.wait_ready()).await.unwrap();
+    let status = tonic::Status::resource_exhausted(
+        "h2 protocol error: error reading a body from connection: connection error detected: \
+         detected excessive load generating behavior (b\"too_many_data_frames\")",
+    );
+    let e = Error::watch_stream(etcd_client::Error::GRpcStatus(status), 0);
+    assert!(matches!(e, Error::Transport { .. }), "{e:?}");
+    watch.send_raw(Err(e));
+    // The follower reconnects.
+    let again = next_watch(&mut watches).await;
+    again.created();
+    within(cache.wait_ready()).await.unwrap();
+    let snapshot = snapshotter.snapshot().into_vec();
+    let disconnects = |cause: &str| {
+        snapshot
+            .iter()
+            .find(|(key, _, _, _)| {
+                key.key().name() == "etcd_cache_upstream_disconnects_total"
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "cause" && l.value() == cause)
+            })
+            .map_or(0, |(_, _, _, v)| match v {
+                DebugValue::Counter(c) => *c,
+                _ => 0,
+            })
+    };
+    assert_eq!(disconnects("too_many_data_frames"), 1);
+    assert_eq!(disconnects("etcd"), 0);
+    assert_eq!(disconnects("transport"), 0);
+}

@@ -4,10 +4,12 @@
 //! [`etcd`].
 //!
 //! - [`etcd`]: the production upstream over an `etcd_client::Client`;
+//! - [`channel`]: the HTTP/2 windows of the connections to etcd;
 //! - [`barrier`]: the shared linearizable revision barrier (consistent reads, watches from
 //!   now);
 //! - [`fake`]: an in-memory upstream whose every answer a test scripts.
 
+pub(crate) mod channel;
 pub(crate) mod etcd;
 #[cfg(any(test, feature = "unstable-bench-internals"))]
 pub(crate) mod fake;
