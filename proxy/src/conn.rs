@@ -1,22 +1,39 @@
 //! Client connections: each accepted TCP connection (after its TLS handshake, when the
 //! proxy serves TLS: see `server_tls`) gets a [`ConnInfo`] that tonic puts in the
-//! extensions of every request on it, so per-connection limits (the watch cap) are shared
-//! by all of a connection's streams.
+//! extensions of every request on it, so per-connection limits (the watch cap, the
+//! bytes of Watch requests read ahead) are shared by all of a connection's streams; and
+//! the HTTP/2 windows every connection is served with ([`http2`]).
+//!
+//! ## HTTP/2 windows and the small-frame guard
+//! h2 (0.4.16 and later) charges every received DATA frame under 256 bytes `256 - len`
+//! bytes of a per-connection budget until the service reads it, and closes the whole
+//! connection (GOAWAY `ENHANCE_YOUR_CALM`, `too_many_data_frames`) when it runs out. The
+//! budget is half the connection window (at least 25,600 bytes); hyper and tonic do not
+//! let it be set otherwise. grpc-go clients (etcdctl, clientv3, Kubernetes) send each
+//! message in its own DATA frame, and a pipelined Watch stream is thousands of 7-byte
+//! frames: h2 reads a whole stream window of them from the socket before the stream's
+//! reader can run. So the connection window is sized for the worst a stream can cost
+//! ([`FLOODED_STREAMS`] streams each with a full window of etcd's smallest request,
+//! unread), the adaptive window stays off (it makes both windows one estimate, under
+//! which a single stream exhausts the budget), and the Watch service reads its streams
+//! eagerly into a queue bounded per connection ([`QUEUED_REQUEST_BYTES`]).
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
+use tonic::transport::Server;
 
 use crate::watch::cached::ConnScope;
 
@@ -30,6 +47,40 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections handshaken and not yet taken by the server.
 const READY_QUEUE: usize = 64;
 
+/// The receive window of each stream a client opens: etcd's (grpc-go's initial 64 KiB).
+pub(crate) const STREAM_WINDOW: u32 = 65_535;
+/// etcd's smallest request on a stream that stays open: a `WatchProgressRequest`, the
+/// 5-byte gRPC prefix and 2 bytes of protobuf, each in its own DATA frame from grpc-go.
+const SMALLEST_REQUEST: u32 = 7;
+/// h2's threshold: a DATA frame with fewer payload bytes than this costs the difference.
+const SMALL_FRAME: u32 = 256;
+/// How many streams of one connection may each have a full window of the smallest
+/// requests waiting unread at the same moment before h2 would close the connection.
+pub(crate) const FLOODED_STREAMS: u32 = 2;
+/// The receive window of a whole client connection: twice (h2's budget is half of it)
+/// the cost of [`FLOODED_STREAMS`] full stream windows of 7-byte frames (9,362 frames of
+/// 249 bytes each), rounded up to 9 MiB. It is also the most payload a client can make
+/// the connection hold unread.
+pub(crate) const CONNECTION_WINDOW: u32 = 9 * 1024 * 1024;
+const _: () = assert!(
+    CONNECTION_WINDOW / 2
+        >= FLOODED_STREAMS * (STREAM_WINDOW / SMALLEST_REQUEST) * (SMALL_FRAME - SMALLEST_REQUEST)
+);
+
+/// Bytes of Watch requests read from one client connection and not yet taken by their
+/// streams' sessions, at most (each request counts its encoded size and its place in
+/// the queue). A stream whose request finds the connection's share spent ends with
+/// `ResourceExhausted`; the connection and its other streams go on.
+pub(crate) const QUEUED_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// `server` with the HTTP/2 windows of every client connection (see the module docs).
+pub(crate) fn http2(server: Server) -> Server {
+    server
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .http2_adaptive_window(Some(false))
+}
+
 /// What the proxy knows of one client connection.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnInfo {
@@ -38,6 +89,9 @@ pub(crate) struct ConnInfo {
     pub(crate) remote: Option<SocketAddr>,
     /// The connection's watch budget (`--max-watches-per-connection`).
     pub(crate) watches: ConnScope,
+    /// The bytes of Watch requests its streams may have read ahead
+    /// ([`QUEUED_REQUEST_BYTES`]), as permits.
+    pub(crate) requests: Arc<Semaphore>,
 }
 
 /// The connection of a request, if it came through [`incoming`].
@@ -164,6 +218,7 @@ async fn accept(
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             remote: Some(remote),
             watches: ConnScope::default(),
+            requests: Arc::new(Semaphore::new(QUEUED_REQUEST_BYTES)),
         };
         let open = crate::metrics::get().connection();
         let Some(acceptor) = tls.clone() else {

@@ -198,14 +198,12 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         };
     }
     let in_flight = InFlight::default();
-    let builder = Server::builder()
+    // Windows sized so that h2's small-frame guard never closes a connection that etcd
+    // would keep (grpc-go clients pipelining thousands of tiny requests): see conn.rs.
+    let builder = crate::conn::http2(Server::builder())
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        // What etcd's grpc-go server uses: 64 KiB windows grown by its BDP estimate.
-        .initial_stream_window_size(Some(65_535))
-        .initial_connection_window_size(Some(65_535))
-        .http2_adaptive_window(Some(true));
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
     let router = builder
         .layer(CallsLayer {
             in_flight: in_flight.clone(),

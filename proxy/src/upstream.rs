@@ -95,6 +95,9 @@ pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpo
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
+    // The cache's HTTP/2 windows toward etcd (etcd_cache::EtcdChannel): forwarded streams
+    // whose clients stall do not make h2 close the connection (too_many_data_frames).
+    ep = etcd_cache::EtcdChannel::endpoint(ep);
     if let Some(tls) = tls {
         ep = ep.tls_config(tls.clone()).map_err(Error::Tls)?;
     }

@@ -9,10 +9,12 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch, Semaphore, TryAcquireError};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service, StdError};
@@ -21,13 +23,20 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::session::{Queued, Session};
 use super::wire::{WatchCodec, WireResponse};
-use crate::pb::etcdserverpb::WatchRequest;
+use crate::conn::QUEUED_REQUEST_BYTES;
+use crate::pb::etcdserverpb::{watch_request::RequestUnion, WatchRequest};
 use crate::state::State;
 
-/// Bytes of requests read from a client stream and not yet handled, at most: the stream
-/// is read as fast as the client sends (h2 refuses a client whose small frames pile up
-/// unread), and a client that sends more than this waits on flow control.
-const QUEUED_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// How long a Watch stream that the proxy ended (its session is done, or it went over
+/// the connection's queue) is still read, its requests dropped, while the client has not
+/// ended it: h2 (0.4.20) charges the small DATA frames that arrive for a stream nobody
+/// reads, or that it reset, against the connection's small-frame budget and never gives
+/// them back, so a stream is not dropped under a client that is still sending. grpc-go
+/// resets its stream as soon as it reads the status.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// What a queued request costs besides its encoded bytes: its place in the queue.
+const QUEUED_SIZE: usize = std::mem::size_of::<Queued>();
 
 /// etcd's Watch service, from the cache.
 pub(crate) struct WatchService {
@@ -62,41 +71,97 @@ impl WatchService {
             "watch stream"
         );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
+        let budget = conn.map_or_else(
+            || Arc::new(Semaphore::new(QUEUED_REQUEST_BYTES)),
+            |c| c.requests.clone(),
+        );
         let (tx, rx) = mpsc::channel(self.state.limits.watch_send_queue.max(1));
         let metadata = crate::upstream::passed(req.metadata());
         let session = Session::new(self.state.clone(), &scope, tx, metadata, require_leader);
-        tokio::spawn(session.run(read_requests(req.into_inner())));
+        let requests = read_requests(req.into_inner(), budget, self.state.shutdown.clone());
+        tokio::spawn(session.run(requests));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
-/// Reads a client's Watch requests as fast as they come, into a queue bounded in bytes
-/// ([`QUEUED_REQUEST_BYTES`]): each request holds its share until it is handled. A
-/// receive error is the last item.
-fn read_requests(mut inbound: Streaming<WatchRequest>) -> mpsc::UnboundedReceiver<Queued> {
+/// Reads a client's Watch requests as fast as they come (h2 closes a connection whose
+/// small frames pile up unread, see `conn.rs`), into a queue bounded in bytes by
+/// `budget`, the connection's ([`QUEUED_REQUEST_BYTES`]): each request holds its share
+/// until its session takes it. A request that finds the share spent ends the stream with
+/// [`too_many_requests`], after the requests before it; a receive error ends it too.
+/// Either is the last item. Then the stream is drained (see [`DRAIN_LIMIT`]).
+fn read_requests(
+    mut inbound: Streaming<WatchRequest>,
+    budget: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+) -> mpsc::UnboundedReceiver<Queued> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let budget = Arc::new(tokio::sync::Semaphore::new(QUEUED_REQUEST_BYTES));
     tokio::spawn(async move {
         loop {
             let next = tokio::select! {
                 next = inbound.next() => next,
-                _ = tx.closed() => return,
+                _ = tx.closed() => break,
             };
+            // The client ended its side: nothing more comes.
             let Some(item) = next else { return };
-            let size = match &item {
-                Ok(r) => r.encoded_len().clamp(1, QUEUED_REQUEST_BYTES),
-                Err(_) => 1,
-            };
-            let Ok(permit) = budget.clone().acquire_many_owned(size as u32).await else {
-                return;
-            };
             let failed = item.is_err();
-            if tx.send((item, permit)).is_err() || failed {
-                return;
+            let item = item.map(owned);
+            let size = QUEUED_SIZE + item.as_ref().map_or(0, Message::encoded_len);
+            let share = u32::try_from(size).map_or(Err(TryAcquireError::NoPermits), |n| {
+                budget.clone().try_acquire_many_owned(n)
+            });
+            let (item, share, over) = match share {
+                Ok(share) => (item, share, false),
+                Err(TryAcquireError::NoPermits) => match budget.clone().try_acquire_many_owned(0) {
+                    Ok(none) => (Err(too_many_requests()), none, true),
+                    Err(_) => return,
+                },
+                Err(TryAcquireError::Closed) => return,
+            };
+            if tx.send((item, share)).is_err() || failed {
+                break;
+            }
+            if over {
+                tracing::debug!(
+                    queued = QUEUED_REQUEST_BYTES - budget.available_permits(),
+                    "a Watch stream went over its connection's queued requests; it ends"
+                );
+                break;
             }
         }
+        drain(inbound, shutdown).await;
     });
     rx
+}
+
+/// The request as the session keeps it: a create's key and range end in allocations of
+/// their own, so that a watch does not keep the whole receive buffer they were decoded
+/// from (tonic decodes `bytes` fields as slices of it) for as long as it lives.
+fn owned(mut request: WatchRequest) -> WatchRequest {
+    if let Some(RequestUnion::CreateRequest(create)) = &mut request.request_union {
+        create.key = Bytes::copy_from_slice(&create.key);
+        create.range_end = Bytes::copy_from_slice(&create.range_end);
+    }
+    request
+}
+
+/// The end of a stream whose client sent more than its connection's queue holds: etcd's
+/// code for a resource limit, for this stream only.
+fn too_many_requests() -> Status {
+    Status::resource_exhausted(format!(
+        "etcd-cache-proxy: more than {QUEUED_REQUEST_BYTES} bytes of Watch requests queued on \
+         this connection; the stream ends"
+    ))
+}
+
+/// Reads and drops what the client still sends on a stream the proxy ended, until the
+/// client ends it, [`DRAIN_LIMIT`] passes, or the proxy shuts down.
+async fn drain(mut inbound: Streaming<WatchRequest>, mut shutdown: watch::Receiver<bool>) {
+    let until_end = async { while let Some(Ok(_)) = inbound.next().await {} };
+    tokio::select! {
+        _ = tokio::time::timeout(DRAIN_LIMIT, until_end) => {}
+        _ = shutdown.wait_for(|s| *s) => {}
+    }
 }
 
 /// etcd's Watch service over gRPC.
