@@ -112,3 +112,23 @@ fn clientv3_watch_resumes_after_a_proxy_restart() {
         proxy.log_tail()
     );
 }
+
+/// A grpc-go client (each message in its own DATA frame) pipelines 3,000 progress
+/// requests, 10,000 creates and 10,000 cancels on one Watch stream, to etcd and to the
+/// proxy: the proxy answers what etcd answers, and unary calls on the same connection
+/// succeed meanwhile. h2's small-frame guard once closed the whole connection here
+/// (GOAWAY `ENHANCE_YOUR_CALM`, `too_many_data_frames`) with no answer sent.
+#[test]
+fn grpc_go_pipelined_watch_requests_keep_the_connection() {
+    if program().is_none() {
+        return;
+    }
+    let etcd = EtcdServer::start_with(EtcdOptions::default());
+    let proxy = Proxy::start(&etcd.endpoint(), &["--prefix", "/app/"]);
+    run("pipeline", &proxy, &etcd);
+    assert!(
+        !proxy.log_text().contains("too_many_data_frames"),
+        "{}",
+        proxy.log_tail()
+    );
+}

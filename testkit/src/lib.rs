@@ -13,7 +13,9 @@
 //! - Fixtures: [`cache_on_etcd`] (an etcd, a client and a ready cache), or its two halves
 //!   [`etcd_with_client`] and [`ready_cache`].
 //! - Test bodies: [`bounded`] (a time limit that fails instead of hanging) and
-//!   [`init_tracing`].
+//!   [`init_tracing`]; [`full_matrix`] for the longer variants of `--full-matrix` runs.
+//! - Stalls: [`small_puts_while_stopped`] stops a process (SIGSTOP) while etcd sends it
+//!   thousands of small watch events.
 //!
 //! - Versions: [`etcd_versions`] maps `3.4` (Debian's 3.4.23) … `3.7` to binaries and flag
 //!   spellings. A run's servers are `$ETCD_VERSION`'s ([`EtcdBinaries::default_for_run`];
@@ -53,6 +55,7 @@ mod grpc_proxy;
 mod http;
 pub mod reliability;
 mod run;
+mod stall;
 mod tcp_proxy;
 mod tls;
 
@@ -68,5 +71,6 @@ pub use fixture::{
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{grpc_started, http_request, is_healthy, member_status, MemberStatus};
 pub use run::{blocking, bounded, init_tracing};
+pub use stall::{full_matrix, small_puts_while_stopped, StallRound, FULL_MATRIX_ENV, WRITERS};
 pub use tcp_proxy::TcpProxy;
 pub use tls::{ClientIdentity, ServerTls, TestPki};

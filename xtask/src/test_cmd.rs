@@ -59,6 +59,10 @@ fn e2e_step(set: &str) -> Step {
     }
 }
 
+/// Set to `1` for the tests of a `--full-matrix` run: their longer variants run then
+/// (testkit's `full_matrix()`).
+const FULL_MATRIX_ENV: &str = "ETCD_CACHE_FULL_MATRIX";
+
 /// The crates of the workspace that are published (the others have `publish = false`).
 pub const PUBLISHED: &[&str] = &["etcd-cache"];
 
@@ -308,6 +312,9 @@ pub fn test(args: Vec<String>) -> i32 {
                 }
                 if let Some(v) = step.etcd {
                     cmd.env(ETCD_VERSION_ENV, v.name());
+                }
+                if matrix == Matrix::Full {
+                    cmd.env(FULL_MATRIX_ENV, "1");
                 }
                 eprintln!("xtask test: == {}", step.name);
                 run(cmd)

@@ -5,6 +5,18 @@
 //	gotest -proxy URL -etcd URL progress    RequestProgress and WithRequireLeader
 //	gotest -proxy URL -etcd URL autosync    endpoint auto-sync stays on the proxy
 //	gotest -proxy URL -etcd URL restart     a watch that lives through a proxy restart
+//	gotest -proxy URL -etcd URL pipeline    raw etcdserverpb stubs on one connection each:
+//	                                        3,000 progress requests, 10,000 creates and
+//	                                        10,000 cancels pipelined on one Watch stream
+//	                                        (each message in its own DATA frame), sent to
+//	                                        etcd and to the proxy, answers compared, with
+//	                                        unary calls on the same connection meanwhile
+//	gotest -proxy URL -conns C -streams S flood
+//	                                        a hostile client: C connections, each with S
+//	                                        Watch streams, each sent a full 64 KiB stream
+//	                                        window of progress requests cut into 1-byte
+//	                                        DATA frames, nothing read; prints what each
+//	                                        connection ended with
 //	gotest -etcd URL -prefix P -want A,B resolver
 //	                                        etcd's naming resolver over --resolver-prefix
 //	                                        finds exactly the proxies A,B (host:port) and
@@ -22,10 +34,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"reflect"
 	"strings"
@@ -35,6 +49,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/naming/endpoints"
 	etcdresolver "go.etcd.io/etcd/client/v3/naming/resolver"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -46,6 +62,8 @@ var (
 	wantEPs  = flag.String("want", "", "the registered proxies, host:port, comma-separated (resolver mode)")
 	watchKey = flag.String("key", "", "the key prefix to watch (resolver-watch mode)")
 	count    = flag.Int("count", 0, "the puts to expect (resolver-watch mode)")
+	conns    = flag.Int("conns", 1, "connections (flood mode)")
+	streams  = flag.Int("streams", 1, "Watch streams per connection (flood mode)")
 )
 
 func connect(endpoint string, autoSync time.Duration) *clientv3.Client {
@@ -446,7 +464,262 @@ func main() {
 		resolver()
 	case "resolver-watch":
 		resolverWatch()
+	case "pipeline":
+		pipeline()
+	case "flood":
+		flood()
 	default:
 		log.Fatalf("unknown mode %q", flag.Arg(0))
 	}
+}
+
+// Sizes of the pipeline mode (the figures).
+const (
+	pipelinedProgress = 3000
+	pipelinedCreates  = 10000
+)
+
+// pipelineAnswers is what one endpoint answered to the pipelined stream.
+type pipelineAnswers struct {
+	Created  int   // created responses
+	Canceled int   // canceled responses
+	Progress int   // progress responses (no events, not created or canceled)
+	Events   int   // events seen (none expected: nothing is written meanwhile)
+	IDs      int64 // sum of the created ids, as the ids given must agree
+	Unary    int   // unary calls that succeeded on the same connection meanwhile
+	Elapsed  time.Duration
+}
+
+// pipelineOn sends the pipelined stream to endpoint over one grpc-go connection and
+// collects the answers, with unary Range calls on the same connection until the last
+// answer came.
+func pipelineOn(endpoint string) pipelineAnswers {
+	conn, err := grpc.NewClient(strings.TrimPrefix(endpoint, "http://"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatalf("dial %s: %v", endpoint, err)
+	}
+	defer conn.Close()
+	kv, w := pb.NewKVClient(conn), pb.NewWatchClient(conn)
+	ctx, cancel := ctxT(60 * time.Second)
+	defer cancel()
+	// The connection is up before the clock starts.
+	if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("/app/pf")}); err != nil {
+		log.Fatalf("%s: first Range: %v", endpoint, err)
+	}
+	stream, err := w.Watch(ctx)
+	if err != nil {
+		log.Fatalf("%s: Watch: %v", endpoint, err)
+	}
+	start := time.Now()
+	wantCreated := pipelinedCreates + 2
+	var got pipelineAnswers
+	done := make(chan error, 1)
+	go func() {
+		for got.Created < wantCreated || got.Canceled < pipelinedCreates || got.Progress < pipelinedProgress {
+			r, err := stream.Recv()
+			if err != nil {
+				done <- fmt.Errorf("after %+v: %v", got, err)
+				return
+			}
+			switch {
+			case r.Created:
+				got.Created++
+				got.IDs += r.WatchId
+			case r.Canceled:
+				got.Canceled++
+			case len(r.Events) == 0:
+				got.Progress++
+			default:
+				got.Events += len(r.Events)
+			}
+		}
+		done <- nil
+	}()
+	// Unary calls on the same connection while the stream is pipelined and answered.
+	unary := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				if n == 0 {
+					unary <- fmt.Errorf("no unary call finished while the stream was answered")
+					return
+				}
+				got.Unary = n
+				unary <- nil
+				return
+			default:
+			}
+			if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("/app/pf")}); err != nil {
+				unary <- fmt.Errorf("unary Range on the same connection: %v", err)
+				return
+			}
+			n++
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	create := func(key string) *pb.WatchRequest {
+		return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
+			CreateRequest: &pb.WatchCreateRequest{Key: []byte(key)}}}
+	}
+	send := func(r *pb.WatchRequest) {
+		if err := stream.Send(r); err != nil {
+			// io.EOF: the stream ended; the reader has its status.
+			log.Fatalf("%s: send: %v (the stream: %v)", endpoint, err, <-done)
+		}
+	}
+	// One watch the proxy serves from its cache (/app/), one it forwards (/o/).
+	send(create("/app/pf"))
+	send(create("/o/pf"))
+	for i := 0; i < pipelinedProgress; i++ {
+		send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{
+			ProgressRequest: &pb.WatchProgressRequest{}}})
+	}
+	for i := 0; i < pipelinedCreates; i++ {
+		send(create(fmt.Sprintf("/app/pc/%d", i)))
+	}
+	// Ids 2.. are the creates above, in order (etcd's automatic ids).
+	for i := 0; i < pipelinedCreates; i++ {
+		send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
+			CancelRequest: &pb.WatchCancelRequest{WatchId: int64(i + 2)}}})
+	}
+	if err := <-done; err != nil {
+		log.Fatalf("%s: the pipelined stream failed: %v", endpoint, err)
+	}
+	got.Elapsed = time.Since(start)
+	close(stop)
+	if err := <-unary; err != nil {
+		log.Fatalf("%s: %v", endpoint, err)
+	}
+	// Still usable afterwards: the connection was never closed.
+	if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("/app/pf")}); err != nil {
+		log.Fatalf("%s: Range after the stream: %v", endpoint, err)
+	}
+	if err := conn.GetState(); err.String() != "READY" {
+		log.Fatalf("%s: connection state %v after the stream", endpoint, err)
+	}
+	_ = stream.CloseSend()
+	return got
+}
+
+func pipeline() {
+	direct := pipelineOn(*etcdURL)
+	proxied := pipelineOn(*proxyURL)
+	fmt.Printf("etcd:  %+v\nproxy: %+v\n", direct, proxied)
+	for _, g := range []pipelineAnswers{direct, proxied} {
+		want := int64(pipelinedCreates+1) * int64(pipelinedCreates+2) / 2 // 0 + 1 + ... + 10,001
+		if g.Created != pipelinedCreates+2 || g.Canceled != pipelinedCreates ||
+			g.Progress != pipelinedProgress || g.Events != 0 || g.IDs != want {
+			log.Fatalf("unexpected answers %+v (created ids sum to %d)", g, want)
+		}
+	}
+	fmt.Println("OK pipeline")
+}
+
+// floodConn opens one HTTP/2 connection to addr by hand and sends, on each of its
+// streams, a stream window (65,535 bytes) of WatchProgressRequests cut into 1-byte DATA
+// frames, reading nothing but the frames it must answer (SETTINGS). It returns how the
+// connection ended: "open" if the server kept it, or the GOAWAY it sent.
+func floodConn(addr string, streams int) string {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		log.Fatalf("dial %s: %v", addr, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		log.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		log.Fatal(err)
+	}
+	ended := make(chan string, 1)
+	acks := make(chan struct{}, 16)
+	go func() {
+		r := http2.NewFramer(nil, c)
+		for {
+			f, err := r.ReadFrame()
+			if err != nil {
+				ended <- "closed: " + err.Error()
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					acks <- struct{}{}
+				}
+			case *http2.GoAwayFrame:
+				ended <- fmt.Sprintf("GOAWAY %v %q", f.ErrCode, f.DebugData())
+				return
+			}
+		}
+	}()
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	headers := func() []byte {
+		hbuf.Reset()
+		for _, h := range [][2]string{
+			{":method", "POST"}, {":scheme", "http"}, {":path", "/etcdserverpb.Watch/Watch"},
+			{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"},
+		} {
+			_ = enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
+		}
+		return append([]byte(nil), hbuf.Bytes()...)
+	}
+	// The framer is not safe for concurrent writes: the SETTINGS ack goes between frames.
+	ack := func() {
+		for {
+			select {
+			case <-acks:
+				if err := fr.WriteSettingsAck(); err != nil {
+					return
+				}
+			default:
+				return
+			}
+		}
+	}
+	progress := []byte{0, 0, 0, 0, 2, 0x22, 0}
+	const window = 65535
+	for s := 0; s < streams; s++ {
+		id := uint32(2*s + 1)
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: headers(), EndHeaders: true}); err != nil {
+			return "closed while sending: " + err.Error()
+		}
+	}
+	for i := 0; i < window; i++ {
+		ack()
+		for s := 0; s < streams; s++ {
+			if err := fr.WriteData(uint32(2*s+1), false, progress[i%len(progress):i%len(progress)+1]); err != nil {
+				select {
+				case e := <-ended:
+					return e
+				default:
+					return "closed while sending: " + err.Error()
+				}
+			}
+		}
+	}
+	// Whatever the server does with it, it does within a second of the last frame.
+	select {
+	case e := <-ended:
+		return e
+	case <-time.After(time.Second):
+		return "open"
+	}
+}
+
+func flood() {
+	addr := strings.TrimPrefix(*proxyURL, "http://")
+	results := make(chan string, *conns)
+	for i := 0; i < *conns; i++ {
+		go func() { results <- floodConn(addr, *streams) }()
+	}
+	for i := 0; i < *conns; i++ {
+		fmt.Println("FLOOD", <-results)
+	}
+	fmt.Println("OK flood")
 }
