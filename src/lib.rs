@@ -115,6 +115,18 @@
 //! a refused certificate stop the cache: [`Cache::wait_ready`] returns
 //! [`Error::Failed`] with the cause.
 //!
+//! ## The connection to etcd
+//!
+//! etcd sends each watch response in an HTTP/2 DATA frame of its own, and h2 (under
+//! tonic) closes a connection when too many small frames sit unread (GOAWAY
+//! `too_many_data_frames`), as they do after a process stalls for a few seconds while
+//! etcd writes. [`CacheBuilder::connect`] connects with [`EtcdChannel`]'s windows, under
+//! which that cannot happen; with [`Cache::builder`] and a client of your own, connect it
+//! with `Client::connect_with_balanced_channel(endpoints, options, EtcdChannel::new())`.
+//! Otherwise the cache reconnects after such a close, warns once and counts it as
+//! `etcd_cache_upstream_disconnects_total{cause="too_many_data_frames"}`; every other call
+//! on the client failed with it. See `docs/RELIABILITY.md`.
+//!
 //! ## A drop-in for etcd-client
 //!
 //! The API mirrors `etcd-client` 0.21: switch `client.watch(..)` / `client.get(..)` to
