@@ -16,6 +16,8 @@ pub(crate) const DEFAULT_MAX_WATCHES_PER_CONNECTION: usize = etcd_cache::DEFAULT
 /// metadata), low enough that one connection cannot hold a session per stream without
 /// end.
 pub(crate) const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+/// Default of `--max-connections`.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 /// etcd's gRPC overhead allowance on top of `--max-request-bytes` for received messages.
 pub(crate) const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
@@ -138,6 +140,10 @@ pub(crate) struct Config {
     /// stream to end (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: grpc-go queues the call).
     #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS)]
     pub(crate) max_concurrent_streams: u32,
+    /// Client connections open at once; one beyond is closed at once, logged with this
+    /// limit and counted in etcd_cache_proxy_connections_refused_total.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub(crate) max_connections: usize,
     /// Watches allowed on the whole proxy.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]
     pub(crate) max_watches: usize,

@@ -111,6 +111,8 @@ pub(crate) struct Conn {
     info: ConnInfo,
     /// Counts it in `etcd_cache_proxy_connections` until it is closed.
     _open: crate::metrics::GaugeGuard,
+    /// Its place among `--max-connections` until it is closed.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Connected for Conn {
@@ -184,12 +186,24 @@ impl AsyncWrite for Conn {
 /// other; one that fails or takes over [`HANDSHAKE_TIMEOUT`] is dropped (logged at
 /// debug: a refused certificate is the client's to see). Accept errors are logged and
 /// followed by a short pause instead of ending the stream.
+///
+/// At most `max_connections` are open at once (`--max-connections`): one accepted beyond
+/// is closed at once, counted in `etcd_cache_proxy_connections_refused_total` and
+/// logged (at most once a second) with the limit.
 pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    max_connections: usize,
 ) -> impl Stream<Item = io::Result<Conn>> {
     let (ready, taken) = mpsc::channel(READY_QUEUE);
-    tokio::spawn(accept(listener, tls.map(TlsAcceptor::from), ready));
+    let slots = Arc::new(Semaphore::new(max_connections));
+    tokio::spawn(accept(
+        listener,
+        tls.map(TlsAcceptor::from),
+        ready,
+        slots,
+        max_connections,
+    ));
     tokio_stream::wrappers::ReceiverStream::new(taken)
 }
 
@@ -198,8 +212,11 @@ async fn accept(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     ready: mpsc::Sender<io::Result<Conn>>,
+    slots: Arc<Semaphore>,
+    max_connections: usize,
 ) {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let mut warned: Option<tokio::time::Instant> = None;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -212,6 +229,20 @@ async fn accept(
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            crate::metrics::get().connection_refused();
+            if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                warned = Some(tokio::time::Instant::now());
+                tracing::warn!(
+                    %remote,
+                    max_connections,
+                    "connection refused: {max_connections} client connections are open \
+                     (--max-connections)"
+                );
+            }
+            drop(tcp);
+            continue;
         };
         let _ = tcp.set_nodelay(true);
         let info = ConnInfo {
@@ -226,6 +257,7 @@ async fn accept(
                 io: Io::Plain(tcp),
                 info,
                 _open: open,
+                _slot: slot,
             };
             if ready.send(Ok(conn)).await.is_err() {
                 return;
@@ -240,6 +272,7 @@ async fn accept(
                         io: Io::Tls(Box::new(stream)),
                         info,
                         _open: open,
+                        _slot: slot,
                     };
                     let _ = ready.send(Ok(conn)).await;
                 }

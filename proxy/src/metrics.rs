@@ -192,6 +192,7 @@ pub(crate) struct Metrics {
     ranges_etcd: Counter,
     auth_asks: Counter,
     auth_asks_refused: Counter,
+    connections_refused: Counter,
     auth_revoked: Counter,
     caught_up: Counter,
     rejoined: Counter,
@@ -231,6 +232,7 @@ impl Metrics {
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
             auth_asks_refused: metrics::counter!("etcd_cache_proxy_auth_asks_refused_total"),
+            connections_refused: metrics::counter!("etcd_cache_proxy_connections_refused_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
             rejoined: metrics::counter!("etcd_cache_proxy_watches_rejoined_total"),
@@ -253,6 +255,11 @@ impl Metrics {
     /// One ask to etcd for a caller's permission on a range (`authz.rs`).
     pub(crate) fn auth_ask(&self) {
         self.auth_asks.increment(1);
+    }
+
+    /// A client connection closed at once: `--max-connections` were open.
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.increment(1);
     }
 
     /// A permission check refused because asks in flight hold `--auth-ask-bytes`.
@@ -387,6 +394,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_auth_asks_total",
         "asks to etcd whether a caller may read a range (once per token and range while etcd's auth state holds)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_connections_refused_total",
+        "client connections closed at once because --max-connections were open"
     );
     describe_counter!(
         "etcd_cache_proxy_auth_asks_refused_total",

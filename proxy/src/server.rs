@@ -251,7 +251,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         wait_for_signal().await;
         let _ = shutdown_tx.send(true);
     });
-    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener, tls), async move {
+    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener, tls, config.max_connections), async move {
         let _ = signalled.wait_for(|s| *s).await;
         tracing::info!("shutting down: streams end, calls in flight finish");
     });

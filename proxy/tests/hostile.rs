@@ -421,3 +421,65 @@ async fn closed_streams_leave_no_state() {
          (RSS after each: {after_round:?}): state kept per closed stream?"
     );
 }
+
+/// `--max-connections`: a connection beyond the limit is closed at once and the log names
+/// the limit; the open ones keep working, and a connection is taken again once one
+/// closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused_and_the_others_go_on() {
+    use raw::etcdserverpb::{kv_client::KvClient, RangeRequest};
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        ["--prefix", "/t/", "--max-connections", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    )
+    .await;
+    let read = || RangeRequest {
+        key: b"/t/a".to_vec().into(),
+        ..Default::default()
+    };
+    let connect = || async {
+        tonic::transport::Endpoint::from_shared(proxy.endpoint())
+            .unwrap()
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+    };
+    let mut first = KvClient::new(connect().await.unwrap());
+    let mut second = KvClient::new(connect().await.unwrap());
+    first.range(read()).await.unwrap();
+    second.range(read()).await.unwrap();
+    // The third: closed at once (the dial or its first call fails).
+    let third = match connect().await {
+        Ok(ch) => KvClient::new(ch).range(read()).await.map(|_| ()),
+        Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+    };
+    assert!(third.is_err(), "a third connection was served");
+    assert!(
+        proxy.log_text().contains("--max-connections"),
+        "{}",
+        proxy.log_tail()
+    );
+    first.range(read()).await.unwrap();
+    drop(first);
+    // The slot comes back when the connection is closed (the server sees it end).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = match connect().await {
+            Ok(ch) => KvClient::new(ch).range(read()).await.map(|_| ()),
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        if again.is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection taken after one closed: {again:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    second.range(read()).await.unwrap();
+}
