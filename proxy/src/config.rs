@@ -447,4 +447,35 @@ mod tests {
         assert_eq!(c.credentials(), Some(("root".into(), "pw".into())));
         assert!(!c.upstream_tls());
     }
+
+    /// `--password-file`: its first line is the password of `--user`; without `--user`,
+    /// beside `--user name:password` or `--password`, or unreadable, a start-up error.
+    #[test]
+    fn a_password_file_gives_the_password_of_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let f = file.display().to_string();
+        let parse = |args: &[&str]| Config::try_parse_from([&["etcd-cache-proxy"], args].concat());
+        let mut c = parse(&["--user", "cacher", "--password-file", &f]).unwrap();
+        c.load_password_file().unwrap();
+        assert_eq!(c.credentials(), Some(("cacher".into(), "s3cret".into())));
+        let mut c = parse(&["--password-file", &f]).unwrap();
+        assert!(c
+            .load_password_file()
+            .unwrap_err()
+            .contains("without --user"));
+        let mut c = parse(&["--user", "cacher:pw", "--password-file", &f]).unwrap();
+        assert!(c
+            .load_password_file()
+            .unwrap_err()
+            .contains("give the password once"));
+        assert!(parse(&["--user", "c", "--password", "x", "--password-file", &f]).is_err());
+        let missing = dir.path().join("none").display().to_string();
+        let mut c = parse(&["--user", "cacher", "--password-file", &missing]).unwrap();
+        assert!(c
+            .load_password_file()
+            .unwrap_err()
+            .contains("--password-file"));
+    }
 }
