@@ -16,6 +16,7 @@ fn run(mode: &str, proxy: &Proxy, etcd: &EtcdServer) {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
     assert!(
         out.status.success() && stdout.contains(&format!("OK {mode}")),
         "gotest {mode} failed:\n{stdout}{}\nproxy log:\n{}",
