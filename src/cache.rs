@@ -245,11 +245,12 @@ impl Cache {
     }
 
     /// [`compacted`](Self::compacted), with etcd's revision when etcd serves `revision`
-    /// ([`CompactionCheck::Readable`]). A front that answers a read at `revision` from
-    /// the cache after this check reports that revision in the answer's header: the
-    /// check and the header are then one decision, which a compaction finishing after
-    /// the check cannot contradict (a header above a compaction that covers the read
-    /// revision would be a state in which etcd refuses the read).
+    /// ([`CompactionCheck::Readable`](crate::CompactionCheck::Readable)). A front that
+    /// answers a read at `revision` from the cache after this check reports that
+    /// revision in the answer's header: the check and the header are then one decision,
+    /// which a compaction finishing after the check cannot contradict (a header above a
+    /// compaction that covers the read revision would be a state in which etcd refuses
+    /// the read).
     ///
     /// # Errors
     /// As [`compacted`](Self::compacted).

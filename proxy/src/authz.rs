@@ -69,10 +69,6 @@ pub(crate) const MAX_RANGES_PER_TOKEN: usize = 64;
 /// Bytes counted for a decision beyond its key, range end and message (the entry, its
 /// place in the token's list and the token's entry, rounded up).
 const DECISION_OVERHEAD: usize = 128;
-/// Default of `--auth-cache-bytes`.
-pub(crate) const DEFAULT_CACHE_BYTES: usize = 64 << 20;
-/// Default of `--auth-ask-bytes`.
-pub(crate) const DEFAULT_ASK_BYTES: usize = 64 << 20;
 /// Decisions of a token not used for this long are dropped: the proxy is idle for that
 /// caller, and an idle proxy asks etcd nothing that goes through raft.
 const IDLE_AFTER: Duration = Duration::from_secs(10);

@@ -72,13 +72,7 @@ impl cluster_server::Cluster for ClusterService {
             // user): etcd decides, the proxy answers with itself.
             let metadata = req.metadata().clone();
             let upstream = &self.state.upstream;
-            call_upstream!(
-                upstream,
-                &metadata,
-                req.get_ref().clone(),
-                cluster.member_list
-            )
-            .await?;
+            call_upstream!(upstream, &metadata, *req.get_ref(), cluster.member_list).await?;
         }
         // The registrations, read with the caller's token: one etcd does not let read
         // them gets the proxy alone.

@@ -16,6 +16,10 @@ pub(crate) const DEFAULT_MAX_WATCHES_PER_CONNECTION: usize = etcd_cache::DEFAULT
 /// metadata), low enough that one connection cannot hold a session per stream without
 /// end.
 pub(crate) const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+/// Default of `--auth-cache-bytes` (the permission decisions, `authz.rs`).
+pub(crate) const DEFAULT_AUTH_CACHE_BYTES: usize = 64 << 20;
+/// Default of `--auth-ask-bytes` (the permission checks in flight, `authz.rs`).
+pub(crate) const DEFAULT_AUTH_ASK_BYTES: usize = 64 << 20;
 /// Default of `--max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 /// etcd's gRPC overhead allowance on top of `--max-request-bytes` for received messages.
@@ -176,11 +180,11 @@ pub(crate) struct Config {
     /// Bytes the kept permission decisions take at most (keys, range ends, tokens,
     /// messages and a fixed overhead each): the least recently used token's decisions go
     /// first, so distinct tokens cannot grow the proxy beyond this.
-    #[arg(long, default_value_t = crate::authz::DEFAULT_CACHE_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_AUTH_CACHE_BYTES)]
     pub(crate) auth_cache_bytes: usize,
     /// Bytes of keys the permission checks in flight at etcd hold at most; a check
     /// beyond that is refused with ResourceExhausted, naming this flag.
-    #[arg(long, default_value_t = crate::authz::DEFAULT_ASK_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_AUTH_ASK_BYTES)]
     pub(crate) auth_ask_bytes: usize,
     /// Start even when the proxy's own etcd identity (--user, or the CN of --cert) has
     /// etcd's root role. Without it such a start is refused: the proxy's user needs

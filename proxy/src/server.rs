@@ -251,10 +251,13 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         wait_for_signal().await;
         let _ = shutdown_tx.send(true);
     });
-    let serve = router.serve_with_incoming_shutdown(conn::incoming(listener, tls, config.max_connections), async move {
-        let _ = signalled.wait_for(|s| *s).await;
-        tracing::info!("shutting down: streams end, calls in flight finish");
-    });
+    let serve = router.serve_with_incoming_shutdown(
+        conn::incoming(listener, tls, config.max_connections),
+        async move {
+            let _ = signalled.wait_for(|s| *s).await;
+            tracing::info!("shutting down: streams end, calls in flight finish");
+        },
+    );
     tokio::pin!(serve);
     let mut stopping = shutdown_rx.clone();
     let timeout = config.shutdown_timeout;
