@@ -351,6 +351,13 @@ impl<I: ListItem> ListWatch<I> {
                     }
                     Ok(Some(resp)) => {
                         self.backoff.reset();
+                        // The events' own revision (one per response), not the header's:
+                        // a watch from a start revision reports the cache's revision in
+                        // its `created` header, and every header after it is at least
+                        // that, while the revisions between its start and it are still
+                        // being replayed.
+                        let revision = resp.events().iter().filter_map(|ev| ev.kv());
+                        let revision = revision.map(KeyValue::mod_revision).max();
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             self.pending.push_back(match ev.event_type() {
@@ -362,7 +369,7 @@ impl<I: ListItem> ListWatch<I> {
                                 },
                             });
                         }
-                        self.revision = self.revision.max(resp.revision());
+                        self.revision = self.revision.max(revision.unwrap_or(0));
                     }
                     Ok(None) => {
                         self.phase = Phase::Ended;

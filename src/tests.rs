@@ -14,6 +14,8 @@
 //!   local progress responses;
 //! - `streams`: several watches on one stream, as etcd-client's `WatchStream`;
 //! - `subscribers`: slow subscribers, limits, scopes, shutdown, bad input;
+//! - `typed_reads`: a typed view's index lookups and list-watch revisions at one
+//!   revision;
 //! - `waiting_reads`: reads and watches from now that wait for a revision the cache has
 //!   not reached (a hung or absent revision probe, paced progress requests, close).
 
@@ -26,6 +28,7 @@ mod model;
 mod progress;
 mod streams;
 mod subscribers;
+mod typed_reads;
 mod waiting_reads;
 
 use std::future::Future;

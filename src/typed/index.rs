@@ -2,7 +2,11 @@
 //! publishes, after each revision, the objects and one map per index (persistent maps:
 //! a publication is a clone of a few pointers), so that a lookup reads one revision's
 //! state in O(matches).
+//!
+//! A published state is the view's content at exactly the revision it carries, and a
+//! lookup answers at that revision, never at another one it learned elsewhere.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -97,7 +101,7 @@ impl<T> State<T> {
         }
     }
 
-    /// The objects index `at` holds under `key`.
+    /// The objects index `at` holds under `key`, at the state's revision.
     pub(crate) fn lookup(&self, at: usize, key: &str) -> TypedList<T> {
         let items = self.by[at]
             .get(key)
@@ -114,13 +118,25 @@ impl<T> State<T> {
     }
 }
 
-/// The handle of a view's indexes: the published state, and a way to ask the task for
-/// a progress answer (so the state reaches a revision with no change in the view).
+/// The handle of a view's indexes: the published state, the declared indexes (for a
+/// lookup in a list read elsewhere), and a way to ask the task to catch up with a
+/// revision the cache has applied (so the state reaches it with no change in the view).
 pub(crate) struct Indexes<T> {
     names: Vec<String>,
+    specs: Arc<[IndexSpec<T>]>,
     state: watch::Receiver<Arc<State<T>>>,
-    nudge: Arc<Notify>,
+    nudge: Arc<Nudge>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A lookup's request to the index task: catch up with the cache, at least to
+/// `wanted`.
+#[derive(Default)]
+struct Nudge {
+    notify: Notify,
+    /// The newest revision a lookup asked for. Only revisions the cache has published
+    /// are asked for: every event up to it has been handed to the task's watch.
+    wanted: AtomicI64,
 }
 
 impl<T> Drop for Indexes<T> {
@@ -138,16 +154,18 @@ impl<T: Send + Sync + 'static> Indexes<T> {
         specs: Vec<IndexSpec<T>>,
     ) -> Self {
         let names = specs.iter().map(|s| s.name.clone()).collect();
+        let specs: Arc<[IndexSpec<T>]> = specs.into();
         let (tx, state) = watch::channel(Arc::new(State::empty(specs.len())));
-        let nudge = Arc::new(Notify::new());
+        let nudge = Arc::new(Nudge::default());
         let task = rt.spawn(follow(
             crate::typed::decoder::list_watch(&source),
-            specs,
+            specs.clone(),
             tx,
             nudge.clone(),
         ));
         Indexes {
             names,
+            specs,
             state,
             nudge,
             task,
@@ -165,7 +183,10 @@ impl<T: Send + Sync + 'static> Indexes<T> {
         }
     }
 
-    /// The published state once it is at `revision` or later.
+    /// The published state once it is at `revision` or later. `revision` must be one
+    /// the cache has published (the revision of a snapshot it answered from, or at most
+    /// [`Cache::revision`](crate::Cache::revision)): the task is asked to reach it, and
+    /// the cache has handed it every event up to it.
     pub(crate) async fn at_least(&self, revision: i64) -> Result<Arc<State<T>>> {
         let mut rx = self.state.clone();
         loop {
@@ -175,22 +196,45 @@ impl<T: Send + Sync + 'static> Indexes<T> {
                     return Ok(state.clone());
                 }
             }
-            self.nudge.notify_one();
+            self.nudge.wanted.fetch_max(revision, Ordering::AcqRel);
+            self.nudge.notify.notify_one();
             rx.changed().await.map_err(|_| Error::Closed)?;
+        }
+    }
+
+    /// The objects of `list` (the view's objects at one revision, read elsewhere) that
+    /// index `at` holds under `key`, as a lookup in the state at that revision gives
+    /// them: in key order, at the list's revision.
+    pub(crate) fn lookup_in(&self, at: usize, key: &str, list: TypedList<T>) -> TypedList<T> {
+        let spec = &self.specs[at];
+        let items = list
+            .items
+            .into_iter()
+            .filter(|item| {
+                item.object()
+                    .is_some_and(|object| (spec.keys)(object).iter().any(|k| k == key))
+            })
+            .collect();
+        TypedList {
+            revision: list.revision,
+            items,
         }
     }
 }
 
 /// The task: applies the list-watch to the state, publishes it after each revision.
-/// Asked (by a lookup) to catch up with the cache, it takes the cache's revision, then
-/// every response already queued for its watch: the cache hands a revision's events to
-/// its watches before it publishes the revision, so once the queue is empty the state
-/// holds every change up to the revision it took, whether or not any was in the view.
+/// Asked (by a lookup) to catch up with the cache, it takes the cache's revision (or the
+/// revision the lookup asked for, if that is newer: the cache's revision is stored just
+/// after its snapshot is published, so a reader of that snapshot can be ahead of it),
+/// then every response already queued for its watch: the cache hands a revision's
+/// events to its watches before it publishes the revision, so once the queue is empty
+/// the state holds every change up to the revision it took, whether or not any was in
+/// the view.
 async fn follow<T: Send + Sync + 'static>(
     mut lw: ListWatch<TypedKv<T>>,
-    specs: Vec<IndexSpec<T>>,
+    specs: Arc<[IndexSpec<T>]>,
     tx: watch::Sender<Arc<State<T>>>,
-    nudge: Arc<Notify>,
+    nudge: Arc<Nudge>,
 ) {
     let mut follower = Follower {
         current: State::empty(specs.len()),
@@ -201,15 +245,17 @@ async fn follow<T: Send + Sync + 'static>(
     loop {
         let step = tokio::select! {
             step = lw.step() => step,
-            () = nudge.notified() => {
-                let cache_revision = lw.cache_revision();
+            () = nudge.notify.notified() => {
+                let target = lw
+                    .cache_revision()
+                    .max(nudge.wanted.load(Ordering::Acquire));
                 while let Some(step) = lw.step().now_or_never() {
                     if !follower.apply(step, lw.revision()) {
                         return;
                     }
                 }
                 if lw.is_watching() {
-                    follower.publish(cache_revision);
+                    follower.publish(target);
                 }
                 continue;
             }
@@ -224,7 +270,7 @@ async fn follow<T: Send + Sync + 'static>(
 struct Follower<T> {
     current: State<T>,
     next: Option<State<T>>,
-    specs: Vec<IndexSpec<T>>,
+    specs: Arc<[IndexSpec<T>]>,
     tx: watch::Sender<Arc<State<T>>>,
 }
 

@@ -306,7 +306,14 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     }
 
     /// The objects whose index `name` holds `key`, at one revision, consistent as a
-    /// [`get`](Self::get): at least every revision committed before the call.
+    /// [`get`](Self::get): at least every revision committed before the call. The
+    /// objects are exactly the view's at the revision the answer reports.
+    ///
+    /// The index answers when the cache has applied the consistent read's revision; when
+    /// the cache cannot show that it has (etcd answered the read's barrier: progress
+    /// answers not trusted, or not in time), the view is read at that revision instead
+    /// (from the cache's history if it has caught up meanwhile, else from etcd) and
+    /// looked up as the index would.
     ///
     /// # Errors
     /// [`Error::UnknownIndex`] if the view has no such index; as [`Cache::get`] for the
@@ -327,7 +334,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
             }
         };
         // The consistent-read barrier: etcd's revision when asked, and the cache's
-        // snapshot proven equal to it for the view's keys.
+        // snapshot proven to have reached it for the view's keys.
         let barrier = self
             .source
             .cache
@@ -335,18 +342,29 @@ impl<T: Send + Sync + 'static> TypedView<T> {
                 self.source.prefix.clone(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             )
-            .await?
-            .revision();
-        // The snapshot that answered is at most the cache's revision now: the index
-        // state at that revision (or later) is the view's content at the barrier.
-        let applied = self.source.cache.revision();
-        let limit = self.source.cache.consistent_read_timeout();
-        let state = tokio::time::timeout(limit, indexes.at_least(applied))
-            .await
-            .map_err(|_| Error::Timeout)??;
-        let mut list = state.lookup(at, key);
-        list.revision = list.revision.max(barrier);
-        Ok(list)
+            .await?;
+        let revision = barrier.revision();
+        // Answered from memory, the barrier's revision is that of a snapshot the cache
+        // has published: the index can be brought to it. The answer is at the state's
+        // own revision (at least the barrier's), never at one the state does not hold.
+        if !barrier.from_etcd() || self.source.cache.revision() >= revision {
+            let limit = self.source.cache.consistent_read_timeout();
+            let state = tokio::time::timeout(limit, indexes.at_least(revision))
+                .await
+                .map_err(|_| Error::Timeout)??;
+            return Ok(state.lookup(at, key));
+        }
+        // etcd answered at a revision the cache has not applied (yet): the view at that
+        // revision, looked up as the index would.
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_revision(revision)
+            .with_serializable();
+        let list = self
+            .source
+            .range(self.source.prefix.clone(), Some(options))
+            .await?;
+        Ok(indexes.lookup_in(at, key, list))
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
