@@ -224,6 +224,9 @@ struct InFlight {
     /// The generation it was started in: its answer is kept only if no invalidation came
     /// since.
     generation: u64,
+    /// When it was sent: a decision's lifetime counts from here, also for the callers
+    /// that joined it later.
+    asked: Instant,
     bytes: usize,
 }
 
@@ -330,8 +333,7 @@ impl Authz {
             Bytes::copy_from_slice(key),
             Bytes::copy_from_slice(end),
         );
-        let (ask, generation) = self.join_or_ask(&ask_key)?;
-        let started = Instant::now();
+        let (ask, generation, started) = self.join_or_ask(&ask_key)?;
         let verdict = ask.clone().await;
         {
             let mut asking = self.asking.lock();
@@ -370,10 +372,10 @@ impl Authz {
     }
 
     /// The ask in flight for `ask_key`, or a new one; with its generation.
-    fn join_or_ask(&self, ask_key: &AskKey) -> Result<(Ask, u64), Status> {
+    fn join_or_ask(&self, ask_key: &AskKey) -> Result<(Ask, u64, Instant), Status> {
         let mut asking = self.asking.lock();
         if let Some(f) = asking.asks.get(ask_key) {
-            return Ok((f.ask.clone(), f.generation));
+            return Ok((f.ask.clone(), f.generation, f.asked));
         }
         let bytes = ask_key.0.len() + ask_key.1.len() + ask_key.2.len() + DECISION_OVERHEAD;
         if asking.bytes + bytes > self.ask_limit {
@@ -388,16 +390,19 @@ impl Authz {
         // generation or a later one's `forget` drops it.
         let generation = self.generation.load(Ordering::Acquire);
         let ask = self.ask(ask_key.clone());
+        // Polled first by this caller, right after it returns.
+        let asked = Instant::now();
         asking.asks.insert(
             ask_key.clone(),
             InFlight {
                 ask: ask.clone(),
                 generation,
+                asked,
                 bytes,
             },
         );
         asking.bytes += bytes;
-        Ok((ask, generation))
+        Ok((ask, generation, asked))
     }
 
     /// Until when a decision asked for at `asked` may be used: half the token TTL, and

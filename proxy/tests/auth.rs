@@ -99,25 +99,6 @@ macro_rules! same {
     }};
 }
 
-/// The keys and users of [`auth_etcd`], made with `admin` (auth still off).
-async fn add_users(admin: &mut Client) {
-    admin.put("/app/a/x", "ax", None).await.unwrap();
-    admin.put("/app/b/secret", "s3cret", None).await.unwrap();
-    admin.put("/other", "o", None).await.unwrap();
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    for (user, role, perm) in [
-        ("cacher", "cache", Permission::read("/app/").with_prefix()),
-        ("reader", "ro", Permission::read("/app/a/").with_prefix()),
-    ] {
-        admin.user_add(user, "pw", None).await.unwrap();
-        admin.role_add(role).await.unwrap();
-        admin.role_grant_permission(role, perm).await.unwrap();
-        admin.user_grant_role(user, role).await.unwrap();
-    }
-    admin.user_add("nobody", "pw", None).await.unwrap();
-}
-
 /// One etcd with auth on: root (root), `cacher` (read on /app/: the proxy's user),
 /// `reader` (read on /app/a/), `nobody` (no role); keys under /app/a/, /app/b/ and
 /// /other.
@@ -128,7 +109,7 @@ async fn auth_etcd(extra: &[&str]) -> support::EtcdServer {
     }
     let etcd = start_etcd(opts).await;
     let mut admin = connect(&etcd.endpoint(), None).await;
-    add_users(&mut admin).await;
+    support::add_users(&mut admin).await;
     admin.auth_enable().await.unwrap();
     etcd
 }
@@ -440,7 +421,7 @@ async fn auth_turned_on_and_off_while_the_proxy_runs() {
     // authenticate it now).
     let etcd = start_etcd(EtcdOptions::default()).await;
     let mut admin = connect(&etcd.endpoint(), None).await;
-    add_users(&mut admin).await;
+    support::add_users(&mut admin).await;
     let proxy = proxy_for(&etcd, &[]).await;
     let mut anon = connect(&proxy.endpoint(), None).await;
     assert_eq!(anon.get("/app/a/x", None).await.unwrap().kvs().len(), 1);
@@ -638,7 +619,7 @@ async fn a_certificate_cn_toward_etcd_is_never_lent_to_a_caller() {
     let mut admin = Client::connect([endpoint.as_str()], Some(tls_as("root")))
         .await
         .unwrap();
-    add_users(&mut admin).await;
+    support::add_users(&mut admin).await;
     admin.auth_enable().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();

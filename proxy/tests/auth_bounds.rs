@@ -13,6 +13,20 @@ use raw::etcdserverpb::{kv_client::KvClient, RangeRequest};
 use support::{start_etcd, start_proxy, EtcdOptions};
 use testkit::EtcdVersion;
 
+/// Users `root` (root) and `cacher` (read on /app/, the proxy's user), then auth on.
+async fn enable_auth(admin: &mut Client) {
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("cacher", "pw", None).await.unwrap();
+    admin.role_add("cache").await.unwrap();
+    admin
+        .role_grant_permission("cache", Permission::read("/app/").with_prefix())
+        .await
+        .unwrap();
+    admin.user_grant_role("cacher", "cache").await.unwrap();
+    admin.auth_enable().await.unwrap();
+}
+
 /// etcd's raft index, as its Status reports it.
 async fn raft_index(c: &mut Client) -> u64 {
     c.status().await.unwrap().raft_index()
@@ -35,16 +49,7 @@ async fn an_idle_proxy_writes_nothing_to_etcds_raft_log() {
         admin.put("/app/a", "1", None).await.unwrap();
         let mut args = vec!["--prefix", "/app/", "--auth-check-interval", "100ms"];
         if auth {
-            admin.user_add("root", "rootpw", None).await.unwrap();
-            admin.user_grant_role("root", "root").await.unwrap();
-            admin.user_add("cacher", "pw", None).await.unwrap();
-            admin.role_add("cache").await.unwrap();
-            admin
-                .role_grant_permission("cache", Permission::read("/app/").with_prefix())
-                .await
-                .unwrap();
-            admin.user_grant_role("cacher", "cache").await.unwrap();
-            admin.auth_enable().await.unwrap();
+            enable_auth(&mut admin).await;
             admin = etcd_client::Client::connect(
                 [etcd.endpoint()],
                 Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
@@ -94,16 +99,7 @@ async fn garbage_tokens_with_long_keys_stay_within_the_decision_bound() {
     let etcd = start_etcd(EtcdOptions::default()).await;
     let mut admin = support::client(&etcd.endpoint()).await;
     admin.put("/app/a", "1", None).await.unwrap();
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.user_add("cacher", "pw", None).await.unwrap();
-    admin.role_add("cache").await.unwrap();
-    admin
-        .role_grant_permission("cache", Permission::read("/app/").with_prefix())
-        .await
-        .unwrap();
-    admin.user_grant_role("cacher", "cache").await.unwrap();
-    admin.auth_enable().await.unwrap();
+    enable_auth(&mut admin).await;
     let proxy = start_proxy(
         etcd.endpoint(),
         [

@@ -12,7 +12,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, Permission};
+use etcd_client::{Client, ConnectOptions};
 use raw::etcdserverpb::{
     kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient,
     AuthUserListRequest, LeaseKeepAliveRequest, PutRequest, RangeRequest, StatusRequest,
@@ -46,20 +46,7 @@ async fn cert_etcd_with(
     }
     let etcd = start_etcd(opts).await;
     let mut admin = as_cn(&etcd.endpoint(), pki, "root").await;
-    admin.put("/app/a/x", "ax", None).await.unwrap();
-    admin.put("/app/b/secret", "s3cret", None).await.unwrap();
-    admin.put("/other", "o", None).await.unwrap();
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    for (user, role, perm) in [
-        ("cacher", "cache", Permission::read("/app/").with_prefix()),
-        ("reader", "ro", Permission::read("/app/a/").with_prefix()),
-    ] {
-        admin.user_add(user, "pw", None).await.unwrap();
-        admin.role_add(role).await.unwrap();
-        admin.role_grant_permission(role, perm).await.unwrap();
-        admin.user_grant_role(user, role).await.unwrap();
-    }
+    support::add_users(&mut admin).await;
     if auth {
         admin.auth_enable().await.unwrap();
     }
@@ -116,6 +103,13 @@ fn cert_flags(pki: &TestPki, dir: &std::path::Path, cn: &str) -> Vec<String> {
         key.display().to_string(),
     ]
     .to_vec()
+}
+
+/// The proxy's flags: `flags`, then the certificate of CN `cn` ([`cert_flags`]).
+fn proxy_args(flags: &[&str], pki: &TestPki, dir: &std::path::Path, cn: &str) -> Vec<String> {
+    let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+    args.extend(cert_flags(pki, dir, cn));
+    args
 }
 
 fn range(key: &str, serializable: bool) -> RangeRequest {
@@ -209,11 +203,12 @@ async fn a_root_certificate_serves_no_caller_on_any_version() {
         let pki = TestPki::new();
         let etcd = cert_etcd(version, &pki, true).await;
         let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = ["--prefix", "/app/", "--allow-root-upstream"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(cert_flags(&pki, dir.path(), "root"));
+        let args = proxy_args(
+            &["--prefix", "/app/", "--allow-root-upstream"],
+            &pki,
+            dir.path(),
+            "root",
+        );
         let proxy = start_proxy(etcd.endpoint(), args).await;
         let direct =
             anonymous_calls(tls_channel(&etcd.endpoint(), &pki, "cacher").await, true).await;
@@ -240,11 +235,12 @@ async fn a_root_certificate_beside_a_user_is_refused_at_start() {
         let pki = TestPki::new();
         let etcd = cert_etcd(version, &pki, true).await;
         let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = ["--prefix", "/app/", "--user", "cacher:pw"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(cert_flags(&pki, dir.path(), "root"));
+        let args = proxy_args(
+            &["--prefix", "/app/", "--user", "cacher:pw"],
+            &pki,
+            dir.path(),
+            "root",
+        );
         let endpoint = etcd.endpoint();
         let err = tokio::task::spawn_blocking(move || refused_start(&endpoint, &args))
             .await
@@ -265,11 +261,12 @@ async fn a_keep_alive_stream_across_auth_on_renews_as_no_user() {
         let pki = TestPki::new();
         let etcd = cert_etcd(version, &pki, false).await;
         let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = ["--prefix", "/app/", "--allow-root-upstream"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(cert_flags(&pki, dir.path(), "root"));
+        let args = proxy_args(
+            &["--prefix", "/app/", "--allow-root-upstream"],
+            &pki,
+            dir.path(),
+            "root",
+        );
         let proxy = start_proxy(etcd.endpoint(), args).await;
         let mut admin = as_cn(&etcd.endpoint(), &pki, "root").await;
         let lease = admin.lease_grant(120, None).await.unwrap().id();
@@ -323,11 +320,7 @@ async fn a_decision_for_a_jwt_ends_with_the_token() {
     let jwt = pki.jwt_auth_token_arg(3);
     let etcd = cert_etcd_with(EtcdVersion::V3_4, &pki, true, &[jwt]).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = ["--prefix", "/app/"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(cert_flags(&pki, dir.path(), "cacher"));
+    let args = proxy_args(&["--prefix", "/app/"], &pki, dir.path(), "cacher");
     let proxy = start_proxy(etcd.endpoint(), args).await;
     let direct_ch = tls_channel(&etcd.endpoint(), &pki, "nobody").await;
     let mut auth = raw::etcdserverpb::auth_client::AuthClient::new(direct_ch.clone());

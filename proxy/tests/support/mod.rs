@@ -295,3 +295,33 @@ pub fn go_program() -> Option<PathBuf> {
         })
         .clone()
 }
+
+/// The keys and users of the auth tests, made with `admin` (auth still off): keys under
+/// /app/a/, /app/b/ and /other; `root` (root), `cacher` (read on /app/: the proxy's
+/// user), `reader` (read on /app/a/), `nobody` (no role); every password `pw` but root's
+/// (`rootpw`).
+pub async fn add_users(admin: &mut etcd_client::Client) {
+    admin.put("/app/a/x", "ax", None).await.unwrap();
+    admin.put("/app/b/secret", "s3cret", None).await.unwrap();
+    admin.put("/other", "o", None).await.unwrap();
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    for (user, role, perm) in [
+        (
+            "cacher",
+            "cache",
+            etcd_client::Permission::read("/app/").with_prefix(),
+        ),
+        (
+            "reader",
+            "ro",
+            etcd_client::Permission::read("/app/a/").with_prefix(),
+        ),
+    ] {
+        admin.user_add(user, "pw", None).await.unwrap();
+        admin.role_add(role).await.unwrap();
+        admin.role_grant_permission(role, perm).await.unwrap();
+        admin.user_grant_role(user, role).await.unwrap();
+    }
+    admin.user_add("nobody", "pw", None).await.unwrap();
+}
