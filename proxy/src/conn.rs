@@ -35,6 +35,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
+use crate::authority::AuthorityFix;
 use crate::watch::cached::ConnScope;
 
 /// How long to pause accepting after an accept error (e.g. out of file descriptors).
@@ -108,6 +109,9 @@ enum Io {
 /// An accepted connection with its [`ConnInfo`].
 pub(crate) struct Conn {
     io: Io,
+    /// Its read side as h2 sees it: an `:authority` with a scheme made acceptable
+    /// (`authority/`).
+    authority: AuthorityFix,
     info: ConnInfo,
     /// Counts it in `etcd_cache_proxy_connections` until it is closed.
     _open: crate::metrics::GaugeGuard,
@@ -129,9 +133,10 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            Io::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        let this = self.get_mut();
+        match &mut this.io {
+            Io::Plain(io) => this.authority.poll_read(Pin::new(io), cx, buf),
+            Io::Tls(io) => this.authority.poll_read(Pin::new(io.as_mut()), cx, buf),
         }
     }
 }
@@ -255,6 +260,7 @@ async fn accept(
         let Some(acceptor) = tls.clone() else {
             let conn = Conn {
                 io: Io::Plain(tcp),
+                authority: AuthorityFix::default(),
                 info,
                 _open: open,
                 _slot: slot,
@@ -270,6 +276,7 @@ async fn accept(
                 Ok(Ok(stream)) => {
                     let conn = Conn {
                         io: Io::Tls(Box::new(stream)),
+                        authority: AuthorityFix::default(),
                         info,
                         _open: open,
                         _slot: slot,

@@ -11,11 +11,13 @@
 //! only), `authz` (what the cache serves goes only to callers etcd allows), `cache_slot`
 //! (the cache, built for etcd's auth state), `forward_macros` (`forward!`, a unary
 //! method passed to etcd as it is, and `call_upstream!`), `namespace`, `state`, `conn`
-//! (per-connection info), `layers` (tower layers), `metrics` (the proxy's metrics and
+//! (per-connection info), `authority` (below h2 on each connection: an `:authority` with
+//! a scheme made acceptable), `layers` (tower layers), `metrics` (the proxy's metrics and
 //! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
 //! `pb` (the generated code), `server` (start-up and shutdown).
 
 mod auth;
+mod authority;
 mod authz;
 mod cache_slot;
 mod cluster;
