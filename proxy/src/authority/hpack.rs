@@ -77,6 +77,11 @@ pub(super) fn rewrite(block: &[u8]) -> Option<Vec<u8>> {
         let Some(host) = host_of(&value) else {
             continue;
         };
+        tracing::trace!(
+            from = %String::from_utf8_lossy(&value),
+            to = %String::from_utf8_lossy(host),
+            "an :authority with a scheme, cut for h2"
+        );
         let out = out.get_or_insert_with(|| Vec::with_capacity(block.len()));
         out.extend_from_slice(&block[copied..value_at]);
         put_string(out, host, huffman);

@@ -11,6 +11,11 @@
 //	                                        (each message in its own DATA frame), sent to
 //	                                        etcd and to the proxy, answers compared, with
 //	                                        unary calls on the same connection meanwhile
+//	gotest -proxy URL -etcd URL authority  raw etcdserverpb stubs dialed with the
+//	                                        endpoint URL, scheme and all, as the HTTP/2
+//	                                        :authority (as clientv3 3.4 sends it for
+//	                                        Status and HashKV): Status, HashKV and Range
+//	                                        answer through the proxy as from etcd
 //	gotest -proxy URL -conns C -streams S flood
 //	                                        a hostile client: C connections, each with S
 //	                                        Watch streams, each sent a full 64 KiB stream
@@ -468,6 +473,8 @@ func main() {
 		pipeline()
 	case "flood":
 		flood()
+	case "authority":
+		authority()
 	default:
 		log.Fatalf("unknown mode %q", flag.Arg(0))
 	}
@@ -743,4 +750,57 @@ func flood() {
 		fmt.Println("FLOOD", <-results)
 	}
 	fmt.Println("OK flood")
+}
+
+// authorityAnswers is what one side answered to a connection whose :authority is the
+// endpoint URL: the server's version, the KV hash, and whether a Range was answered.
+type authorityAnswers struct {
+	Version string
+	Hash    uint32
+	Ranged  bool
+}
+
+func authorityOn(endpoint string) (authorityAnswers, error) {
+	var a authorityAnswers
+	conn, err := grpc.NewClient(strings.TrimPrefix(endpoint, "http://"),
+		grpc.WithAuthority(endpoint),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return a, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	ctx, cancel := ctxT(10 * time.Second)
+	defer cancel()
+	m := pb.NewMaintenanceClient(conn)
+	st, err := m.Status(ctx, &pb.StatusRequest{})
+	if err != nil {
+		return a, fmt.Errorf("Status: %w", err)
+	}
+	a.Version = st.Version
+	h, err := m.HashKV(ctx, &pb.HashKVRequest{})
+	if err != nil {
+		return a, fmt.Errorf("HashKV: %w", err)
+	}
+	a.Hash = h.Hash
+	if _, err := pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("health")}); err != nil {
+		return a, fmt.Errorf("Range: %w", err)
+	}
+	a.Ranged = true
+	return a, nil
+}
+
+func authority() {
+	want, err := authorityOn(*etcdURL)
+	if err != nil {
+		log.Fatalf("etcd: %v", err)
+	}
+	got, err := authorityOn(*proxyURL)
+	if err != nil {
+		log.Fatalf("proxy (etcd answered %+v): %v", want, err)
+	}
+	if got != want {
+		log.Fatalf("proxy answered %+v, etcd %+v", got, want)
+	}
+	fmt.Printf("both answered %+v\n", got)
+	fmt.Println("OK authority")
 }
