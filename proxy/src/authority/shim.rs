@@ -48,10 +48,8 @@ pub(crate) struct AuthorityFix {
     at: At,
     /// Bytes read from the client and not yet given to h2, from a frame boundary on.
     held: Vec<u8>,
-    /// `held` is whole frames not yet walked (what followed a rewritten block in the same
-    /// read): they are walked before anything more is read.
-    unscanned: bool,
-    /// Bytes for h2 that did not fit in its buffer; they go before `held`.
+    /// Bytes for h2 that did not fit in its buffer (walked in `held`); they go before
+    /// `held`.
     out: Vec<u8>,
     /// How much of `out` h2 has taken.
     taken: usize,
@@ -81,8 +79,8 @@ enum Scan {
     Pass,
     /// Those before the offset go as they are; from it on they wait for more.
     Hold(usize),
-    /// Those before `at` go as they are, then `frames` instead of `at..end`; from `end`
-    /// on they are to be walked.
+    /// Those before `at` go as they are, then `frames` (no longer) instead of `at..end`;
+    /// from `end` on they are still to be walked.
     Rewrite {
         at: usize,
         end: usize,
@@ -159,35 +157,39 @@ impl AuthorityFix {
                 return Poll::Ready(Ok(()));
             }
             if self.held.len() >= buf.remaining() {
-                // h2's buffer cannot take what is held and more: walk in `held`.
-                if !self.unscanned {
-                    let start = buf.filled().len();
-                    let read = inner.as_mut().poll_read(cx, buf);
-                    if !matches!(read, Poll::Ready(Ok(()))) {
-                        buf.set_filled(start);
-                        return read;
-                    }
-                    if buf.filled().len() == start {
-                        // The end: what is held goes as it is.
-                        self.out = std::mem::take(&mut self.held);
-                        continue;
-                    }
-                    self.held.extend_from_slice(&buf.filled()[start..]);
+                // h2's buffer cannot take what is held and more: read into its room, and
+                // walk in `held`.
+                let start = buf.filled().len();
+                let read = inner.as_mut().poll_read(cx, buf);
+                if !matches!(read, Poll::Ready(Ok(()))) {
                     buf.set_filled(start);
+                    return read;
                 }
-                self.unscanned = false;
-                let held = std::mem::take(&mut self.held);
-                match self.scan(&held) {
-                    Scan::Pass => self.out = held,
-                    Scan::Hold(cut) => {
-                        self.out.extend_from_slice(&held[..cut]);
-                        self.held.extend_from_slice(&held[cut..]);
-                    }
-                    Scan::Rewrite { at, end, frames } => {
-                        self.out.extend_from_slice(&held[..at]);
-                        self.out.extend_from_slice(&frames);
-                        self.held.extend_from_slice(&held[end..]);
-                        self.unscanned = !self.held.is_empty();
+                if buf.filled().len() == start {
+                    // The end: what is held goes as it is.
+                    self.out = std::mem::take(&mut self.held);
+                    continue;
+                }
+                let mut held = std::mem::take(&mut self.held);
+                held.extend_from_slice(&buf.filled()[start..]);
+                buf.set_filled(start);
+                let mut from = 0;
+                loop {
+                    match self.scan(&held[from..]) {
+                        Scan::Pass => {
+                            self.out = held;
+                            break;
+                        }
+                        Scan::Hold(cut) => {
+                            self.out.extend_from_slice(&held[..from + cut]);
+                            self.held.extend_from_slice(&held[from + cut..]);
+                            break;
+                        }
+                        Scan::Rewrite { at, end, frames } => {
+                            let new_end = from + at + frames.len();
+                            held.splice(from + at..from + end, frames);
+                            from = new_end;
+                        }
                     }
                 }
                 continue;
@@ -197,35 +199,34 @@ impl AuthorityFix {
             let start = buf.filled().len();
             let held = self.held.len();
             buf.put_slice(&self.held);
-            if !self.unscanned {
-                let read = inner.as_mut().poll_read(cx, buf);
-                if !matches!(read, Poll::Ready(Ok(()))) {
-                    buf.set_filled(start);
-                    return read;
-                }
-                if buf.filled().len() == start + held {
-                    // The end: what is held goes as it is (h2 sees a frame cut short).
-                    clear(&mut self.held);
-                    return Poll::Ready(Ok(()));
-                }
+            let read = inner.as_mut().poll_read(cx, buf);
+            if !matches!(read, Poll::Ready(Ok(()))) {
+                buf.set_filled(start);
+                return read;
             }
             clear(&mut self.held);
-            self.unscanned = false;
-            match self.scan(&buf.filled()[start..]) {
-                Scan::Pass => return Poll::Ready(Ok(())),
-                Scan::Hold(cut) => {
-                    self.held.extend_from_slice(&buf.filled()[start + cut..]);
-                    buf.set_filled(start + cut);
-                }
-                Scan::Rewrite { at, end, frames } => {
-                    self.held.extend_from_slice(&buf.filled()[start + end..]);
-                    self.unscanned = !self.held.is_empty();
-                    buf.set_filled(start + at);
-                    // The new frames are never longer than those they replace, so they
-                    // fit; `out` is only a safeguard.
-                    let n = frames.len().min(buf.remaining());
-                    buf.put_slice(&frames[..n]);
-                    self.out.extend_from_slice(&frames[n..]);
+            if buf.filled().len() == start + held {
+                // The end: what is held goes as it is (h2 sees a frame cut short).
+                return Poll::Ready(Ok(()));
+            }
+            let mut from = start;
+            loop {
+                match self.scan(&buf.filled()[from..]) {
+                    Scan::Pass => break,
+                    Scan::Hold(cut) => {
+                        self.held.extend_from_slice(&buf.filled()[from + cut..]);
+                        buf.set_filled(from + cut);
+                        break;
+                    }
+                    Scan::Rewrite { at, end, frames } => {
+                        // In place: the new frames are no longer than the old (`scan`).
+                        let (at, end, len) = (from + at, from + end, buf.filled().len());
+                        let filled = buf.filled_mut();
+                        filled[at..at + frames.len()].copy_from_slice(&frames);
+                        filled.copy_within(end..len, at + frames.len());
+                        buf.set_filled(len - (end - at - frames.len()));
+                        from = at + frames.len();
+                    }
                 }
             }
             if buf.filled().len() > start {
@@ -276,16 +277,24 @@ impl AuthorityFix {
                             end,
                             fragment,
                             priority,
-                        } => match hpack::rewrite(&fragment) {
-                            None => i += end,
-                            Some(new) => {
-                                return Scan::Rewrite {
-                                    at: i,
-                                    end: i + end,
-                                    frames: frames(&head, priority, &new),
+                        } => {
+                            // Never longer than the frames they replace (the value is
+                            // shorter, the padding gone, the frames as large as h2 allows),
+                            // checked all the same: the rewrite is made in place.
+                            let rewritten = hpack::rewrite(&fragment)
+                                .map(|new| frames(&head, priority, &new))
+                                .filter(|f| f.len() <= end);
+                            match rewritten {
+                                None => i += end,
+                                Some(frames) => {
+                                    return Scan::Rewrite {
+                                        at: i,
+                                        end: i + end,
+                                        frames,
+                                    }
                                 }
                             }
-                        },
+                        }
                     }
                 }
             }
@@ -302,22 +311,24 @@ fn clear(v: &mut Vec<u8>) {
     }
 }
 
-/// The header block whose HEADERS frame starts `rest`.
+/// The header block whose HEADERS frame starts `rest`. Allocates only to join the
+/// fragments of a block of several frames.
 fn block(rest: &[u8]) -> Block<'_> {
     let first = Head::read(rest);
-    let mut frames = Vec::new();
     let mut end = 0;
     let mut head = first;
+    let mut count = 0;
     loop {
         let frame_end = end + HEAD + head.len;
-        if frame_end > MAX_HELD {
+        // (A frame over the frame size h2 allows passes, for h2 to refuse as before.)
+        if frame_end > MAX_HELD || head.len > MAX_FRAME {
             return Block::Pass;
         }
         if rest.len() < frame_end {
             return Block::Incomplete;
         }
-        frames.push((end + HEAD, frame_end));
         end = frame_end;
+        count += 1;
         if head.flags & END_HEADERS != 0 {
             break;
         }
@@ -329,16 +340,20 @@ fn block(rest: &[u8]) -> Block<'_> {
             return Block::Pass;
         }
     }
-    let (from, to) = frames[0];
-    let Some((priority, first_fragment)) = headers_payload(first.flags, &rest[from..to]) else {
+    let first_end = HEAD + first.len;
+    let Some((priority, first_fragment)) = headers_payload(first.flags, &rest[HEAD..first_end])
+    else {
         return Block::Pass;
     };
-    let fragment = if frames.len() == 1 {
+    let fragment = if count == 1 {
         Cow::Borrowed(first_fragment)
     } else {
         let mut joined = first_fragment.to_vec();
-        for &(from, to) in &frames[1..] {
-            joined.extend_from_slice(&rest[from..to]);
+        let mut at = first_end;
+        while at < end {
+            let len = Head::read(&rest[at..]).len;
+            joined.extend_from_slice(&rest[at + HEAD..at + HEAD + len]);
+            at += HEAD + len;
         }
         Cow::Owned(joined)
     };
