@@ -192,11 +192,26 @@ pub(crate) struct Config {
     #[arg(long)]
     pub(crate) allow_root_upstream: bool,
 
-    /// Refused: grpc-proxy's flag to skip verifying etcd's certificate. The proxy carries
-    /// its clients' tokens and passwords to etcd, so it does not talk to an etcd it cannot
-    /// verify; the flag is recognized only to say so at start.
-    #[arg(long, hide = true)]
+    /// Skip verifying etcd's TLS certificate, as grpc-proxy's flag (CAUTION: for tests
+    /// only, e.g. etcd's --auto-tls certificates, which no CA signed). The proxy carries
+    /// its clients' tokens and passwords to etcd: anyone between it and etcd can read
+    /// them. Warned at start, and `etcd_cache_proxy_upstream_tls_unverified` is 1.
+    #[arg(long)]
     pub(crate) insecure_skip_tls_verify: bool,
+
+    /// How often etcd's member list is asked for and the endpoints that forwarded calls
+    /// balance over are set to its members' client URLs, as grpc-proxy's (0: never, the
+    /// default; the endpoints stay those of --endpoints).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub(crate) endpoints_auto_sync_interval: Duration,
+
+    /// Lowest TLS version served to clients: TLS1.2 or TLS1.3 (as etcd spells them).
+    #[arg(long, value_parser = parse_tls_version, default_value = "TLS1.2")]
+    pub(crate) tls_min_version: TlsVersion,
+    /// Highest TLS version served to clients: TLS1.2 or TLS1.3 (default: the highest,
+    /// TLS1.3; "" is the default, as etcd takes it).
+    #[arg(long, value_parser = parse_tls_version, default_value = "")]
+    pub(crate) tls_max_version: TlsVersion,
 
     /// How long in-flight calls may take to finish after SIGTERM or SIGINT.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
@@ -239,9 +254,10 @@ impl Config {
         Ok(())
     }
 
-    /// True when a TLS flag toward etcd is given (`--cacert`, `--cert`).
+    /// True when a TLS flag toward etcd is given (`--cacert`, `--cert`, or, as
+    /// grpc-proxy takes it, `--insecure-skip-tls-verify`).
     fn tls_flags(&self) -> bool {
-        self.cacert.is_some() || self.cert.is_some()
+        self.cacert.is_some() || self.cert.is_some() || self.insecure_skip_tls_verify
     }
 
     /// True when etcd is reached over TLS: an `https://` endpoint, or a bare
@@ -275,16 +291,15 @@ impl Config {
     /// # Errors
     /// Endpoints that mix `http://` and `https://` (one client cannot carry both), an
     /// endpoint of another scheme, TLS flags toward etcd with `http://` endpoints
-    /// (which would carry tokens and passwords in clear), or `--insecure-skip-tls-verify`.
+    /// (which would carry tokens and passwords in clear), or a `--tls-min-version` above
+    /// `--tls-max-version`.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if self.insecure_skip_tls_verify {
-            return Err(
-                "--insecure-skip-tls-verify is refused: etcd-cache-proxy carries its \
-                clients' tokens and passwords to etcd, so it verifies etcd's certificate; give \
-                --cacert the CA that signed it (etcd's --auto-tls certificates cannot be \
-                verified: give etcd a certificate signed by a CA)"
-                    .into(),
-            );
+        // As grpc-proxy: an empty --tls-max-version is the highest there is.
+        if self.tls_min_version > self.tls_max_version {
+            return Err(format!(
+                "--tls-min-version {} is greater than --tls-max-version {}",
+                self.tls_min_version, self.tls_max_version
+            ));
         }
         // As etcd grpc-proxy checks them (`checkArgs`), with the reason.
         match (&self.resolver_prefix, self.resolver_ttl) {
@@ -328,7 +343,7 @@ impl Config {
         }
         // etcd's Go client (and so grpc-proxy) ignores them: the proxy would carry its
         // clients' tokens and passwords to etcd in clear while its operator asked for TLS.
-        if tls == 0 && self.tls_flags() {
+        if tls == 0 && !self.given_tls_flags().is_empty() {
             return Err(format!(
                 "{} given, but every endpoint is http:// ({urls:?}): the connection to etcd \
                  would be plain text, tokens and passwords included; give https:// endpoints \
@@ -349,6 +364,45 @@ impl Config {
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
         .collect()
+    }
+}
+
+/// A TLS version served to clients (`--tls-min-version`, `--tls-max-version`), ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TlsVersion {
+    Tls12,
+    Tls13,
+}
+
+impl TlsVersion {
+    /// rustls' protocol version.
+    pub(crate) fn rustls(self) -> &'static rustls::SupportedProtocolVersion {
+        match self {
+            TlsVersion::Tls12 => &rustls::version::TLS12,
+            TlsVersion::Tls13 => &rustls::version::TLS13,
+        }
+    }
+}
+
+impl std::fmt::Display for TlsVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsVersion::Tls12 => "TLS1.2",
+            TlsVersion::Tls13 => "TLS1.3",
+        })
+    }
+}
+
+/// `TLS1.2` or `TLS1.3`, as etcd's `tlsutil.GetTLSVersion` takes them; `""` is the
+/// highest (etcd: Go's default, which is TLS 1.3). TLS 1.0 and 1.1, which etcd does not
+/// take either, are refused with that reason.
+fn parse_tls_version(s: &str) -> Result<TlsVersion, String> {
+    match s {
+        "TLS1.2" => Ok(TlsVersion::Tls12),
+        "TLS1.3" | "" => Ok(TlsVersion::Tls13),
+        _ => Err(format!(
+            "unexpected TLS version {s:?} (supported: TLS1.2, TLS1.3)"
+        )),
     }
 }
 
@@ -424,14 +478,73 @@ mod tests {
         assert!(parse(&url).check().is_ok());
     }
 
-    /// grpc-proxy's `--insecure-skip-tls-verify` is recognized, and refused with why.
+    /// `--insecure-skip-tls-verify` alone makes a bare `host:port` TLS (as grpc-proxy's
+    /// client), and with `http://` endpoints it is no error (nothing to verify).
     #[test]
-    fn skipping_tls_verification_is_refused_with_its_reason() {
-        let c = Config::parse_from(["etcd-cache-proxy", "--insecure-skip-tls-verify"]);
-        let why = c.check().unwrap_err();
+    fn skipping_tls_verification_makes_bare_endpoints_tls() {
+        let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
+        let c = parse(&[
+            "--insecure-skip-tls-verify",
+            "--endpoints",
+            "127.0.0.1:2379",
+        ]);
+        assert!(c.insecure_skip_tls_verify && c.upstream_tls() && c.check().is_ok());
+        let c = parse(&[
+            "--insecure-skip-tls-verify",
+            "--endpoints",
+            "http://127.0.0.1:2379",
+        ]);
+        assert!(!c.upstream_tls() && c.check().is_ok());
+        assert!(!parse(&[]).insecure_skip_tls_verify);
+    }
+
+    /// `--endpoints-auto-sync-interval`: a duration, 0 (off) by default.
+    #[test]
+    fn auto_sync_interval_is_a_duration_off_by_default() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["etcd-cache-proxy"], args].concat());
+        assert_eq!(
+            parse(&[]).unwrap().endpoints_auto_sync_interval,
+            Duration::ZERO
+        );
+        let c = parse(&["--endpoints-auto-sync-interval", "1s"]).unwrap();
+        assert_eq!(c.endpoints_auto_sync_interval, Duration::from_secs(1));
+        let e = parse(&["--endpoints-auto-sync-interval", "soon"]).unwrap_err();
         assert!(
-            why.contains("--insecure-skip-tls-verify is refused") && why.contains("--cacert"),
-            "{why}"
+            e.to_string().contains("--endpoints-auto-sync-interval"),
+            "{e}"
+        );
+    }
+
+    /// `--tls-min-version`/`--tls-max-version` as etcd spells them; another value, or a
+    /// minimum above the maximum, is a start-up error that names the flag.
+    #[test]
+    fn tls_versions_as_etcd_spells_them() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["etcd-cache-proxy"], args].concat());
+        let c = parse(&[]).unwrap();
+        assert_eq!(
+            (c.tls_min_version, c.tls_max_version),
+            (TlsVersion::Tls12, TlsVersion::Tls13)
+        );
+        let c = parse(&["--tls-min-version", "TLS1.3", "--tls-max-version", ""]).unwrap();
+        assert_eq!(
+            (c.tls_min_version, c.tls_max_version),
+            (TlsVersion::Tls13, TlsVersion::Tls13)
+        );
+        assert!(c.check().is_ok());
+        let c = parse(&["--tls-min-version", "TLS1.2", "--tls-max-version", "TLS1.2"]).unwrap();
+        assert!(c.check().is_ok());
+        for (flag, bad) in [
+            ("--tls-min-version", "TLS1.1"),
+            ("--tls-max-version", "tls1.3"),
+        ] {
+            let e = parse(&[flag, bad]).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains("TLS1.2, TLS1.3"), "{e}");
+        }
+        let c = parse(&["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"]).unwrap();
+        let e = c.check().unwrap_err();
+        assert!(
+            e.contains("--tls-min-version TLS1.3") && e.contains("--tls-max-version TLS1.2"),
+            "{e}"
         );
     }
 

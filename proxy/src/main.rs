@@ -13,12 +13,14 @@
 //! method passed to etcd as it is, and `call_upstream!`), `namespace`, `state`, `conn`
 //! (per-connection info), `authority` (below h2 on each connection: an `:authority` with
 //! a scheme made acceptable), `layers` (tower layers), `metrics` (the proxy's metrics and
-//! the `--metrics-addr` endpoint), `status` (etcd's errors), `error` (start-up errors),
+//! the `--metrics-addr` endpoint), `http_front` (HTTP/1.1 `/proxy/health` and `/metrics`
+//! on the gRPC port), `auto_sync` (`--endpoints-auto-sync-interval`), `status` (etcd's errors), `error` (start-up errors),
 //! `pb` (the generated code), `server` (start-up and shutdown).
 
 mod auth;
 mod authority;
 mod authz;
+mod auto_sync;
 mod cache_slot;
 mod cluster;
 mod config;
@@ -26,6 +28,7 @@ mod conn;
 mod election;
 mod error;
 mod forward_macros;
+mod http_front;
 mod kv;
 mod layers;
 mod lease;

@@ -1,10 +1,11 @@
 //! The proxy's metrics and the `--metrics-addr` endpoint.
 //!
-//! With `--metrics-addr`, [`install`] puts a Prometheus recorder behind the `metrics`
-//! facade before anything records, so the cache's own metrics (etcd-cache's `metrics`
-//! feature, `etcd_cache_*`) and the proxy's (`etcd_cache_proxy_*`, below) are rendered
-//! together at `GET /metrics` in Prometheus' text format. Without it the facade has no
-//! recorder and every handle here is a no-op.
+//! At start [`install`] puts a Prometheus recorder behind the `metrics` facade before
+//! anything records, so the cache's own metrics (etcd-cache's `metrics` feature,
+//! `etcd_cache_*`) and the proxy's (`etcd_cache_proxy_*`, below) are rendered together at
+//! `GET /metrics` in Prometheus' text format: on the gRPC port over HTTP/1.1, as
+//! grpc-proxy serves them (`http_front.rs`), and with `--metrics-addr` on a listener of
+//! their own ([`listen`]).
 //!
 //! Every label has a fixed, small set of values: gRPC services and methods come from
 //! etcd's protos (anything else is `unknown`), codes are gRPC's 17, and there is no
@@ -252,6 +253,16 @@ impl Metrics {
         }
     }
 
+    /// Whether etcd's TLS certificate goes unverified (`--insecure-skip-tls-verify`).
+    pub(crate) fn upstream_tls_unverified(&self, on: bool) {
+        metrics::gauge!("etcd_cache_proxy_upstream_tls_unverified").set(if on { 1.0 } else { 0.0 });
+    }
+
+    /// An endpoint set by `--endpoints-auto-sync-interval` (`auto_sync.rs`).
+    pub(crate) fn endpoints_synced(&self, endpoints: usize) {
+        metrics::gauge!("etcd_cache_proxy_upstream_endpoints").set(endpoints as f64);
+    }
+
     /// One ask to etcd for a caller's permission on a range (`authz.rs`).
     pub(crate) fn auth_ask(&self) {
         self.auth_asks.increment(1);
@@ -360,6 +371,14 @@ impl Metrics {
 /// `HELP` lines for the proxy's metrics.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, Unit};
+    describe_gauge!(
+        "etcd_cache_proxy_upstream_tls_unverified",
+        "1 when etcd's TLS certificate is not verified (--insecure-skip-tls-verify), else 0"
+    );
+    describe_gauge!(
+        "etcd_cache_proxy_upstream_endpoints",
+        "etcd endpoints forwarded calls balance over, as --endpoints-auto-sync-interval last set them"
+    );
     describe_counter!(
         "etcd_cache_proxy_grpc_started_total",
         "gRPC calls started, by service and method"
@@ -568,14 +587,12 @@ where
     }
 }
 
-/// Installs the Prometheus recorder (before anything records) and serves it at
-/// `http://<addr>/metrics` until the process exits. Returns the bound address.
+/// Installs the Prometheus recorder (before anything records) and returns its handle,
+/// which renders the metrics.
 ///
 /// # Errors
-/// `addr` cannot be bound, or a recorder is installed already.
-pub(crate) async fn install(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
+/// A recorder is installed already.
+pub(crate) fn install() -> std::io::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
         .and_then(|b| b.install_recorder())
@@ -588,6 +605,20 @@ pub(crate) async fn install(addr: SocketAddr) -> std::io::Result<SocketAddr> {
             upkeep.run_upkeep();
         }
     });
+    Ok(handle)
+}
+
+/// Serves `handle` at `http://<addr>/metrics` (`--metrics-addr`) until the process exits.
+/// Returns the bound address.
+///
+/// # Errors
+/// `addr` cannot be bound.
+pub(crate) async fn listen(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
     tokio::spawn(serve(listener, handle));
     Ok(local)
 }
@@ -619,7 +650,12 @@ async fn serve(listener: TcpListener, handle: PrometheusHandle) {
     }
 }
 
-fn respond<B>(handle: &PrometheusHandle, req: &http::Request<B>) -> http::Response<Full<Bytes>> {
+/// The answer to `req` for `/metrics`: the metrics to GET and HEAD, 405 to another
+/// method, 404 to another path.
+pub(crate) fn respond<B>(
+    handle: &PrometheusHandle,
+    req: &http::Request<B>,
+) -> http::Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&http::Method::GET | &http::Method::HEAD, "/metrics") => {
             (http::StatusCode::OK, CONTENT_TYPE, handle.render())

@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::conn;
 use crate::election::ElectionService;
 use crate::error::{Error, Result};
+use crate::http_front::HttpFrontLayer;
 use crate::kv::KvService;
 use crate::layers::{CallsLayer, InFlight};
 use crate::lease::LeaseService;
@@ -51,15 +52,26 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     config.check().map_err(Error::Config)?;
     config.load_password_file().map_err(Error::Config)?;
     // First: the recorder must be in place before the cache and the services register
-    // their metrics.
+    // their metrics. It is served on the gRPC port (`http_front.rs`) and at --metrics-addr.
+    let recorder = crate::metrics::install().map_err(|e| Error::Config(format!("metrics: {e}")))?;
     let metrics = match config.metrics_addr {
         Some(addr) => Some(
-            crate::metrics::install(addr)
+            crate::metrics::listen(addr, recorder.clone())
                 .await
                 .map_err(|source| Error::Listen { addr, source })?,
         ),
         None => None,
     };
+    crate::metrics::get()
+        .upstream_tls_unverified(config.insecure_skip_tls_verify && config.upstream_tls());
+    if config.insecure_skip_tls_verify {
+        tracing::warn!(
+            upstream_tls_unverified = config.upstream_tls(),
+            "--insecure-skip-tls-verify was given: etcd's TLS certificate is not verified, so \
+             whoever is between the proxy and etcd can read and change every call, tokens and \
+             passwords included. Use it for tests only"
+        );
+    }
     // The TLS served to clients: files read and checked before anything reaches etcd.
     let tls = crate::server_tls::server_config(&config)?;
     let namespace = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
@@ -74,6 +86,9 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         client_cert_auth = config.trusted_ca_file.is_some(),
         client_crl = config.client_crl_file.is_some(),
         upstream_tls = config.upstream_tls(),
+        upstream_tls_unverified = config.insecure_skip_tls_verify && config.upstream_tls(),
+        endpoints_auto_sync_interval = ?config.endpoints_auto_sync_interval,
+        tls_versions = %format_args!("{}..={}", config.tls_min_version, config.tls_max_version),
         user = config.credentials().map(|c| c.0).unwrap_or_default(),
         history_window = config.history_window,
         history_bytes = config.history_bytes,
@@ -99,6 +114,12 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     }
 
     let upstream = Upstream::new(&config)?;
+    let _auto_sync = (!config.endpoints_auto_sync_interval.is_zero()).then(|| {
+        AbortOnDrop(crate::auto_sync::spawn(
+            upstream.clone(),
+            config.endpoints_auto_sync_interval,
+        ))
+    });
     let authz = Authz::new(
         upstream.clone(),
         config.auth_token_ttl,
@@ -182,8 +203,10 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    let (serving_tx, serving) = watch::channel(false);
     let _health = AbortOnDrop(tokio::spawn(follow_health(
         health,
+        serving_tx,
         slot.clone(),
         authz.clone(),
         config.clone(),
@@ -203,8 +226,14 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     let builder = crate::conn::http2(Server::builder())
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // `/proxy/health` and `/metrics` over HTTP/1.1, as grpc-proxy (`http_front.rs`).
+        .accept_http1(true);
     let router = builder
+        .layer(HttpFrontLayer {
+            serving,
+            metrics: recorder,
+        })
         .layer(CallsLayer {
             in_flight: in_flight.clone(),
         })
@@ -299,9 +328,8 @@ async fn follow(
                 let hint = if e.message().contains("CaUsedAsEndEntity") {
                     // etcd's --auto-tls makes exactly such a certificate.
                     "etcd serves a CA certificate as its own, as etcd's --auto-tls makes it; \
-                     etcd-cache-proxy verifies etcd's certificate and has no \
-                     --insecure-skip-tls-verify: give etcd a certificate signed by the CA of \
-                     --cacert"
+                     give etcd a certificate signed by the CA of --cacert (or, for tests only, \
+                     pass --insecure-skip-tls-verify)"
                 } else {
                     "check --cacert and --upstream-server-name"
                 };
@@ -349,9 +377,11 @@ async fn wait_promoted(upstream: &Upstream, interval: Duration) {
 }
 
 /// The gRPC health service says SERVING while the cache follows etcd, or while the
-/// proxy forwards everything by design (etcd's auth is on and it has no identity).
+/// proxy forwards everything by design (etcd's auth is on and it has no identity);
+/// `serving` says the same to `/proxy/health` (`http_front.rs`).
 async fn follow_health(
     health: tonic_health::server::HealthReporter,
+    serving_tx: watch::Sender<bool>,
     slot: std::sync::Arc<CacheSlot>,
     authz: std::sync::Arc<Authz>,
     config: Config,
@@ -369,6 +399,7 @@ async fn follow_health(
         };
         if last != Some(status) {
             health.set_service_status("", status).await;
+            serving_tx.send_replace(serving);
             last = Some(status);
         }
         tokio::time::sleep(HEALTH_POLL).await;

@@ -1,5 +1,5 @@
 //! The TLS the proxy serves to its clients, from `--cert-file`, `--key-file`,
-//! `--trusted-ca-file` and `--client-crl-file`: a rustls server configuration built once
+//! `--trusted-ca-file`, `--client-crl-file`, `--tls-min-version` and `--tls-max-version`: a rustls server configuration built once
 //! at start (a bad file is a start-up error that names it), used by `conn::incoming` for
 //! each handshake. As etcd: with a trusted CA, clients must present a certificate it
 //! signed; with revocation lists, a certificate one of them revokes is refused. Only the
@@ -13,7 +13,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
-use crate::config::Config;
+use crate::config::{Config, TlsVersion};
 use crate::error::{read, Error, Result};
 
 /// The server configuration when the proxy serves TLS (`--cert-file` and `--key-file`).
@@ -34,7 +34,13 @@ pub(crate) fn server_config(config: &Config) -> Result<Option<Arc<rustls::Server
             format!("no private key in it ({e})"),
         )
     })?;
-    let builder = rustls::ServerConfig::builder();
+    // --tls-min-version..=--tls-max-version (checked in order by `Config::check`).
+    let versions: Vec<_> = [TlsVersion::Tls12, TlsVersion::Tls13]
+        .into_iter()
+        .filter(|v| (config.tls_min_version..=config.tls_max_version).contains(v))
+        .map(TlsVersion::rustls)
+        .collect();
+    let builder = rustls::ServerConfig::builder_with_protocol_versions(&versions);
     let builder = match &config.trusted_ca_file {
         Some(ca_file) => {
             let mut roots = rustls::RootCertStore::empty();
@@ -68,8 +74,8 @@ pub(crate) fn server_config(config: &Config) -> Result<Option<Arc<rustls::Server
     let mut tls = builder
         .with_single_cert(certs, key)
         .map_err(|e| bad("--cert-file", cert_file, format!("with --key-file: {e}")))?;
-    // gRPC is HTTP/2 only.
-    tls.alpn_protocols = vec![b"h2".to_vec()];
+    // gRPC is HTTP/2; HTTP/1.1 carries `/proxy/health` and `/metrics` (`http_front.rs`).
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Some(Arc::new(tls)))
 }
 

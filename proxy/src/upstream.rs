@@ -1,6 +1,14 @@
-//! The seam to etcd for forwarded calls: one balanced tonic channel over every endpoint,
+//! The seam to etcd for forwarded calls: one balanced tonic channel over every endpoint
+//! (the set `--endpoints-auto-sync-interval` keeps to etcd's members: `auto_sync.rs`),
 //! the raw generated clients on it, the token that goes with a call, and the identity
 //! (cluster id, member id, raft term) put in the headers of answers served from memory.
+//!
+//! ## TLS without verification
+//! With `--insecure-skip-tls-verify` each endpoint gets tonic's
+//! `Endpoint::tls_config_with_verifier` (tonic 0.14.9 takes a rustls
+//! `ServerCertVerifier` there; no connector of our own is needed) with [`Unverified`]:
+//! etcd's certificate chain and name are not checked, its handshake signature still is
+//! (as Go's `InsecureSkipVerify`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,7 +17,12 @@ use std::time::Duration;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::{Mutex, RwLock};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::sync::mpsc;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::channel::Change;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Response, Status};
 
@@ -33,12 +46,16 @@ const NOT_THE_CERTIFICATE: &str = "grpcgateway-accept";
 const PASSED: &[&str] = &[TOKEN, "hasleader"];
 /// How often the identity used in served headers is refreshed.
 const IDENTITY_REFRESH: Duration = Duration::from_secs(30);
+/// Room for endpoint changes queued toward the balanced channel.
+const ENDPOINT_CHANGES: usize = 64;
 /// Time limit of one connection attempt to an endpoint.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// etcd, as the forwarding services reach it.
 pub(crate) struct Upstream {
     channel: Channel,
+    /// The endpoints `channel` balances over, and how to change them.
+    endpoints: Endpoints,
     credentials: Option<(String, String)>,
     /// The proxy's own token (with --user); refreshed when etcd says it is invalid.
     token: RwLock<Option<AsciiMetadataValue>>,
@@ -66,12 +83,18 @@ pub(crate) enum AuthState {
 }
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
+/// With `--insecure-skip-tls-verify` no CA is set: [`endpoint`] puts [`Unverified`] in
+/// place of the verifier (tonic refuses a CA beside a verifier of our own).
 pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
     if !config.upstream_tls() {
         return Ok(None);
     }
     let mut tls = ClientTlsConfig::new();
-    if let Some(ca) = &config.cacert {
+    if let Some(ca) = config
+        .cacert
+        .as_ref()
+        .filter(|_| !config.insecure_skip_tls_verify)
+    {
         tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
     }
     if let (Some(cert), Some(key)) = (&config.cert, &config.key) {
@@ -83,25 +106,116 @@ pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
     Ok(Some(tls))
 }
 
-/// One endpoint with the proxy's connection settings.
-pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint> {
-    let mut ep = Endpoint::from_shared(url.to_string())
-        .map_err(|source| Error::Endpoint {
-            url: url.to_string(),
-            source,
-        })?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true);
-    // The cache's HTTP/2 windows toward etcd (etcd_cache::EtcdChannel): forwarded streams
-    // whose clients stall do not make h2 close the connection (too_many_data_frames).
-    ep = etcd_cache::EtcdChannel::endpoint(ep);
-    if let Some(tls) = tls {
-        ep = ep.tls_config(tls.clone()).map_err(Error::Tls)?;
+/// How each endpoint toward etcd is dialed: its TLS, and whether etcd's certificate goes
+/// unverified.
+#[derive(Clone)]
+pub(crate) struct Dial {
+    tls: Option<ClientTlsConfig>,
+    unverified: bool,
+}
+
+impl Dial {
+    /// The proxy's settings.
+    pub(crate) fn new(config: &Config) -> Result<Dial> {
+        Ok(Dial {
+            tls: client_tls(config)?,
+            unverified: config.insecure_skip_tls_verify,
+        })
     }
-    Ok(ep)
+
+    /// One endpoint with the proxy's connection settings (TLS only for `https://`).
+    pub(crate) fn endpoint(&self, url: &str) -> Result<Endpoint> {
+        let mut ep = Endpoint::from_shared(url.to_string())
+            .map_err(|source| Error::Endpoint {
+                url: url.to_string(),
+                source,
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        // The cache's HTTP/2 windows toward etcd (etcd_cache::EtcdChannel): forwarded
+        // streams whose clients stall do not make h2 close the connection
+        // (too_many_data_frames).
+        ep = etcd_cache::EtcdChannel::endpoint(ep);
+        match &self.tls {
+            Some(tls) if url.starts_with("https://") && self.unverified => ep
+                .tls_config_with_verifier(tls.clone(), Unverified::new())
+                .map_err(Error::Tls),
+            Some(tls) if url.starts_with("https://") => {
+                ep.tls_config(tls.clone()).map_err(Error::Tls)
+            }
+            _ => Ok(ep),
+        }
+    }
+}
+
+/// A verifier that takes any certificate etcd presents (`--insecure-skip-tls-verify`);
+/// the handshake's signature is still checked against that certificate's key.
+#[derive(Debug)]
+pub(crate) struct Unverified(Arc<rustls::crypto::CryptoProvider>);
+
+impl Unverified {
+    fn new() -> Arc<dyn ServerCertVerifier> {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+        Arc::new(Unverified(provider))
+    }
+}
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The endpoints the forwarding channel balances over, by URL.
+struct Endpoints {
+    dial: Dial,
+    /// Guards the set as last sent to `changes` (taken briefly, never across an await).
+    current: Mutex<Vec<String>>,
+    changes: mpsc::Sender<Change<String, Endpoint>>,
 }
 
 /// The metadata of a client's call that is passed on to etcd (its token and
@@ -119,16 +233,22 @@ pub(crate) fn passed(from: &MetadataMap) -> MetadataMap {
 impl Upstream {
     /// A lazily connecting channel over every endpoint (calls fail over between them).
     pub(crate) fn new(config: &Config) -> Result<Arc<Upstream>> {
-        let tls = client_tls(config)?;
-        let endpoints = config
-            .endpoint_urls()
-            .iter()
-            .map(|u| endpoint(u, tls.as_ref()))
-            .collect::<Result<Vec<_>>>()?;
-        if endpoints.is_empty() {
+        let dial = Dial::new(config)?;
+        let urls = config.endpoint_urls();
+        if urls.is_empty() {
             return Err(Error::NoEndpoints);
         }
-        let channel = Channel::balance_list(endpoints.into_iter());
+        let (channel, changes) = Channel::balance_channel(ENDPOINT_CHANGES.max(urls.len()));
+        for url in &urls {
+            let change = Change::Insert(url.clone(), dial.endpoint(url)?);
+            changes.try_send(change).expect("room for every endpoint");
+        }
+        crate::metrics::get().endpoints_synced(urls.len());
+        let endpoints = Endpoints {
+            dial,
+            current: Mutex::new(urls),
+            changes,
+        };
         let presents_certificate = config.cert.is_some() && config.upstream_tls();
         let cert_identity = match &config.cert {
             Some(path) if presents_certificate => certificate_cn(&read(path)?)?,
@@ -136,6 +256,7 @@ impl Upstream {
         };
         Ok(Arc::new(Upstream {
             channel,
+            endpoints,
             credentials: config.credentials(),
             token: RwLock::new(None),
             auth_lock: tokio::sync::Mutex::new(()),
@@ -249,6 +370,59 @@ impl Upstream {
             }
             other => other,
         }
+    }
+
+    /// The endpoints forwarded calls balance over.
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.endpoints.current.lock().clone()
+    }
+
+    /// Makes `urls` the endpoints forwarded calls balance over: those not among them are
+    /// dropped (their connections close once idle), new ones are dialed lazily. Returns
+    /// the added and the removed. A URL that is not an endpoint (bad syntax) is left out,
+    /// logged.
+    pub(crate) async fn set_endpoints(&self, urls: &[String]) -> (Vec<String>, Vec<String>) {
+        let (added, removed) = {
+            let mut current = self.endpoints.current.lock();
+            let added: Vec<String> = urls
+                .iter()
+                .filter(|u| !current.contains(u))
+                .cloned()
+                .collect();
+            let removed: Vec<String> = current
+                .iter()
+                .filter(|u| !urls.contains(u))
+                .cloned()
+                .collect();
+            current.retain(|u| urls.contains(u));
+            current.extend(added.iter().cloned());
+            (added, removed)
+        };
+        let mut inserted = Vec::new();
+        for url in added {
+            match self.endpoints.dial.endpoint(&url) {
+                Ok(ep) => {
+                    let _ = self
+                        .endpoints
+                        .changes
+                        .send(Change::Insert(url.clone(), ep))
+                        .await;
+                    inserted.push(url);
+                }
+                Err(e) => {
+                    self.endpoints.current.lock().retain(|u| *u != url);
+                    tracing::warn!(endpoint = %url, error = %e, "not an endpoint; left out");
+                }
+            }
+        }
+        for url in &removed {
+            let _ = self
+                .endpoints
+                .changes
+                .send(Change::Remove(url.clone()))
+                .await;
+        }
+        (inserted, removed)
     }
 
     /// etcd's auth state, as last learned.
@@ -377,11 +551,12 @@ pub(crate) fn token_rejected(s: &Status) -> bool {
 
 /// The version each endpoint reports (for the start-up log line), each on its own channel.
 pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, String>)> {
-    let tls = client_tls(config).ok().flatten();
+    let dial = Dial::new(config);
     let mut out = Vec::new();
     for url in config.endpoint_urls() {
         let v = async {
-            let ep = endpoint(&url, tls.as_ref()).map_err(|e| e.to_string())?;
+            let dial = dial.as_ref().map_err(|e| e.to_string())?;
+            let ep = dial.endpoint(&url).map_err(|e| e.to_string())?;
             let ch = ep.connect().await.map_err(|e| e.to_string())?;
             let resp = MaintenanceClient::new(ch)
                 .status(StatusRequest {})

@@ -19,8 +19,9 @@ use tokio::io::{AsyncRead, ReadBuf};
 
 use super::hpack;
 
-/// The client's connection preface (`PRI * HTTP/2.0...`), passed as it is.
-const PREFACE_LEN: usize = 24;
+/// The client's connection preface, passed as it is.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PREFACE_LEN: usize = PREFACE.len();
 /// A frame header: length (24 bits), type, flags, stream id (RFC 9113 §4.1).
 const HEAD: usize = 9;
 const HEADERS: u8 = 0x1;
@@ -64,6 +65,9 @@ enum At {
     Frame,
     /// Inside a frame that passes as it is, this many bytes left.
     Inside(usize),
+    /// Not HTTP/2: the connection did not open with the preface (an HTTP/1.1 request for
+    /// `/proxy/health` or `/metrics`, `http_front.rs`). Every byte passes as it is.
+    Off,
 }
 
 impl Default for At {
@@ -240,14 +244,26 @@ impl AuthorityFix {
         let mut i = 0;
         loop {
             match self.at {
-                At::Preface(left) | At::Inside(left) => {
+                At::Off => return Scan::Pass,
+                At::Preface(left) => {
+                    let n = left.min(data.len() - i);
+                    let seen = PREFACE_LEN - left;
+                    if data[i..i + n] != PREFACE[seen..seen + n] {
+                        self.at = At::Off;
+                        return Scan::Pass;
+                    }
+                    i += n;
+                    if n < left {
+                        self.at = At::Preface(left - n);
+                        return Scan::Pass;
+                    }
+                    self.at = At::Frame;
+                }
+                At::Inside(left) => {
                     let n = left.min(data.len() - i);
                     i += n;
                     if n < left {
-                        self.at = match self.at {
-                            At::Preface(_) => At::Preface(left - n),
-                            _ => At::Inside(left - n),
-                        };
+                        self.at = At::Inside(left - n);
                         return Scan::Pass;
                     }
                     self.at = At::Frame;

@@ -519,6 +519,30 @@ fn etcdctl_3_4_status_authority_is_cut_to_host_and_port() {
     assert!(rewrite(&status_block(&mut encoder, "http://127.0.0.1:2379")).is_none());
 }
 
+/// A connection that does not open with HTTP/2's preface (HTTP/1.1 for `/proxy/health`
+/// or `/metrics`) passes byte for byte, however it is cut, even where its bytes would read
+/// as a header block to rewrite; a preface cut anywhere still turns the walk on.
+#[test]
+fn a_connection_without_the_preface_passes_unchanged() {
+    let mut encoder = Encoder::new();
+    let block = status_block(&mut encoder, "http://127.0.0.1:2379");
+    // 24 bytes, as long as the preface, then a frame that would be rewritten.
+    let mut input = b"GET /proxy/health HTTP/1".to_vec();
+    frame(&mut input, 0x1, 0x4, 1, &block);
+    for cut in 0..input.len() {
+        assert_eq!(
+            through_shim(&input, &[cut], &[], &[8192]),
+            input,
+            "cut at {cut}"
+        );
+    }
+    let mut h2 = PREFACE.to_vec();
+    frame(&mut h2, 0x1, 0x4, 1, &block);
+    for cut in [1, 3, 23, 24, 25] {
+        assert_ne!(through_shim(&h2, &[cut], &[], &[8192]), h2, "cut at {cut}");
+    }
+}
+
 #[test]
 fn a_block_that_cannot_be_read_is_left_alone() {
     // A literal `:authority` whose Huffman string is cut short, and one with an invalid
