@@ -13,6 +13,7 @@
 //! forwarded, so clients get etcd's answers, never a stale cache's. Watch streams on
 //! the old cache end with `Unavailable`, and clients resume on the new one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ enum Identity {
 /// The current cache, if there is one that can serve.
 pub(crate) struct CacheSlot {
     current: ArcSwapOption<(Cache, Identity)>,
+    /// Set by [`close`](CacheSlot::close): no cache is built again after it.
+    closed: AtomicBool,
 }
 
 impl CacheSlot {
@@ -66,6 +69,7 @@ impl CacheSlot {
     pub(crate) fn empty() -> Arc<CacheSlot> {
         Arc::new(CacheSlot {
             current: ArcSwapOption::empty(),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -97,8 +101,10 @@ impl CacheSlot {
         Ok(task)
     }
 
-    /// Closes the current cache (shutdown).
+    /// Closes the current cache for good (shutdown): none is built again, so a stopping
+    /// proxy lists nothing and opens no watch on etcd.
     pub(crate) async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         if let Some(cur) = self.current.swap(None) {
             cur.0.close().await;
         }
@@ -128,6 +134,9 @@ async fn supervise(
     let mut epoch = authz.epoch();
     loop {
         let Some(s) = slot.upgrade() else { return };
+        if s.closed.load(Ordering::Acquire) {
+            return;
+        }
         let cur = s.current.load_full();
         let want = wanted(&authz, &config);
         let (stopped, have) = match cur.as_deref() {
@@ -155,6 +164,10 @@ async fn supervise(
                 })
                 .await;
                 match build(&config, id, &prefix).await {
+                    Ok(cache) if s.closed.load(Ordering::Acquire) => {
+                        cache.close().await;
+                        return;
+                    }
                     Ok(cache) => {
                         tracing::info!(identity = ?id, "cache built again");
                         s.current.store(Some(Arc::new((cache, id))));

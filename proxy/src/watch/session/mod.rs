@@ -565,9 +565,14 @@ impl Session {
             Err(_) => return self.forward(request, key, range_end, false).await,
         }
         // Below the window (or etcd's compaction, which etcd answers): etcd serves it,
-        // and once etcd has brought it into the window it comes to the cache.
+        // and once etcd has brought it into the window it comes to the cache. A start
+        // after the cache's revision asks etcd nothing (a watch-cache's watch from its
+        // list's revision + 1): no compaction the cache could know of covers it, and one
+        // etcd made since is after the cache's upstream watch, which delivers every
+        // event from the start on.
         if (request.start_revision > 0 && request.start_revision < floor)
-            || self.state.compacted(request.start_revision).await
+            || (request.start_revision <= self.state.revision()
+                && self.state.compacted(request.start_revision).await)
         {
             return self.forward(request, key, range_end, true).await;
         }
