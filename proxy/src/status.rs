@@ -84,6 +84,10 @@ pub(crate) fn from_cache_read(e: &etcd_cache::Error) -> Option<Status> {
         // The cache's own round trip (its revision probe) was refused for the proxy's
         // identity: etcd answers the caller itself.
         Error::Upstream(u) if is_auth_refusal(&from_upstream(u)) => None,
+        // The cache's own connection cannot reach etcd (its endpoint is down): the
+        // forwarding channel may reach it by another (--endpoints-auto-sync-interval), and
+        // answers Unavailable itself when no endpoint does.
+        Error::Upstream(u) if from_upstream(u).code() == Code::Unavailable => None,
         Error::Upstream(u) => Some(from_upstream(u)),
         Error::Closed => Some(shutting_down()),
         _ => None,

@@ -165,7 +165,6 @@ func translate(in []string) proxyCmd {
 	note := func(format string, a ...any) { c.notes = append(c.notes, fmt.Sprintf(format, a...)) }
 	set := func(name, value string) { c.args = append(c.args, "--"+name+"="+value) }
 	flags := parseFlags(in)
-	var dataDir string
 	autoTLS, skipVerify := false, false
 	// grpc-proxy (etcd's Go client) ignores --cacert/--cert/--key when every endpoint is
 	// http://; etcd-cache-proxy refuses that at start (tokens would travel in clear), so
@@ -180,8 +179,6 @@ func translate(in []string) proxyCmd {
 					plainEndpoints = false
 				}
 			}
-		case "data-dir":
-			dataDir = f.value
 		case "auto-tls":
 			autoTLS = f.value != "false"
 		case "insecure-skip-tls-verify":
@@ -191,22 +188,11 @@ func translate(in []string) proxyCmd {
 	for _, f := range flags {
 		switch f.name {
 		case "endpoints", "namespace", "cert", "key", "cacert", "cert-file", "key-file",
-			"trusted-ca-file", "client-crl-file", "max-send-bytes", "max-recv-bytes":
+			"trusted-ca-file", "client-crl-file", "max-send-bytes", "max-recv-bytes",
+			"endpoints-auto-sync-interval", "tls-min-version", "tls-max-version":
 			if plainEndpoints && (f.name == "cacert" || f.name == "cert" || f.name == "key") {
 				note("--%s=%s with http:// endpoints: grpc-proxy ignores it, etcd-cache-proxy refuses it; dropped", f.name, f.value)
 				continue
-			}
-			if f.name == "cacert" && autoTLS && skipVerify {
-				// The member serves etcd's --auto-tls certificate: grpc-proxy skips
-				// verification; etcd-cache-proxy has no such flag, so trust that
-				// certificate itself (etcd writes it to <data-dir>/fixtures/client/).
-				memberCert := filepath.Join(dataDir, "fixtures", "client", "cert.pem")
-				if _, err := os.Stat(memberCert); err == nil {
-					note("--insecure-skip-tls-verify: no such flag; --cacert=%s (the member's --auto-tls certificate) instead of %s", memberCert, f.value)
-					set("cacert", memberCert)
-					continue
-				}
-				note("--insecure-skip-tls-verify: no such flag, and no %s to trust instead; kept --cacert=%s", memberCert, f.value)
 			}
 			set(f.name, f.value)
 		case "listen-addr":
@@ -237,8 +223,8 @@ func translate(in []string) proxyCmd {
 		case "data-dir":
 			note("--data-dir=%s: etcd-cache-proxy keeps no data; dropped", f.value)
 		case "insecure-skip-tls-verify":
-			if !autoTLS {
-				note("--insecure-skip-tls-verify: no such flag; dropped")
+			if skipVerify {
+				set(f.name, "true")
 			}
 		case "auto-tls":
 			if !autoTLS {
