@@ -358,3 +358,90 @@ async fn a_decision_for_a_jwt_ends_with_the_token() {
         "through the proxy right after etcd refused the JWT"
     );
 }
+
+/// In front of a learner (which refuses linearizable reads, watches and
+/// `Authenticate`), the proxy either forwards every call, which etcd answers as a
+/// caller's without a user, or does not serve at all; it never serves a caller as its
+/// own certificate (it once let token-less calls go out over its root certificate before
+/// it knew etcd's auth state). Once the learner is promoted, a client without
+/// credentials still gets what etcd gives a caller without a user; on 3.4 and 3.7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_a_learner_the_proxy_lends_nothing_before_or_after_the_promotion() {
+    const SERVING: &str = "serving etcd's v3 gRPC API";
+    const WAITING: &str = "cannot learn etcd's auth state yet";
+    for version in [EtcdVersion::V3_4, EtcdVersion::V3_7] {
+        let pki = TestPki::new();
+        let etcd = cert_etcd(version, &pki, false).await;
+        let mut admin = as_cn(&etcd.endpoint(), &pki, "root").await;
+        let (client_port, peer_port) = (support::free_port(), support::free_port());
+        let added = admin
+            .member_add(
+                [format!("http://127.0.0.1:{peer_port}")],
+                Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+            )
+            .await
+            .unwrap();
+        let learner_id = added.member().unwrap().id();
+        // The learner's start blocks; the test's runtime has two threads.
+        let learner = tokio::task::block_in_place(|| {
+            support::EtcdServer::join(&etcd, "learner", client_port, peer_port)
+        });
+        admin.auth_enable().await.unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let args = proxy_args(
+            &["--prefix", "/app/", "--allow-root-upstream"],
+            &pki,
+            dir.path(),
+            "root",
+        );
+        let learner_url = learner.endpoint();
+        let (mut proxy, said) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut p = support::Proxy::starting(&learner_url, &args);
+            let said = p.wait_for_log(&[SERVING, WAITING]);
+            (p, said)
+        })
+        .await
+        .unwrap();
+        let direct =
+            anonymous_calls(tls_channel(&learner.endpoint(), &pki, "cacher").await, true).await;
+        // A learner answers serializable reads only: as a caller's without a user.
+        assert!(
+            direct[1].1.contains("user name is empty"),
+            "{version}: {direct:?}"
+        );
+        if said == SERVING {
+            let proxied = anonymous_calls(raw::channel(&proxy.endpoint()).await, false).await;
+            assert_eq!(
+                proxied, direct,
+                "etcd {version}: through the proxy vs. directly, in front of a learner"
+            );
+        } else {
+            assert!(
+                std::net::TcpStream::connect_timeout(&proxy.addr(), Duration::from_secs(1))
+                    .is_err(),
+                "etcd {version}: the proxy serves before it knows etcd's auth state:\n{}",
+                proxy.log_tail()
+            );
+        }
+        println!("etcd {version}, in front of a learner, the proxy said: {said}");
+
+        admin.member_promote(learner_id).await.unwrap();
+        let proxy = tokio::task::spawn_blocking(move || {
+            proxy.wait_serving();
+            proxy
+        })
+        .await
+        .unwrap();
+        // Promoted: the proxy builds its cache; whether it answers from it or forwards,
+        // the answers are etcd's.
+        let direct =
+            anonymous_calls(tls_channel(&learner.endpoint(), &pki, "cacher").await, true).await;
+        let proxied = anonymous_calls(raw::channel(&proxy.endpoint()).await, false).await;
+        assert_eq!(
+            proxied, direct,
+            "etcd {version}: through the proxy vs. directly, after the promotion"
+        );
+    }
+}

@@ -276,6 +276,38 @@ impl EtcdServer {
         panic!("etcd could not start after {START_ATTEMPTS} attempts (ports in use): {last}");
     }
 
+    /// Starts a member `name` that joins the running cluster of `existing` (a single
+    /// member started by [`EtcdServer::start_with`]) with its options, on `client_port`
+    /// and the peer URL `http://127.0.0.1:{peer_port}`, which must have been added to
+    /// the cluster first (`MemberAdd`, as a learner or a voter). Waits until it is
+    /// healthy; panics with its log when it cannot start.
+    pub fn join(existing: &EtcdServer, name: &str, client_port: u16, peer_port: u16) -> EtcdServer {
+        let initial_cluster = format!(
+            "{}={},{name}=http://127.0.0.1:{peer_port}",
+            existing.name(),
+            existing.peer_url()
+        );
+        let mut server = EtcdServer::new(
+            name,
+            client_port,
+            peer_port,
+            &initial_cluster,
+            &existing.opts,
+        );
+        for a in &mut server.base_args {
+            if a == "--initial-cluster-state=new" {
+                *a = "--initial-cluster-state=existing".to_string();
+            }
+        }
+        if let Err(StartError::PortInUse(msg) | StartError::Failed(msg)) = server
+            .spawn()
+            .and_then(|()| server.wait_healthy_inner(server.start_timeout))
+        {
+            panic!("{msg}");
+        }
+        server
+    }
+
     pub(crate) fn new(
         name: &str,
         client_port: u16,

@@ -28,6 +28,13 @@ impl Proxy {
     /// in one stands for the proxy's URL, `{addr}` for its host:port), and waits until
     /// it serves a Range.
     pub fn start(etcd: &str, extra: &[&str]) -> Proxy {
+        let mut p = Proxy::starting(etcd, extra);
+        p.wait_serving();
+        p
+    }
+
+    /// Starts the proxy as [`Proxy::start`] does, without waiting until it serves.
+    pub fn starting(etcd: &str, extra: &[&str]) -> Proxy {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut args = vec![
@@ -57,11 +64,16 @@ impl Proxy {
             log,
             _dir: dir,
         };
-        p.spawn();
+        p.spawn_process();
         p
     }
 
     fn spawn(&mut self) {
+        self.spawn_process();
+        self.wait_serving();
+    }
+
+    fn spawn_process(&mut self) {
         let log = File::options()
             .create(true)
             .append(true)
@@ -79,10 +91,11 @@ impl Proxy {
             .spawn()
             .expect("spawning etcd-cache-proxy");
         self.child = Some(child);
-        self.wait_serving();
     }
 
-    fn wait_serving(&mut self) {
+    /// Waits until the proxy serves (its log says so and its port accepts); panics
+    /// after 30 s or when it exits.
+    pub fn wait_serving(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
@@ -99,6 +112,30 @@ impl Proxy {
             assert!(
                 Instant::now() < deadline,
                 "etcd-cache-proxy did not serve within {START_TIMEOUT:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the proxy's log contains one of `texts`, and returns which; panics
+    /// after 30 s or when it exits.
+    pub fn wait_for_log(&mut self, texts: &[&str]) -> String {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let log = self.log_text();
+            if let Some(t) = texts.iter().find(|t| log.contains(**t)) {
+                return t.to_string();
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "etcd-cache-proxy exited with {status}:\n{}",
+                    self.log_tail()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy's log said none of {texts:?} within {START_TIMEOUT:?}:\n{}",
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(50));
