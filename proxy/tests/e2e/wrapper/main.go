@@ -224,7 +224,7 @@ func translate(in []string) proxyCmd {
 			note("--data-dir=%s: etcd-cache-proxy keeps no data; dropped", f.value)
 		case "insecure-skip-tls-verify":
 			if skipVerify {
-				set(f.name, "true")
+				c.args = append(c.args, "--"+f.name)
 			}
 		case "auto-tls":
 			if !autoTLS {
