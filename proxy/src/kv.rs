@@ -182,6 +182,21 @@ fn sort_order(o: i32) -> SortOrder {
 type RangeStream =
     std::pin::Pin<Box<dyn Stream<Item = Result<RangeStreamResponse, Status>> + Send>>;
 
+impl KvService {
+    /// etcd's RangeStream chunks, with keys taken out of the namespace.
+    fn range_stream_out(&self, stream: tonic::Streaming<RangeStreamResponse>) -> RangeStream {
+        let namespace = self.state.namespace.clone();
+        Box::pin(stream.map(move |chunk| {
+            chunk.map(|mut c| {
+                if let Some(r) = c.range_response.as_mut() {
+                    namespace.range_out(r);
+                }
+                c
+            })
+        }))
+    }
+}
+
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
@@ -214,19 +229,26 @@ impl Kv for KvService {
             return Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))));
         }
         let upstream = &self.state.upstream;
-        let stream = call_upstream!(upstream, &metadata, r, kv.range_stream)
+        if !upstream.lacks_range_stream() {
+            match call_upstream!(upstream, &metadata, r.clone(), kv.range_stream).await {
+                Ok(stream) => return Ok(Response::new(self.range_stream_out(stream.into_inner()))),
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    upstream.set_lacks_range_stream();
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        // etcd < 3.7 has no RangeStream: one Range answers it, as the cache answers one
+        // (a client gets one API whatever the member behind the proxy).
+        let mut resp = call_upstream!(upstream, &metadata, r, kv.range)
             .await?
             .into_inner();
-        let namespace = self.state.namespace.clone();
-        let stream = stream.map(move |chunk| {
-            chunk.map(|mut c| {
-                if let Some(r) = c.range_response.as_mut() {
-                    namespace.range_out(r);
-                }
-                c
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
+        upstream.observe(resp.header.as_ref());
+        self.state.namespace.range_out(&mut resp);
+        let one = RangeStreamResponse {
+            range_response: Some(resp),
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))))
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {

@@ -70,7 +70,14 @@ pub(crate) struct Upstream {
     /// The CN of that certificate: etcd (with `--client-cert-auth`) takes it as the user
     /// of a call that carries neither a token nor [`NOT_THE_CERTIFICATE`].
     cert_identity: Option<String>,
+    /// Until when RangeStream is answered with a Range: a member answered it
+    /// `Unimplemented` (etcd < 3.7), and is asked again after [`RANGE_STREAM_RETRY`]
+    /// (members are upgraded one by one).
+    no_range_stream_until: Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How long RangeStream is answered with a Range after etcd said it has none.
+const RANGE_STREAM_RETRY: Duration = Duration::from_secs(60);
 
 /// etcd's auth state as the proxy knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -340,7 +347,21 @@ impl Upstream {
             auth_state: AtomicU8::new(AuthState::Unknown as u8),
             presents_certificate,
             cert_identity,
+            no_range_stream_until: Mutex::new(None),
         }))
+    }
+
+    /// Whether etcd said lately that it has no RangeStream (etcd < 3.7).
+    pub(crate) fn lacks_range_stream(&self) -> bool {
+        self.no_range_stream_until
+            .lock()
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// Records that etcd answered RangeStream `Unimplemented`.
+    pub(crate) fn set_lacks_range_stream(&self) {
+        tracing::debug!("etcd has no RangeStream: it is answered with a Range");
+        *self.no_range_stream_until.lock() = Some(tokio::time::Instant::now() + RANGE_STREAM_RETRY);
     }
 
     pub(crate) fn kv(&self) -> KvClient<Channel> {
