@@ -148,7 +148,7 @@ impl Dial {
         ep = etcd_cache::EtcdChannel::endpoint(ep);
         match &self.tls {
             Some(tls) if url.starts_with("https://") && self.unverified => ep
-                .tls_config_with_verifier(tls.clone(), Unverified::new())
+                .tls_config_with_verifier(tls.clone(), Unverified::verifier())
                 .map_err(Error::Tls),
             Some(tls) if url.starts_with("https://") => {
                 ep.tls_config(tls.clone()).map_err(Error::Tls)
@@ -210,7 +210,7 @@ impl etcd_client::BalancedChannelBuilder for CacheChannel {
                             Some(tls) if dial.unverified && uri.scheme_str() == Some("https") => {
                                 match ep
                                     .clone()
-                                    .tls_config_with_verifier(tls.clone(), Unverified::new())
+                                    .tls_config_with_verifier(tls.clone(), Unverified::verifier())
                                 {
                                     Ok(ep) => ep,
                                     Err(e) => {
@@ -240,7 +240,7 @@ impl etcd_client::BalancedChannelBuilder for CacheChannel {
 pub(crate) struct Unverified(Arc<rustls::crypto::CryptoProvider>);
 
 impl Unverified {
-    fn new() -> Arc<dyn ServerCertVerifier> {
+    fn verifier() -> Arc<dyn ServerCertVerifier> {
         let provider = rustls::crypto::CryptoProvider::get_default()
             .cloned()
             .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
