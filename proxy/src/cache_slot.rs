@@ -211,12 +211,13 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
     let options = connect_options(config, id)?;
     let endpoints = config.endpoint_urls();
     let client = loop {
-        // The cache's HTTP/2 windows toward etcd: a stall of the proxy while etcd sends
-        // many small events does not make h2 close the connection (too_many_data_frames).
+        // The cache's HTTP/2 windows toward etcd (a stall of the proxy while etcd sends
+        // many small events does not make h2 close the connection: too_many_data_frames),
+        // and `--insecure-skip-tls-verify`.
         let connect = etcd_client::Client::connect_with_balanced_channel(
             &endpoints,
             Some(options.clone()),
-            etcd_cache::EtcdChannel::new(),
+            crate::upstream::CacheChannel::new(config)?,
         );
         match connect.await {
             Ok(c) => break c,

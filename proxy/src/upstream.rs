@@ -170,11 +170,6 @@ pub(crate) struct CacheChannel {
 
 impl CacheChannel {
     /// The proxy's settings.
-    #[expect(
-        dead_code,
-        reason = "cache_slot.rs is to take it in place of etcd_cache::EtcdChannel::new() \
-                  (issue 42); that file is under another change meanwhile"
-    )]
     pub(crate) fn new(config: &Config) -> Result<CacheChannel> {
         Ok(CacheChannel {
             dial: Dial::new(config)?,

@@ -227,8 +227,6 @@ async fn health_and_metrics_over_http1_on_the_grpc_port() {
 /// refused without the flag and served with it; the proxy warns at start and
 /// `etcd_cache_proxy_upstream_tls_unverified` is 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs cache_slot.rs to dial with upstream::CacheChannel (issue 42): the cache's \
-            own client verifies etcd's certificate until then"]
 async fn skipping_tls_verification_reaches_an_etcd_without_its_ca() {
     let theirs = testkit::TestPki::new();
     let etcd = start_etcd(EtcdOptions::default().tls(theirs.server_tls(false))).await;
