@@ -37,8 +37,8 @@ Commands:
           packaged crate; `--allow-dirty` added, with a note, only when git reports
           uncommitted changes); `cargo xtask msrv`;
         then the version matrix:
-          every integration test target (tests/*.rs) again with ETCD_VERSION=3.7, and
-          `--test consistent_reads` with ETCD_VERSION=3.5 and with ETCD_VERSION=3.6;
+          every integration test target (tests/*.rs) again with ETCD_VERSION=3.7 (and with
+          3.4 when another primary ETCD_VERSION is set);
         then etcd's own e2e suites (v3.6.16) through etcd-cache-proxy, the quick set:
           `proxy/tests/e2e/run.sh --set quick --retries 1` (see its README; failures that
           proxy/tests/e2e/exceptions.tsv lists, with their reasons, are expected).

@@ -112,12 +112,8 @@ pub fn integration_targets() -> Vec<String> {
     names
 }
 
-/// The name of the consistent-read test target, run on every version.
+/// The name of the consistent-read test target (the read strategy differs per version).
 pub const CONSISTENT_READS: &str = "consistent_reads";
-
-/// Targets run on every version even without `--full-matrix`: they check what differs
-/// between versions (the read strategy, the etcd bugs, TLS and auth).
-pub const EVERY_VERSION: &[&str] = &[CONSISTENT_READS, "versions", "tls_auth"];
 
 /// Targets that pick their own etcd versions (a rolling upgrade from 3.4 to 3.5): run
 /// once, in the primary step, never again per version.
@@ -171,7 +167,11 @@ pub fn plan(
     ];
     let (full, e2e): (Vec<EtcdVersion>, Step) = match matrix {
         Matrix::Off => return steps,
-        Matrix::Default => (vec![EtcdVersion::NEWEST], e2e_step("quick")),
+        // A newcomer's run: Debian's 3.4 and the newest etcd (whichever is not primary).
+        Matrix::Default => (
+            vec![EtcdVersion::V3_4, EtcdVersion::NEWEST],
+            e2e_step("quick"),
+        ),
         Matrix::Full => (EtcdVersion::ALL.to_vec(), e2e_step("all")),
     };
     let full: Vec<EtcdVersion> = full.into_iter().filter(|&v| v != primary).collect();
@@ -189,32 +189,6 @@ pub fn plan(
         for &v in &full {
             steps.push(Step {
                 name: format!("integration tests (etcd {v})"),
-                kind: cargo_test(&base),
-                etcd: Some(v),
-            });
-        }
-    }
-    let every: Vec<&str> = EVERY_VERSION
-        .iter()
-        .copied()
-        .filter(|t| integration.iter().any(|i| i == t))
-        .collect();
-    if !every.is_empty() {
-        let mut base = vec!["test"];
-        for t in &every {
-            base.push("--test");
-            base.push(t);
-        }
-        for v in EtcdVersion::ALL {
-            if v == primary || full.contains(&v) {
-                continue;
-            }
-            steps.push(Step {
-                name: if every == [CONSISTENT_READS] {
-                    format!("consistent reads (etcd {v})")
-                } else {
-                    format!("version-dependent tests (etcd {v})")
-                },
                 kind: cargo_test(&base),
                 etcd: Some(v),
             });
@@ -536,13 +510,11 @@ mod tests {
                 "package",
                 "msrv",
                 "integration tests (etcd 3.7)",
-                "consistent reads (etcd 3.5)",
-                "consistent reads (etcd 3.6)",
                 "etcd e2e through the proxy (quick)",
             ]
         );
         assert_eq!(
-            steps[8].kind,
+            steps[6].kind,
             StepKind::E2e(strings(&["--set", "quick", "--retries", "1"]))
         );
         assert_eq!(steps[3].kind, StepKind::Package);
@@ -560,10 +532,6 @@ mod tests {
             ]))
         );
         assert_eq!(steps[5].etcd, Some(EtcdVersion::V3_7));
-        assert_eq!(
-            steps[6].kind,
-            StepKind::CargoTest(strings(&["test", "--test", "consistent_reads"]))
-        );
         assert_eq!(steps[2].etcd, None);
         assert_eq!(steps[3].etcd, None);
     }
@@ -594,9 +562,7 @@ mod tests {
         assert_eq!(
             names(&steps)[5..],
             [
-                "consistent reads (etcd 3.4)",
-                "consistent reads (etcd 3.5)",
-                "consistent reads (etcd 3.6)",
+                "integration tests (etcd 3.4)",
                 "etcd e2e through the proxy (quick)",
             ]
         );
@@ -604,9 +570,8 @@ mod tests {
         assert_eq!(
             names(&steps)[5..],
             [
+                "integration tests (etcd 3.4)",
                 "integration tests (etcd 3.7)",
-                "consistent reads (etcd 3.4)",
-                "consistent reads (etcd 3.5)",
                 "etcd e2e through the proxy (quick)",
             ]
         );
@@ -646,7 +611,7 @@ mod tests {
     }
 
     #[test]
-    fn no_consistent_reads_target_no_consistent_steps() {
+    fn the_default_matrix_is_3_4_and_the_newest() {
         let steps = plan(
             EtcdVersion::V3_4,
             Matrix::Default,
