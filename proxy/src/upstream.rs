@@ -90,7 +90,7 @@ pub(crate) enum AuthState {
 }
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
-/// With `--insecure-skip-tls-verify` no CA is set: [`endpoint`] puts [`Unverified`] in
+/// With `--insecure-skip-tls-verify` no CA is set: [`Dial::endpoint`] puts [`Unverified`] in
 /// place of the verifier (tonic refuses a CA beside a verifier of our own).
 pub(crate) fn client_tls(config: &Config) -> Result<Option<ClientTlsConfig>> {
     if !config.upstream_tls() {
