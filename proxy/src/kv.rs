@@ -182,7 +182,30 @@ fn sort_order(o: i32) -> SortOrder {
 type RangeStream =
     std::pin::Pin<Box<dyn Stream<Item = Result<RangeStreamResponse, Status>> + Send>>;
 
+/// A RangeStream answered whole, in one chunk (as the cache answers it).
+fn one_chunk(resp: RangeResponse) -> RangeStream {
+    let one = RangeStreamResponse {
+        range_response: Some(resp),
+    };
+    Box::pin(futures::stream::iter([Ok(one)]))
+}
+
 impl KvService {
+    /// A Range etcd answers, with keys taken out of the namespace.
+    async fn forward_range(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        r: RangeRequest,
+    ) -> Result<RangeResponse, Status> {
+        let upstream = &self.state.upstream;
+        let mut resp = call_upstream!(upstream, metadata, r, kv.range)
+            .await?
+            .into_inner();
+        upstream.observe(resp.header.as_ref());
+        self.state.namespace.range_out(&mut resp);
+        Ok(resp)
+    }
+
     /// etcd's RangeStream chunks, with keys taken out of the namespace.
     fn range_stream_out(&self, stream: tonic::Streaming<RangeStreamResponse>) -> RangeStream {
         let namespace = self.state.namespace.clone();
@@ -205,13 +228,7 @@ impl Kv for KvService {
         if let Some(resp) = self.range_inner(&metadata, &mut r).await? {
             return Ok(Response::new(resp));
         }
-        let upstream = &self.state.upstream;
-        let mut resp = call_upstream!(upstream, &metadata, r, kv.range)
-            .await?
-            .into_inner();
-        upstream.observe(resp.header.as_ref());
-        self.state.namespace.range_out(&mut resp);
-        Ok(Response::new(resp))
+        Ok(Response::new(self.forward_range(&metadata, r).await?))
     }
 
     type RangeStreamStream = RangeStream;
@@ -223,10 +240,7 @@ impl Kv for KvService {
         let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         if let Some(resp) = self.range_inner(&metadata, &mut r).await? {
-            let one = RangeStreamResponse {
-                range_response: Some(resp),
-            };
-            return Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))));
+            return Ok(Response::new(one_chunk(resp)));
         }
         let upstream = &self.state.upstream;
         if !upstream.lacks_range_stream() {
@@ -240,15 +254,9 @@ impl Kv for KvService {
         }
         // etcd < 3.7 has no RangeStream: one Range answers it, as the cache answers one
         // (a client gets one API whatever the member behind the proxy).
-        let mut resp = call_upstream!(upstream, &metadata, r, kv.range)
-            .await?
-            .into_inner();
-        upstream.observe(resp.header.as_ref());
-        self.state.namespace.range_out(&mut resp);
-        let one = RangeStreamResponse {
-            range_response: Some(resp),
-        };
-        Ok(Response::new(Box::pin(futures::stream::iter([Ok(one)]))))
+        Ok(Response::new(one_chunk(
+            self.forward_range(&metadata, r).await?,
+        )))
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
