@@ -253,6 +253,11 @@ pub(crate) struct Authz {
 }
 
 impl Authz {
+    /// The upstream the checks ask.
+    pub(crate) fn upstream(&self) -> &Arc<Upstream> {
+        &self.upstream
+    }
+
     /// Decisions living at most half of `token_ttl`, in at most `cache_bytes`; asks in
     /// flight holding at most `ask_bytes`.
     pub(crate) fn new(

@@ -9,9 +9,8 @@
 //! with the proxy's own token (with `--user`); a failure is logged and the next interval
 //! asks again.
 //!
-//! The cache's own connection to etcd (`cache_slot.rs`) dials the endpoints of
-//! `--endpoints`; while none of them answers, the cache is not ready and every call is
-//! forwarded over the synced endpoints.
+//! The cache's own client (`cache_slot.rs`) follows the same endpoints: once the members
+//! of `--endpoints` are gone, it reconnects through the others, as forwarded calls do.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,6 +23,7 @@ use etcd_cache::{Cache, CacheStatus};
 use crate::authz::Authz;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::upstream::Upstream;
 
 /// Pause before a cache that stopped for good is built again.
 const REBUILD_AFTER: Duration = Duration::from_secs(2);
@@ -84,7 +85,7 @@ impl CacheSlot {
         let slot = self.clone();
         match wanted(&authz, config) {
             Some(id) => {
-                let cache = build(config, id, &cache_prefix).await?;
+                let cache = build(config, authz.upstream(), id, &cache_prefix).await?;
                 slot.current.store(Some(Arc::new((cache, id))));
             }
             None => tracing::warn!(
@@ -163,7 +164,7 @@ async fn supervise(
                     Duration::ZERO
                 })
                 .await;
-                match build(&config, id, &prefix).await {
+                match build(&config, authz.upstream(), id, &prefix).await {
                     Ok(cache) if s.closed.load(Ordering::Acquire) => {
                         cache.close().await;
                         return;
@@ -206,10 +207,13 @@ async fn failed(status: Option<etcd_cache::StatusStream>) {
     }
 }
 
-/// A cache following etcd as `id`; retried until etcd answers.
-async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
+/// A cache following etcd as `id`; retried until etcd answers. Its client dials the
+/// endpoints forwarded calls use (those of `--endpoints`, or the members
+/// `--endpoints-auto-sync-interval` last learned) and follows their changes.
+async fn build(config: &Config, upstream: &Upstream, id: Identity, prefix: &[u8]) -> Result<Cache> {
     let options = connect_options(config, id)?;
-    let endpoints = config.endpoint_urls();
+    let mut changes = upstream.endpoint_changes();
+    let endpoints = changes.borrow_and_update().clone();
     let client = loop {
         // The cache's HTTP/2 windows toward etcd (a stall of the proxy while etcd sends
         // many small events does not make h2 close the connection: too_many_data_frames),
@@ -230,7 +234,7 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
             }
         }
     };
-    Cache::builder(client)
+    let cache = Cache::builder(client.clone())
         // The cache's own dials (its per-member version probe) use the same TLS and
         // credentials.
         .connect_options(options)
@@ -248,7 +252,46 @@ async fn build(config: &Config, id: Identity, prefix: &[u8]) -> Result<Cache> {
         .follow_etcd_compaction(false)
         .build()
         .await
-        .map_err(Error::Cache)
+        .map_err(Error::Cache)?;
+    tokio::spawn(follow_endpoints(
+        client,
+        endpoints,
+        changes,
+        cache.status_stream(),
+    ));
+    Ok(cache)
+}
+
+/// Gives the cache's client every change of the endpoints (`--endpoints-auto-sync-interval`)
+/// until the cache stops: without it the cache would stay on the members of `--endpoints`
+/// and be unready while they are down, though forwarded calls reach the others.
+async fn follow_endpoints(
+    client: etcd_client::Client,
+    mut have: Vec<String>,
+    mut changes: tokio::sync::watch::Receiver<Vec<String>>,
+    status: etcd_cache::StatusStream,
+) {
+    let ended = failed(Some(status));
+    tokio::pin!(ended);
+    loop {
+        tokio::select! {
+            _ = &mut ended => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+        let want = changes.borrow_and_update().clone();
+        for url in want.iter().filter(|u| !have.contains(u)) {
+            if let Err(e) = client.add_endpoint(url).await {
+                tracing::warn!(endpoint = %url, error = %e, "the cache's client cannot add the endpoint");
+            }
+        }
+        for url in have.iter().filter(|u| !want.contains(u)) {
+            if let Err(e) = client.remove_endpoint(url).await {
+                tracing::warn!(endpoint = %url, error = %e, "the cache's client cannot remove the endpoint");
+            }
+        }
+        tracing::debug!(endpoints = ?want, "the cache's client follows the synced endpoints");
+        have = want;
+    }
 }
 
 /// A refusal that connecting again cannot change (bad password).

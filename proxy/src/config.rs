@@ -189,14 +189,15 @@ pub(crate) struct Config {
     /// Start even when the proxy's own etcd identity (--user, or the CN of --cert) has
     /// etcd's root role. Without it such a start is refused: the proxy's user needs
     /// read on the cached prefix and nothing else.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub(crate) allow_root_upstream: bool,
 
     /// Skip verifying etcd's TLS certificate, as grpc-proxy's flag (CAUTION: for tests
     /// only, e.g. etcd's --auto-tls certificates, which no CA signed). The proxy carries
     /// its clients' tokens and passwords to etcd: anyone between it and etcd can read
     /// them. Warned at start, and `etcd_cache_proxy_upstream_tls_unverified` is 1.
-    #[arg(long)]
+    /// `--insecure-skip-tls-verify=true|false` as Go's flags take it.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub(crate) insecure_skip_tls_verify: bool,
 
     /// How often etcd's member list is asked for and the endpoints that forwarded calls
@@ -406,6 +407,19 @@ fn parse_tls_version(s: &str) -> Result<TlsVersion, String> {
     }
 }
 
+/// A boolean flag's value as Go's `flag` package takes it (`--flag`, `--flag=true`,
+/// `--flag=false`, `1`, `0`, `t`, `f`, any case of `true`/`false`), as etcd's and
+/// grpc-proxy's flags take it: a script written for them works here.
+fn parse_go_bool(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!(
+            "{s:?} is not a boolean: use true or false (or 1, 0, t, f), as --flag=true"
+        )),
+    }
+}
+
 /// Parses `250ms`, `10s`, `5m`, `1h` or plain seconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -496,6 +510,47 @@ mod tests {
         ]);
         assert!(!c.upstream_tls() && c.check().is_ok());
         assert!(!parse(&[]).insecure_skip_tls_verify);
+    }
+
+    /// Boolean flags take a value as Go's flags do (`--insecure-skip-tls-verify=true`, as
+    /// etcd's e2e framework and scripts written for grpc-proxy pass it); a bad value is
+    /// refused naming the values taken; a value after a space is not the flag's (as in Go).
+    #[test]
+    fn boolean_flags_take_go_values() {
+        let parse = |args: &[&str]| Config::try_parse_from([&["etcd-cache-proxy"], args].concat());
+        for (arg, want) in [
+            ("--insecure-skip-tls-verify", true),
+            ("--insecure-skip-tls-verify=true", true),
+            ("--insecure-skip-tls-verify=1", true),
+            ("--insecure-skip-tls-verify=T", true),
+            ("--insecure-skip-tls-verify=false", false),
+            ("--insecure-skip-tls-verify=0", false),
+            ("--insecure-skip-tls-verify=FALSE", false),
+        ] {
+            assert_eq!(
+                parse(&[arg]).unwrap().insecure_skip_tls_verify,
+                want,
+                "{arg}"
+            );
+        }
+        assert!(
+            parse(&["--allow-root-upstream=true"])
+                .unwrap()
+                .allow_root_upstream
+        );
+        assert!(
+            !parse(&["--allow-root-upstream=false"])
+                .unwrap()
+                .allow_root_upstream
+        );
+        let err = parse(&["--insecure-skip-tls-verify=yes"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"yes\" is not a boolean: use true or false"),
+            "{err}"
+        );
+        assert!(parse(&["--insecure-skip-tls-verify", "true"]).is_err());
     }
 
     /// `--endpoints-auto-sync-interval`: a duration, 0 (off) by default.

@@ -294,6 +294,8 @@ struct Endpoints {
     /// Guards the set as last sent to `changes` (taken briefly, never across an await).
     current: Mutex<Vec<String>>,
     changes: mpsc::Sender<Change<String, Endpoint>>,
+    /// The set after each change, for the cache's own client ([`Upstream::endpoint_changes`]).
+    published: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 /// The metadata of a client's call that is passed on to etcd (its token and
@@ -324,8 +326,9 @@ impl Upstream {
         crate::metrics::get().endpoints_synced(urls.len());
         let endpoints = Endpoints {
             dial,
-            current: Mutex::new(urls),
+            current: Mutex::new(urls.clone()),
             changes,
+            published: tokio::sync::watch::Sender::new(urls),
         };
         let presents_certificate = config.cert.is_some() && config.upstream_tls();
         let cert_identity = match &config.cert {
@@ -514,7 +517,18 @@ impl Upstream {
                 .send(Change::Remove(url.clone()))
                 .await;
         }
+        if !inserted.is_empty() || !removed.is_empty() {
+            let now = self.endpoints();
+            self.endpoints.published.send_replace(now);
+        }
         (inserted, removed)
+    }
+
+    /// The endpoints as [`set_endpoints`](Upstream::set_endpoints) leaves them, from now
+    /// on: the cache's own client follows them (`cache_slot.rs`), so it keeps a connection
+    /// to etcd when the members of `--endpoints` are gone.
+    pub(crate) fn endpoint_changes(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
+        self.endpoints.published.subscribe()
     }
 
     /// etcd's auth state, as last learned.

@@ -68,6 +68,45 @@ async fn auto_sync_keeps_serving_after_the_given_member_dies() {
         "the synced proxy stopped answering:\n{}",
         synced.log_tail()
     );
+    // The cache's own client follows the synced endpoints too: the proxy says it is
+    // healthy (its cache follows etcd again) and a write through another member reaches a
+    // watch through the proxy. (Before, the cache stayed on the dead member: unhealthy.)
+    let addr = synced.addr();
+    let healthy = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + FAILOVER;
+        loop {
+            let (code, _, body) = http_get(addr, "/proxy/health");
+            if code == 200 && body.contains(r#""health":"true""#) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        healthy,
+        "the synced proxy's cache did not follow etcd again:\n{}",
+        synced.log_tail()
+    );
+    let mut watcher = client(&synced.endpoint()).await;
+    let mut events = watcher.watch("/sync/after", None).await.unwrap();
+    let mut direct = client(&others[0]).await;
+    direct.put("/sync/after", "v", None).await.unwrap();
+    let got = tokio::time::timeout(FAILOVER, async {
+        loop {
+            let resp = events.message().await.unwrap().expect("the watch goes on");
+            if let Some(e) = resp.events().first() {
+                return e.kv().unwrap().key().to_vec();
+            }
+        }
+    })
+    .await
+    .expect("the watch through the proxy saw the write in time");
+    assert_eq!(got, b"/sync/after");
     // Without the flag the proxy knows only the dead member.
     assert!(!answers_within(&plain.endpoint(), Duration::from_secs(3)).await);
 }
@@ -235,7 +274,8 @@ async fn skipping_tls_verification_reaches_an_etcd_without_its_ca() {
     let ours_ca = ours.dir().join("ca.pem").display().to_string();
     let (refused, proxy) = tokio::task::spawn_blocking(move || {
         let refused = start_fails(&endpoint, &["--cacert", &ours_ca]);
-        let proxy = Proxy::start(&endpoint, &["--insecure-skip-tls-verify"]);
+        // As etcd's e2e framework passes it (Go's `--flag=true`).
+        let proxy = Proxy::start(&endpoint, &["--insecure-skip-tls-verify=true"]);
         (refused, proxy)
     })
     .await
