@@ -148,6 +148,12 @@ pub(crate) struct Config {
     /// limit and counted in etcd_cache_proxy_connections_refused_total.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub(crate) max_connections: usize,
+    /// Bytes of Watch requests one client connection may have sent that its streams'
+    /// sessions have not taken yet (the proxy reads Watch streams eagerly: HTTP/2 closes a
+    /// connection whose small frames sit unread). A stream whose request finds them spent
+    /// ends with ResourceExhausted naming this flag; the connection's other streams go on.
+    #[arg(long, default_value_t = crate::conn::QUEUED_REQUEST_BYTES)]
+    pub(crate) max_queued_watch_request_bytes: usize,
     /// Watches allowed on the whole proxy.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]
     pub(crate) max_watches: usize,

@@ -68,8 +68,8 @@ const _: () = assert!(
         >= FLOODED_STREAMS * (STREAM_WINDOW / SMALLEST_REQUEST) * (SMALL_FRAME - SMALLEST_REQUEST)
 );
 
-/// Bytes of Watch requests read from one client connection and not yet taken by their
-/// streams' sessions, at most (each request counts its encoded size and its place in
+/// The default of `--max-queued-watch-request-bytes`: bytes of Watch requests read from
+/// one client connection and not yet taken by their streams' sessions, at most (each request counts its encoded size and its place in
 /// the queue). A stream whose request finds the connection's share spent ends with
 /// `ResourceExhausted`; the connection and its other streams go on.
 pub(crate) const QUEUED_REQUEST_BYTES: usize = 16 * 1024 * 1024;
@@ -91,8 +91,27 @@ pub(crate) struct ConnInfo {
     /// The connection's watch budget (`--max-watches-per-connection`).
     pub(crate) watches: ConnScope,
     /// The bytes of Watch requests its streams may have read ahead
-    /// ([`QUEUED_REQUEST_BYTES`]), as permits.
-    pub(crate) requests: Arc<Semaphore>,
+    /// (`--max-queued-watch-request-bytes`), as permits.
+    pub(crate) requests: RequestBudget,
+}
+
+/// The bytes of Watch requests a connection's streams may have read ahead, as permits,
+/// and that limit (named in a refusal).
+#[derive(Debug, Clone)]
+pub(crate) struct RequestBudget {
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) limit: usize,
+}
+
+impl RequestBudget {
+    /// A budget of `limit` bytes (at most what a semaphore holds).
+    pub(crate) fn new(limit: usize) -> RequestBudget {
+        let limit = limit.min(Semaphore::MAX_PERMITS);
+        RequestBudget {
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
 }
 
 /// The connection of a request, if it came through [`incoming`].
@@ -199,6 +218,7 @@ pub(crate) fn incoming(
     listener: TcpListener,
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     max_connections: usize,
+    queued_request_bytes: usize,
 ) -> impl Stream<Item = io::Result<Conn>> {
     let (ready, taken) = mpsc::channel(READY_QUEUE);
     let slots = Arc::new(Semaphore::new(max_connections));
@@ -208,6 +228,7 @@ pub(crate) fn incoming(
         ready,
         slots,
         max_connections,
+        queued_request_bytes,
     ));
     tokio_stream::wrappers::ReceiverStream::new(taken)
 }
@@ -219,6 +240,7 @@ async fn accept(
     ready: mpsc::Sender<io::Result<Conn>>,
     slots: Arc<Semaphore>,
     max_connections: usize,
+    queued_request_bytes: usize,
 ) {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let mut warned: Option<tokio::time::Instant> = None;
@@ -254,7 +276,7 @@ async fn accept(
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             remote: Some(remote),
             watches: ConnScope::default(),
-            requests: Arc::new(Semaphore::new(QUEUED_REQUEST_BYTES)),
+            requests: RequestBudget::new(queued_request_bytes),
         };
         let open = crate::metrics::get().connection();
         let Some(acceptor) = tls.clone() else {

@@ -281,7 +281,12 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         let _ = shutdown_tx.send(true);
     });
     let serve = router.serve_with_incoming_shutdown(
-        conn::incoming(listener, tls, config.max_connections),
+        conn::incoming(
+            listener,
+            tls,
+            config.max_connections,
+            config.max_queued_watch_request_bytes,
+        ),
         async move {
             let _ = signalled.wait_for(|s| *s).await;
             tracing::info!("shutting down: streams end, calls in flight finish");

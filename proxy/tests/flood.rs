@@ -36,16 +36,26 @@ fn progress() -> WatchRequest {
 
 /// A client sends creates with 4 KiB keys on one stream, faster than the stream's
 /// session takes them, and reads none of the answers: the stream ends with
-/// `ResourceExhausted` once the connection's 16 MiB of queued requests are spent, after
+/// `ResourceExhausted`, naming `--max-queued-watch-request-bytes`, once the connection's
+/// queued requests (256 KiB here, to keep the flood short; 16 MiB by default) are spent, after
 /// the answers sent before; a second stream and unary calls on the same connection are
 /// served meanwhile and after. (etcd would stop reading the stream instead: it never
 /// ends a stream for this.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_over_its_connections_request_queue_ends_alone() {
-    const FLOOD: usize = 20_000;
+    const FLOOD: usize = 6_000;
     let key = |i: usize| format!("/app/{}/{i}", "k".repeat(4096));
     let etcd = start_etcd(EtcdOptions::default()).await;
-    let proxy = start_proxy(etcd.endpoint(), vec!["--prefix".into(), "/app/".into()]).await;
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec![
+            "--prefix".into(),
+            "/app/".into(),
+            "--max-queued-watch-request-bytes".into(),
+            (256 << 10).to_string(),
+        ],
+    )
+    .await;
     let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
         .unwrap()
         .initial_stream_window_size(65_535)
@@ -109,6 +119,13 @@ async fn a_stream_over_its_connections_request_queue_ends_alone() {
     };
     println!("sent {sent}, {answers} answers, then {status:?}");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("more than 262144 bytes")
+            && status
+                .message()
+                .contains("--max-queued-watch-request-bytes"),
+        "{status:?}"
+    );
     assert!(answers > 0 && answers < FLOOD, "{answers}");
     kv.range(range())
         .await

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use prost::Message;
-use tokio::sync::{mpsc, watch, Semaphore, TryAcquireError};
+use tokio::sync::{mpsc, watch, TryAcquireError};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service, StdError};
@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::session::{Queued, Session};
 use super::wire::{WatchCodec, WireResponse};
-use crate::conn::QUEUED_REQUEST_BYTES;
+use crate::conn::{RequestBudget, QUEUED_REQUEST_BYTES};
 use crate::pb::etcdserverpb::{watch_request::RequestUnion, WatchRequest};
 use crate::state::State;
 
@@ -72,7 +72,7 @@ impl WatchService {
         );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
         let budget = conn.map_or_else(
-            || Arc::new(Semaphore::new(QUEUED_REQUEST_BYTES)),
+            || RequestBudget::new(QUEUED_REQUEST_BYTES),
             |c| c.requests.clone(),
         );
         let (tx, rx) = mpsc::channel(self.state.limits.watch_send_queue.max(1));
@@ -86,15 +86,16 @@ impl WatchService {
 
 /// Reads a client's Watch requests as fast as they come (h2 closes a connection whose
 /// small frames pile up unread, see `conn.rs`), into a queue bounded in bytes by
-/// `budget`, the connection's ([`QUEUED_REQUEST_BYTES`]): each request holds its share
+/// `budget`, the connection's (`--max-queued-watch-request-bytes`): each request holds its share
 /// until its session takes it. A request that finds the share spent ends the stream with
 /// [`too_many_requests`], after the requests before it; a receive error ends it too.
 /// Either is the last item. Then the stream is drained (see [`DRAIN_LIMIT`]).
 fn read_requests(
     mut inbound: Streaming<WatchRequest>,
-    budget: Arc<Semaphore>,
+    budget: RequestBudget,
     shutdown: watch::Receiver<bool>,
 ) -> mpsc::UnboundedReceiver<Queued> {
+    let RequestBudget { permits, limit } = budget;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
@@ -108,14 +109,16 @@ fn read_requests(
             let item = item.map(owned);
             let size = QUEUED_SIZE + item.as_ref().map_or(0, Message::encoded_len);
             let share = u32::try_from(size).map_or(Err(TryAcquireError::NoPermits), |n| {
-                budget.clone().try_acquire_many_owned(n)
+                permits.clone().try_acquire_many_owned(n)
             });
             let (item, share, over) = match share {
                 Ok(share) => (item, share, false),
-                Err(TryAcquireError::NoPermits) => match budget.clone().try_acquire_many_owned(0) {
-                    Ok(none) => (Err(too_many_requests()), none, true),
-                    Err(_) => return,
-                },
+                Err(TryAcquireError::NoPermits) => {
+                    match permits.clone().try_acquire_many_owned(0) {
+                        Ok(none) => (Err(too_many_requests(limit)), none, true),
+                        Err(_) => return,
+                    }
+                }
                 Err(TryAcquireError::Closed) => return,
             };
             if tx.send((item, share)).is_err() || failed {
@@ -123,7 +126,7 @@ fn read_requests(
             }
             if over {
                 tracing::debug!(
-                    queued = QUEUED_REQUEST_BYTES - budget.available_permits(),
+                    queued = limit - permits.available_permits(),
                     "a Watch stream went over its connection's queued requests; it ends"
                 );
                 break;
@@ -147,10 +150,10 @@ fn owned(mut request: WatchRequest) -> WatchRequest {
 
 /// The end of a stream whose client sent more than its connection's queue holds: etcd's
 /// code for a resource limit, for this stream only.
-fn too_many_requests() -> Status {
+fn too_many_requests(limit: usize) -> Status {
     Status::resource_exhausted(format!(
-        "etcd-cache-proxy: more than {QUEUED_REQUEST_BYTES} bytes of Watch requests queued on \
-         this connection; the stream ends"
+        "etcd-cache-proxy: more than {limit} bytes of Watch requests queued on this \
+         connection (--max-queued-watch-request-bytes); the stream ends"
     ))
 }
 
