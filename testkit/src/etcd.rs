@@ -66,7 +66,7 @@ pub fn free_port() -> u16 {
 
     static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let given = GIVEN.get_or_init(Mutex::default);
-    let (low, high) = unreserved_port_range();
+    let (low, high) = port_slot(unreserved_port_range());
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(low..high);
@@ -82,6 +82,35 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("cannot bind 127.0.0.1:0 to find a free port")
+}
+
+/// Set by `cargo xtask test` for test binaries it runs side by side: `i/n` gives this
+/// process the `i`-th of `n` disjoint slices of the port range, so that two of them never
+/// pick the same port (a port checked free, then bound by etcd a moment later, or a killed
+/// member's port kept for its restart).
+pub const PORT_SLOT_ENV: &str = "ETCD_CACHE_PORT_SLOT";
+
+/// The slice of `(low, high)` that [`PORT_SLOT_ENV`] gives this process (all of it when
+/// unset or malformed).
+fn port_slot((low, high): (u16, u16)) -> (u16, u16) {
+    slice_of(std::env::var(PORT_SLOT_ENV).ok().as_deref(), (low, high))
+}
+
+fn slice_of(slot: Option<&str>, (low, high): (u16, u16)) -> (u16, u16) {
+    let parsed = slot.and_then(|s| {
+        let (i, n) = s.split_once('/')?;
+        let (i, n) = (i.trim().parse::<u32>().ok()?, n.trim().parse::<u32>().ok()?);
+        (n > 0 && i < n).then_some((i, n))
+    });
+    let Some((i, n)) = parsed else {
+        return (low, high);
+    };
+    let width = (u32::from(high) - u32::from(low)) / n;
+    if width < 500 {
+        return (low, high);
+    }
+    let start = u32::from(low) + i * width;
+    (start as u16, (start + width) as u16)
 }
 
 /// The ports `free_port` picks from: from 10,000 up to the start of the kernel's ephemeral
@@ -665,6 +694,25 @@ mod tests {
             assert!((low..high).contains(&port), "{port} outside {low}..{high}");
             TcpListener::bind(("127.0.0.1", port)).expect("a port handed out is free");
         }
+    }
+
+    #[test]
+    fn port_slots_are_disjoint_slices_of_the_range() {
+        let range = (10_000, 32_768);
+        assert_eq!(slice_of(None, range), range);
+        assert_eq!(slice_of(Some("x"), range), range);
+        assert_eq!(slice_of(Some("3/3"), range), range);
+        assert_eq!(slice_of(Some("0/0"), range), range);
+        let slices: Vec<_> = (0..3)
+            .map(|i| slice_of(Some(&format!("{i}/3")), range))
+            .collect();
+        assert_eq!(slices[0], (10_000, 17_589));
+        for w in slices.windows(2) {
+            assert!(w[0].1 <= w[1].0, "{slices:?}");
+        }
+        assert!(slices[2].1 <= range.1);
+        // Too narrow a slice: the whole range.
+        assert_eq!(slice_of(Some("1/100"), range), range);
     }
 
     #[test]

@@ -61,7 +61,9 @@ mod tls;
 
 pub use cluster::EtcdCluster;
 pub use connect::{client, Connect, ConnectError, CONNECT_RETRY_FOR};
-pub use etcd::{etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT};
+pub use etcd::{
+    etcd_binary, free_port, EtcdOptions, EtcdServer, DEFAULT_START_TIMEOUT, PORT_SLOT_ENV,
+};
 pub use etcd_versions::{EtcdBinaries, EtcdVersion, ServerVersion};
 pub use example::{example_main, unique_prefix};
 pub use fixture::{

@@ -13,6 +13,7 @@ mod cycles;
 mod etcd_bins;
 mod msrv;
 mod prereqs;
+mod side_by_side;
 mod test_cmd;
 
 use std::env;
@@ -26,7 +27,7 @@ pub(crate) const HELP: &str = "\
 cargo xtask <command> [options] [-- <args>]
 
 Commands:
-  test [--full-matrix | --no-matrix] [cargo-args] [-- test-args]
+  test [--full-matrix | --no-matrix] [--jobs N] [cargo-args] [-- test-args]
         Runs every test. First `cargo xtask etcd-bins` (below), then, with ETCD_VERSION=3.4
         (Debian's etcd; or the ETCD_VERSION you set):
           `cargo test --workspace --all-targets` (unit, integration against real etcd
@@ -39,14 +40,20 @@ Commands:
         then the version matrix:
           every integration test target (tests/*.rs) again with ETCD_VERSION=3.7 (and with
           3.4 when another primary ETCD_VERSION is set);
-        then etcd's own e2e suites (v3.6.16) through etcd-cache-proxy, the quick set:
-          `proxy/tests/e2e/run.sh --set quick --retries 1` (see its README; failures that
+        then etcd's own e2e suites (v3.6.16) through etcd-cache-proxy, the short set:
+          `proxy/tests/e2e/run.sh --set short --retries 1` (see its README; failures that
           proxy/tests/e2e/exceptions.tsv lists, with their reasons, are expected).
         --full-matrix  every integration test target on 3.5, 3.6 and 3.7, and every e2e
                        suite (`--set all`) (CI's run).
         --no-matrix    only the 3.4 steps; needs no Go.
         Arguments before `--` go to cargo (e.g. --release); when they select targets (e.g.
         --test harness) only `cargo test --workspace <them>` runs, without the matrix.
+        --jobs N       run N test binaries at once (default: cores + 1, 2 to 4; or
+                       ETCD_CACHE_TEST_JOBS): built by `cargo test --no-run`, each run as
+                       cargo runs it, with ETCD_CACHE_PORT_SLOT=i/N (disjoint port ranges),
+                       its output printed when it ends; every binary runs, the failed ones
+                       are listed last; one running over 20 minutes is killed. --jobs 1:
+                       plain `cargo test`.
         Arguments after `--` go to the test binaries (e.g. --nocapture, a name filter).
         Every cargo run gets ETCD_CACHE_ETCD_DIR=<target>/etcd and ETCD_VERSION.
   etcd-bins [--force] [--check] [VERSION...]

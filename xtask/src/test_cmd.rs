@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::etcd_versions::{EtcdVersion, ETCD_VERSION_ENV};
-use crate::{cargo, etcd_bins, msrv, prereqs, root, run, split_dashes};
+use crate::{cargo, etcd_bins, msrv, prereqs, root, run, side_by_side, split_dashes};
 
 /// How much of the version matrix runs after the steps on the primary version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub enum StepKind {
     E2e(Vec<String>),
 }
 
-/// etcd's e2e sets run through the proxy: the quick set by default; with `--full-matrix`
+/// etcd's e2e sets run through the proxy: the short set by default; with `--full-matrix`
 /// every suite, the two suites side by side (each in a network namespace of its own, as
 /// the framework's ports are fixed), which keeps CI's run under an hour. A failed test is
 /// run once more (and reported as flaky if it passes): etcd's own suites have timing
@@ -167,7 +167,7 @@ pub fn plan(
         // A newcomer's run: Debian's 3.4 and the newest etcd (whichever is not primary).
         Matrix::Default => (
             vec![EtcdVersion::V3_4, EtcdVersion::NEWEST],
-            e2e_step("quick"),
+            e2e_step("short"),
         ),
         Matrix::Full => (EtcdVersion::ALL.to_vec(), e2e_step("all")),
     };
@@ -195,13 +195,43 @@ pub fn plan(
     steps
 }
 
-/// `cargo xtask test [--full-matrix | --no-matrix] [cargo-args] [-- test-args]`.
+/// `cargo xtask test [--full-matrix | --no-matrix] [--jobs N] [cargo-args] [-- test-args]`.
 pub fn test(args: Vec<String>) -> i32 {
     let started = Instant::now();
     let (before, test_args) = split_dashes(&args);
     let mut matrix = Matrix::Default;
     let mut cargo_args = Vec::new();
-    for arg in before {
+    let mut jobs = match env::var(side_by_side::JOBS_ENV) {
+        Ok(s) if !s.is_empty() => match s.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!(
+                    "xtask test: {}={s:?} is not a number of test binaries (1 or more)",
+                    side_by_side::JOBS_ENV
+                );
+                return 2;
+            }
+        },
+        _ => side_by_side::default_jobs(),
+    };
+    let mut before = before.into_iter();
+    while let Some(arg) = before.next() {
+        if arg == "--jobs" || arg.starts_with("--jobs=") {
+            let value = match arg.strip_prefix("--jobs=") {
+                Some(v) => Some(v.to_string()),
+                None => before.next(),
+            };
+            match value.as_deref().map(str::parse::<usize>) {
+                Some(Ok(n)) if n > 0 => jobs = n,
+                _ => {
+                    eprintln!(
+                        "xtask test: --jobs takes how many test binaries run at once (1 or more)"
+                    );
+                    return 2;
+                }
+            }
+            continue;
+        }
         let chosen = match arg.as_str() {
             "--full-matrix" => Matrix::Full,
             "--no-matrix" => Matrix::Off,
@@ -276,19 +306,30 @@ pub fn test(args: Vec<String>) -> i32 {
         let step_started = Instant::now();
         let code = match &step.kind {
             StepKind::CargoTest(args) => {
-                let mut cmd = cargo();
-                cmd.args(args);
-                if !test_args.is_empty() {
-                    cmd.arg("--").args(&test_args);
-                }
+                let mut envs: Vec<(String, String)> = Vec::new();
                 if let Some(v) = step.etcd {
-                    cmd.env(ETCD_VERSION_ENV, v.name());
+                    envs.push((ETCD_VERSION_ENV.to_string(), v.name().to_string()));
                 }
                 if matrix == Matrix::Full {
-                    cmd.env(FULL_MATRIX_ENV, "1");
+                    envs.push((FULL_MATRIX_ENV.to_string(), "1".to_string()));
                 }
                 eprintln!("xtask test: == {}", step.name);
-                run(cmd)
+                let mut cmd = cargo();
+                cmd.args(args);
+                for (k, v) in &envs {
+                    cmd.env(k, v);
+                }
+                if jobs > 1 && side_by_side_fits(args) {
+                    match side_by_side::build(cmd) {
+                        Ok(binaries) => side_by_side::run(binaries, &test_args, &envs, jobs),
+                        Err(code) => code,
+                    }
+                } else {
+                    if !test_args.is_empty() {
+                        cmd.arg("--").args(&test_args);
+                    }
+                    run(cmd)
+                }
             }
             StepKind::Lints => lints(),
             StepKind::Package => {
@@ -324,6 +365,14 @@ pub fn test(args: Vec<String>) -> i32 {
         started.elapsed().as_secs_f64()
     );
     0
+}
+
+/// Whether a `cargo test` step's binaries can run side by side ([`side_by_side`]): not
+/// doc tests (rustdoc runs those) nor a build-only run.
+fn side_by_side_fits(args: &[String]) -> bool {
+    !args
+        .iter()
+        .any(|a| a == "--doc" || a == "--no-run" || a.starts_with("--message-format"))
 }
 
 /// The e2e harness with the proxy the earlier steps built (debug, or release when the
@@ -507,12 +556,12 @@ mod tests {
                 "package",
                 "msrv",
                 "integration tests (etcd 3.7)",
-                "etcd e2e through the proxy (quick)",
+                "etcd e2e through the proxy (short)",
             ]
         );
         assert_eq!(
             steps[6].kind,
-            StepKind::E2e(strings(&["--set", "quick", "--retries", "1"]))
+            StepKind::E2e(strings(&["--set", "short", "--retries", "1"]))
         );
         assert_eq!(steps[3].kind, StepKind::Package);
         assert_eq!(steps[4].kind, StepKind::Msrv);
@@ -560,7 +609,7 @@ mod tests {
             names(&steps)[5..],
             [
                 "integration tests (etcd 3.4)",
-                "etcd e2e through the proxy (quick)",
+                "etcd e2e through the proxy (short)",
             ]
         );
         let steps = plan(EtcdVersion::V3_6, Matrix::Default, &[], &strings(TARGETS));
@@ -569,7 +618,7 @@ mod tests {
             [
                 "integration tests (etcd 3.4)",
                 "integration tests (etcd 3.7)",
-                "etcd e2e through the proxy (quick)",
+                "etcd e2e through the proxy (short)",
             ]
         );
     }
@@ -619,7 +668,7 @@ mod tests {
             names(&steps)[5..],
             [
                 "integration tests (etcd 3.7)",
-                "etcd e2e through the proxy (quick)"
+                "etcd e2e through the proxy (short)"
             ]
         );
         let steps = plan(EtcdVersion::V3_4, Matrix::Default, &[], &[]);

@@ -3,7 +3,7 @@
 # the tag cluster_proxy) with etcd-cache-proxy, or the reference grpc-proxy, in front of every
 # member. See README.md beside this file.
 #
-#   run.sh [--proxy cache|grpc-proxy|both] [--set quick|e2e|common|all|SUITE:REGEX]...
+#   run.sh [--proxy cache|grpc-proxy|both] [--set short|quick|e2e|common|all|SUITE:REGEX]...
 #          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--retries N]
 #          [--release 3.5|3.6|3.7] [--no-build] [--no-isolate]
 #
@@ -55,10 +55,17 @@ done
 QUICK_E2E='^(TestCtlV3(Put|Get|Del)[A-Za-z]*|TestCtlV3Watch[A-Za-z]*|TestCtlV3LeaseKeepAlive[A-Za-z]*|TestCtlV3AuthAndWatch|TestCtlV3Elect|TestCtlV3Lock|TestCtlV3Version|TestCtlV3MemberList|TestCurlV3KVCompact|TestCurlV3Watch)$'
 QUICK_COMMON='^(TestKV[A-Za-z]*|TestTxn[A-Za-z]*|TestWatch|TestLease[A-Za-z]*|TestCompact|TestAuthEnable|TestAuthDisable|TestAuthStatus|TestAuthWriteKey|TestAuthTxn|TestAuthPrefixPerm|TestAuthCompact|TestAuthLeaseKeepAlive|TestUserAdd_Simple|TestRoleAdd_Simple|TestStatus|TestEndpointStatus|TestEndpointHealth)$'
 
+# The short set (`cargo xtask test`'s default, about a minute): one test of each kind
+# above, etcdctl's put/get/watch/lease/auth and the shared KV, txn, watch, auth and
+# endpoint tests.
+SHORT_E2E='^(TestCtlV3Put|TestCtlV3Get|TestCtlV3Watch|TestCtlV3WatchClientTLS|TestCtlV3AuthAndWatch|TestCtlV3LeaseKeepAlive|TestCtlV3Version|TestCurlV3Watch)$'
+SHORT_COMMON='^(TestKVPut|TestTxnSucc|TestWatch|TestCompact|TestAuthEnable|TestAuthWriteKey|TestEndpointStatus)$'
+
 specs=()   # suite:regex
 for s in "${sets[@]}"; do
   case "$s" in
     quick) specs+=("e2e:$QUICK_E2E" "common:$QUICK_COMMON") ;;
+    short) specs+=("e2e:$SHORT_E2E" "common:$SHORT_COMMON") ;;
     e2e) specs+=("e2e:.") ;;
     common) specs+=("common:.") ;;
     all|full) specs+=("e2e:." "common:.") ;;
