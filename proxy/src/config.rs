@@ -154,6 +154,12 @@ pub(crate) struct Config {
     /// ends with ResourceExhausted naming this flag; the connection's other streams go on.
     #[arg(long, default_value_t = crate::conn::QUEUED_REQUEST_BYTES)]
     pub(crate) max_queued_watch_request_bytes: usize,
+    /// Bytes of Watch requests queued over every client connection at once (see
+    /// --max-queued-watch-request-bytes): a client with many connections cannot make the
+    /// proxy hold many times the per-connection bound. A stream whose request finds them
+    /// spent ends with ResourceExhausted naming this flag.
+    #[arg(long, default_value_t = crate::conn::QUEUED_REQUEST_BYTES_TOTAL)]
+    pub(crate) max_queued_watch_request_bytes_total: usize,
     /// Watches allowed on the whole proxy.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]
     pub(crate) max_watches: usize,

@@ -29,7 +29,7 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
@@ -95,22 +95,99 @@ pub(crate) struct ConnInfo {
     pub(crate) requests: RequestBudget,
 }
 
-/// The bytes of Watch requests a connection's streams may have read ahead, as permits,
-/// and that limit (named in a refusal).
+/// The default of `--max-queued-watch-request-bytes-total`: bytes of Watch requests queued
+/// over every client connection at once, at most (a client with many connections cannot
+/// make the proxy hold many times the per-connection bound).
+pub(crate) const QUEUED_REQUEST_BYTES_TOTAL: usize = 256 * 1024 * 1024;
+
+/// The bytes of Watch requests a connection's streams may have read ahead, as permits of
+/// the connection's own and of the proxy's whole budget, with both limits (named in a
+/// refusal).
 #[derive(Debug, Clone)]
 pub(crate) struct RequestBudget {
-    pub(crate) permits: Arc<Semaphore>,
-    pub(crate) limit: usize,
+    connection: Arc<Semaphore>,
+    limit: usize,
+    total: Arc<Semaphore>,
+    total_limit: usize,
+}
+
+/// A queued request's share of its connection's and of the proxy's queued bytes, given
+/// back when its session takes it (dropped).
+#[derive(Debug)]
+pub(crate) struct Share {
+    _connection: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// Which bound a request found spent: the connection's or the proxy's, with its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Over {
+    Connection(usize),
+    Total(usize),
 }
 
 impl RequestBudget {
-    /// A budget of `limit` bytes (at most what a semaphore holds).
-    pub(crate) fn new(limit: usize) -> RequestBudget {
-        let limit = limit.min(Semaphore::MAX_PERMITS);
+    /// A connection's budget of `limit` bytes within `total` (the proxy's, shared by every
+    /// connection, see [`RequestBudget::total`]); limits above what a semaphore holds are
+    /// cut to it.
+    pub(crate) fn new(limit: usize, total: &(Arc<Semaphore>, usize)) -> RequestBudget {
         RequestBudget {
-            permits: Arc::new(Semaphore::new(limit)),
+            connection: Arc::new(Semaphore::new(limit.min(Semaphore::MAX_PERMITS))),
             limit,
+            total: total.0.clone(),
+            total_limit: total.1,
         }
+    }
+
+    /// The proxy's whole budget of `limit` bytes, for [`RequestBudget::new`].
+    pub(crate) fn total(limit: usize) -> (Arc<Semaphore>, usize) {
+        (
+            Arc::new(Semaphore::new(limit.min(Semaphore::MAX_PERMITS))),
+            limit,
+        )
+    }
+
+    /// `bytes` of both budgets, or which one is spent (then nothing is taken).
+    pub(crate) fn take(&self, bytes: usize) -> Result<Share, Over> {
+        let n = |limit| u32::try_from(bytes).map_err(|_| limit);
+        let connection = n(Over::Connection(self.limit)).and_then(|n| {
+            self.connection
+                .clone()
+                .try_acquire_many_owned(n)
+                .map_err(|_| Over::Connection(self.limit))
+        })?;
+        let total = self
+            .total
+            .clone()
+            .try_acquire_many_owned(connection.num_permits() as u32)
+            .map_err(|_| Over::Total(self.total_limit))?;
+        Ok(Share {
+            _connection: connection,
+            _total: total,
+        })
+    }
+
+    /// A share of nothing (for the refusal that ends a stream).
+    pub(crate) fn nothing(&self) -> Share {
+        Share {
+            _connection: self
+                .connection
+                .clone()
+                .try_acquire_many_owned(0)
+                .expect("never closed"),
+            _total: self
+                .total
+                .clone()
+                .try_acquire_many_owned(0)
+                .expect("never closed"),
+        }
+    }
+
+    /// Bytes queued on this connection now.
+    pub(crate) fn queued(&self) -> usize {
+        self.limit
+            .min(Semaphore::MAX_PERMITS)
+            .saturating_sub(self.connection.available_permits())
     }
 }
 
@@ -219,6 +296,7 @@ pub(crate) fn incoming(
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     max_connections: usize,
     queued_request_bytes: usize,
+    queued_request_bytes_total: usize,
 ) -> impl Stream<Item = io::Result<Conn>> {
     let (ready, taken) = mpsc::channel(READY_QUEUE);
     let slots = Arc::new(Semaphore::new(max_connections));
@@ -229,6 +307,7 @@ pub(crate) fn incoming(
         slots,
         max_connections,
         queued_request_bytes,
+        RequestBudget::total(queued_request_bytes_total),
     ));
     tokio_stream::wrappers::ReceiverStream::new(taken)
 }
@@ -241,6 +320,7 @@ async fn accept(
     slots: Arc<Semaphore>,
     max_connections: usize,
     queued_request_bytes: usize,
+    queued_total: (Arc<Semaphore>, usize),
 ) {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let mut warned: Option<tokio::time::Instant> = None;
@@ -276,7 +356,7 @@ async fn accept(
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             remote: Some(remote),
             watches: ConnScope::default(),
-            requests: RequestBudget::new(queued_request_bytes),
+            requests: RequestBudget::new(queued_request_bytes, &queued_total),
         };
         let open = crate::metrics::get().connection();
         let Some(acceptor) = tls.clone() else {
@@ -313,5 +393,37 @@ async fn accept(
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each connection holds at most its own bound, and all of them together at most the
+    /// proxy's: a share given back (its request taken) makes room again for any of them.
+    #[test]
+    fn queued_requests_are_bounded_per_connection_and_in_total() {
+        let total = RequestBudget::total(1_000);
+        let a = RequestBudget::new(600, &total);
+        let b = RequestBudget::new(600, &total);
+        let a1 = a.take(500).unwrap();
+        assert_eq!(a.take(200).unwrap_err(), Over::Connection(600));
+        let b1 = b.take(400).unwrap();
+        assert_eq!(a.queued(), 500);
+        assert_eq!(b.queued(), 400);
+        // b has room of its own, the proxy has not.
+        assert_eq!(b.take(200).unwrap_err(), Over::Total(1_000));
+        // A refusal takes nothing.
+        assert_eq!(b.queued(), 400);
+        let _nothing = b.nothing();
+        drop(a1);
+        let b2 = b.take(200).unwrap();
+        assert_eq!(b.queued(), 600);
+        drop((b1, b2));
+        assert_eq!(b.queued(), 0);
+        // More than a semaphore holds is refused, not a panic.
+        let huge = RequestBudget::new(usize::MAX, &RequestBudget::total(usize::MAX));
+        assert!(huge.take(usize::MAX).is_err());
     }
 }

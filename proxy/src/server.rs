@@ -286,6 +286,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
             tls,
             config.max_connections,
             config.max_queued_watch_request_bytes,
+            config.max_queued_watch_request_bytes_total,
         ),
         async move {
             let _ = signalled.wait_for(|s| *s).await;

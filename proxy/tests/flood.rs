@@ -43,6 +43,29 @@ fn progress() -> WatchRequest {
 /// ends a stream for this.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_over_its_connections_request_queue_ends_alone() {
+    flood_one_stream(
+        "--max-queued-watch-request-bytes",
+        "more than 262144 bytes of Watch requests queued on this connection \
+         (--max-queued-watch-request-bytes)",
+    )
+    .await;
+}
+
+/// The same flood against the proxy's bound over every connection
+/// (`--max-queued-watch-request-bytes-total`, 256 MiB by default, 256 KiB here): the
+/// stream ends naming that flag, and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_over_the_proxys_request_queue_ends_alone() {
+    flood_one_stream(
+        "--max-queued-watch-request-bytes-total",
+        "more than 262144 bytes of Watch requests queued over every connection \
+         (--max-queued-watch-request-bytes-total)",
+    )
+    .await;
+}
+
+/// The flood, with `flag` set to 256 KiB; the stream's end must say `message`.
+async fn flood_one_stream(flag: &str, message: &str) {
     const FLOOD: usize = 6_000;
     let key = |i: usize| format!("/app/{}/{i}", "k".repeat(4096));
     let etcd = start_etcd(EtcdOptions::default()).await;
@@ -51,7 +74,7 @@ async fn a_stream_over_its_connections_request_queue_ends_alone() {
         vec![
             "--prefix".into(),
             "/app/".into(),
-            "--max-queued-watch-request-bytes".into(),
+            flag.into(),
             (256 << 10).to_string(),
         ],
     )
@@ -119,13 +142,7 @@ async fn a_stream_over_its_connections_request_queue_ends_alone() {
     };
     println!("sent {sent}, {answers} answers, then {status:?}");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    assert!(
-        status.message().contains("more than 262144 bytes")
-            && status
-                .message()
-                .contains("--max-queued-watch-request-bytes"),
-        "{status:?}"
-    );
+    assert!(status.message().contains(message), "{status:?}");
     assert!(answers > 0 && answers < FLOOD, "{answers}");
     kv.range(range())
         .await

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use prost::Message;
-use tokio::sync::{mpsc, watch, TryAcquireError};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service, StdError};
@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::session::{Queued, Session};
 use super::wire::{WatchCodec, WireResponse};
-use crate::conn::{RequestBudget, QUEUED_REQUEST_BYTES};
+use crate::conn::{Over, RequestBudget, QUEUED_REQUEST_BYTES};
 use crate::pb::etcdserverpb::{watch_request::RequestUnion, WatchRequest};
 use crate::state::State;
 
@@ -72,7 +72,12 @@ impl WatchService {
         );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
         let budget = conn.map_or_else(
-            || RequestBudget::new(QUEUED_REQUEST_BYTES),
+            || {
+                RequestBudget::new(
+                    QUEUED_REQUEST_BYTES,
+                    &RequestBudget::total(QUEUED_REQUEST_BYTES),
+                )
+            },
             |c| c.requests.clone(),
         );
         let (tx, rx) = mpsc::channel(self.state.limits.watch_send_queue.max(1));
@@ -86,7 +91,8 @@ impl WatchService {
 
 /// Reads a client's Watch requests as fast as they come (h2 closes a connection whose
 /// small frames pile up unread, see `conn.rs`), into a queue bounded in bytes by
-/// `budget`, the connection's (`--max-queued-watch-request-bytes`): each request holds its share
+/// `budget`, the connection's (`--max-queued-watch-request-bytes`) within the proxy's
+/// (`--max-queued-watch-request-bytes-total`): each request holds its share
 /// until its session takes it. A request that finds the share spent ends the stream with
 /// [`too_many_requests`], after the requests before it; a receive error ends it too.
 /// Either is the last item. Then the stream is drained (see [`DRAIN_LIMIT`]).
@@ -95,7 +101,6 @@ fn read_requests(
     budget: RequestBudget,
     shutdown: watch::Receiver<bool>,
 ) -> mpsc::UnboundedReceiver<Queued> {
-    let RequestBudget { permits, limit } = budget;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
@@ -108,26 +113,18 @@ fn read_requests(
             let failed = item.is_err();
             let item = item.map(owned);
             let size = QUEUED_SIZE + item.as_ref().map_or(0, Message::encoded_len);
-            let share = u32::try_from(size).map_or(Err(TryAcquireError::NoPermits), |n| {
-                permits.clone().try_acquire_many_owned(n)
-            });
-            let (item, share, over) = match share {
-                Ok(share) => (item, share, false),
-                Err(TryAcquireError::NoPermits) => {
-                    match permits.clone().try_acquire_many_owned(0) {
-                        Ok(none) => (Err(too_many_requests(limit)), none, true),
-                        Err(_) => return,
-                    }
-                }
-                Err(TryAcquireError::Closed) => return,
+            let (item, share, over) = match budget.take(size) {
+                Ok(share) => (item, share, None),
+                Err(over) => (Err(too_many_requests(over)), budget.nothing(), Some(over)),
             };
             if tx.send((item, share)).is_err() || failed {
                 break;
             }
-            if over {
+            if let Some(over) = over {
                 tracing::debug!(
-                    queued = limit - permits.available_permits(),
-                    "a Watch stream went over its connection's queued requests; it ends"
+                    queued = budget.queued(),
+                    ?over,
+                    "a Watch stream went over the queued requests' bound; it ends"
                 );
                 break;
             }
@@ -150,11 +147,17 @@ fn owned(mut request: WatchRequest) -> WatchRequest {
 
 /// The end of a stream whose client sent more than its connection's queue holds: etcd's
 /// code for a resource limit, for this stream only.
-fn too_many_requests(limit: usize) -> Status {
-    Status::resource_exhausted(format!(
-        "etcd-cache-proxy: more than {limit} bytes of Watch requests queued on this \
-         connection (--max-queued-watch-request-bytes); the stream ends"
-    ))
+fn too_many_requests(over: Over) -> Status {
+    Status::resource_exhausted(match over {
+        Over::Connection(limit) => format!(
+            "etcd-cache-proxy: more than {limit} bytes of Watch requests queued on this \
+             connection (--max-queued-watch-request-bytes); the stream ends"
+        ),
+        Over::Total(limit) => format!(
+            "etcd-cache-proxy: more than {limit} bytes of Watch requests queued over every \
+             connection (--max-queued-watch-request-bytes-total); the stream ends"
+        ),
+    })
 }
 
 /// Reads and drops what the client still sends on a stream the proxy ended, until the

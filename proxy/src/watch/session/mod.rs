@@ -45,10 +45,29 @@ const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
 
 /// A client's request as the reader queued it, with its share of the queue's bytes
 /// (held until the request is handled); a receive error is the last one.
-pub(super) type Queued = (
-    Result<WatchRequest, Status>,
-    tokio::sync::OwnedSemaphorePermit,
-);
+pub(super) type Queued = (Result<WatchRequest, Status>, crate::conn::Share);
+
+/// The key ranges a revocation re-check asks about, each with the watch ids it decides:
+/// the stream's open cached watches and its cached creates whose `created` has not gone
+/// out yet (neither canceled by the client nor a resume after a move), so that a create
+/// in flight at the revocation is not let through by its late reply.
+fn to_recheck(
+    cached: &IdMap<(bytes::Bytes, bytes::Bytes)>,
+    pending: &VecDeque<PendingCreate>,
+) -> std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> {
+    let mut by_range: std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> =
+        std::collections::HashMap::new();
+    for (id, range) in cached {
+        by_range.entry(range.clone()).or_default().push(*id);
+    }
+    for p in pending.iter().filter(|p| !p.canceled && !p.rejoin) {
+        by_range
+            .entry((p.key.clone(), p.end.clone()))
+            .or_default()
+            .push(p.id);
+    }
+    by_range
+}
 
 /// A cache create waiting for its `created`: the id it was given, its `fragment` flag and
 /// key range.
@@ -671,25 +690,9 @@ impl Session {
     /// against etcd's decisions for this caller now (one ask per distinct range, shared
     /// with every stream of the same token).
     fn start_recheck(&mut self) {
-        let pending = self
-            .pending_creates
-            .iter()
-            .filter(|p| !p.canceled && !p.rejoin);
-        if (self.cached.is_empty() && pending.clone().next().is_none())
-            || !self.state.authz.enabled()
-        {
+        let by_range = to_recheck(&self.cached, &self.pending_creates);
+        if by_range.is_empty() || !self.state.authz.enabled() {
             return;
-        }
-        let mut by_range: std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> =
-            std::collections::HashMap::new();
-        for (id, range) in &self.cached {
-            by_range.entry(range.clone()).or_default().push(*id);
-        }
-        for p in pending {
-            by_range
-                .entry((p.key.clone(), p.end.clone()))
-                .or_default()
-                .push(p.id);
         }
         let authz = self.state.authz.clone();
         let metadata = self.metadata.clone();
@@ -779,5 +782,55 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => futures::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn pending(id: i64, key: &'static str, canceled: bool, rejoin: bool) -> PendingCreate {
+        PendingCreate {
+            id,
+            canceled,
+            fragment: false,
+            key: Bytes::from_static(key.as_bytes()),
+            end: Bytes::new(),
+            resume: WatchCreateRequest::default(),
+            rejoin,
+        }
+    }
+
+    /// A revocation re-checks the open cached watches and the cached creates still waiting
+    /// for their `created` (issue 40: a create in flight at the revocation was let
+    /// through), not those the client canceled nor resumes after a move.
+    #[test]
+    fn a_recheck_covers_creates_not_answered_yet() {
+        let mut cached = IdMap::default();
+        cached.insert(1, (Bytes::from_static(b"/a"), Bytes::new()));
+        let queue: VecDeque<PendingCreate> = [
+            pending(2, "/a", false, false),
+            pending(3, "/b", false, false),
+            pending(4, "/c", true, false),
+            pending(5, "/d", false, true),
+        ]
+        .into();
+        let mut got: Vec<(Bytes, Vec<i64>)> = to_recheck(&cached, &queue)
+            .into_iter()
+            .map(|((k, _), mut ids)| {
+                ids.sort();
+                (k, ids)
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (Bytes::from_static(b"/a"), vec![1, 2]),
+                (Bytes::from_static(b"/b"), vec![3]),
+            ]
+        );
+        assert!(to_recheck(&IdMap::default(), &VecDeque::new()).is_empty());
     }
 }
