@@ -13,7 +13,9 @@
 //!   probe's refresh (30 s) and a margin.
 //!
 //! Needs both versions: Debian's etcd 3.4.23 and the Go-built 3.5 (`cargo xtask etcd-bins`,
-//! or `ETCD_CACHE_ETCD_DIR`); `ETCD_VERSION` and `ETCD_BIN` do not apply here.
+//! or `ETCD_CACHE_ETCD_DIR`); `ETCD_VERSION` and `ETCD_BIN` do not apply here. Outside
+//! `--full-matrix` it is not run when 3.5 is not built (the default `cargo xtask test`
+//! builds only 3.7).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -197,6 +199,21 @@ async fn quiet_reader(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_upgrade_3_4_to_3_5_safe_path_then_fast_path() {
     testkit::init_tracing();
+    // `cargo xtask test` builds only 3.7 of the Go versions (a newcomer's run); this runs
+    // where 3.5 is built (`cargo xtask etcd-bins 3.5`) and always in `--full-matrix`
+    // (CI's run, which fails here if 3.5 is missing).
+    if !testkit::full_matrix()
+        && !testkit::etcd_versions::etcd_dir()
+            .join("3.5")
+            .join("etcd")
+            .exists()
+    {
+        println!(
+            "rolling upgrade not run: etcd 3.5 is not built (`cargo xtask etcd-bins 3.5`, or \
+             `cargo xtask test --full-matrix`)"
+        );
+        return;
+    }
     testkit::bounded(TEST_LIMIT, async {
         let old = EtcdBinaries::exact(EtcdVersion::V3_4);
         let new = EtcdBinaries::exact(EtcdVersion::V3_5);

@@ -45,7 +45,8 @@ Commands:
           proxy/tests/e2e/exceptions.tsv lists, with their reasons, are expected).
         --full-matrix  every integration test target on 3.5, 3.6 and 3.7, and every e2e
                        suite (`--set all`) (CI's run).
-        --no-matrix    only the 3.4 steps; needs no Go.
+        --no-matrix    only the 3.4 steps (and the 3.5 and 3.7 that rolling_upgrade and
+                       range_stream start).
         Arguments before `--` go to cargo (e.g. --release); when they select targets (e.g.
         --test harness) only `cargo test --workspace <them>` runs, without the matrix.
         --jobs N       run N test binaries at once (default: cores + 1, 2 to 4; or

@@ -8,7 +8,8 @@
 //! binaries running together pick ports from disjoint ranges (testkit's `free_port`). Its
 //! output is kept and printed whole when it ends, after a `Running` line as cargo's. Every
 //! binary runs even when one fails; the failures are listed at the end. The longest binaries
-//! of the last run start first (their times are kept under the target directory).
+//! of the last run start first (their times are kept under the target directory; a first
+//! run takes those of `xtask/test-times.tsv`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -146,8 +147,14 @@ fn times_file() -> PathBuf {
     crate::target_dir().join("xtask").join("test-times.tsv")
 }
 
-fn load_times() -> HashMap<String, f64> {
-    std::fs::read_to_string(times_file())
+/// The times of a run on a fresh 2-core machine, kept in the repository: the order of a
+/// first run (the target directory has no times yet).
+fn shipped_times() -> PathBuf {
+    crate::root().join("xtask").join("test-times.tsv")
+}
+
+fn read_times(path: &Path) -> HashMap<String, f64> {
+    std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
@@ -157,8 +164,15 @@ fn load_times() -> HashMap<String, f64> {
         .collect()
 }
 
+/// The last run's times over the shipped ones.
+fn load_times() -> HashMap<String, f64> {
+    let mut times = read_times(&shipped_times());
+    times.extend(read_times(&times_file()));
+    times
+}
+
 fn save_times(new: &[(String, f64)]) {
-    let mut all = load_times();
+    let mut all = read_times(&times_file());
     all.extend(new.iter().cloned());
     let mut lines: Vec<String> = all.iter().map(|(n, s)| format!("{n}\t{s:.1}")).collect();
     lines.sort();
