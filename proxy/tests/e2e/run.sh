@@ -5,7 +5,7 @@
 #
 #   run.sh [--proxy cache|grpc-proxy|both] [--set short|quick|e2e|common|all|SUITE:REGEX]...
 #          [--run REGEX] [--timeout DURATION] [--out DIR] [--jobs N] [--retries N]
-#          [--release 3.5|3.6|3.7] [--no-build] [--no-isolate]
+#          [--release 3.5|3.6|3.7] [--no-build] [--build-only] [--no-isolate]
 #
 # Prints one line per test leaf (`PASS|FAIL|SKIP <proxy> <suite> <name> (<secs>s)`), for
 # --proxy both the tests that fail through etcd-cache-proxy but pass through grpc-proxy, and
@@ -27,6 +27,7 @@ out=""
 jobs=1
 retries=0
 build=1
+build_only=0
 rel=""
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
     --retries) shift; retries="$1" ;;
     --release) shift; rel="$1" ;;
     --no-build) build=0 ;;
+    --build-only) build_only=1 ;;
     --no-isolate) isolate=0 ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
@@ -147,6 +149,8 @@ if [ "$build" = 1 ]; then
   log "built etcd $release e2e binaries in $((SECONDS - t0)) s ($BUILD)"
 fi
 "$BUILD/bin/etcd-real" --version | grep "etcd Version: $release" >/dev/null || die "$BUILD/bin/etcd-real is not etcd $release"
+# --build-only: the binaries only (`cargo xtask test` builds them while its tests run).
+[ "$build_only" = 0 ] || exit 0
 
 # The framework resolves ../fixtures against its working directory: run in <dir>/suite with
 # <dir>/fixtures = the module's fixtures.
