@@ -22,6 +22,14 @@ pub(crate) const DEFAULT_AUTH_CACHE_BYTES: usize = 64 << 20;
 pub(crate) const DEFAULT_AUTH_ASK_BYTES: usize = 64 << 20;
 /// Default of `--max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+/// Default of `--max-queued-watch-request-bytes`: bytes of Watch requests read from one
+/// client connection and not yet taken by their streams' sessions, at most (each request
+/// counts its encoded size and its place in the queue; `conn.rs`).
+pub(crate) const DEFAULT_QUEUED_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+/// Default of `--max-queued-watch-request-bytes-total`: the same over every client
+/// connection at once (many connections cannot make the proxy hold many times the
+/// per-connection bound).
+pub(crate) const DEFAULT_QUEUED_REQUEST_BYTES_TOTAL: usize = 256 * 1024 * 1024;
 /// etcd's gRPC overhead allowance on top of `--max-request-bytes` for received messages.
 pub(crate) const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
@@ -152,13 +160,13 @@ pub(crate) struct Config {
     /// sessions have not taken yet (the proxy reads Watch streams eagerly: HTTP/2 closes a
     /// connection whose small frames sit unread). A stream whose request finds them spent
     /// ends with ResourceExhausted naming this flag; the connection's other streams go on.
-    #[arg(long, default_value_t = crate::conn::QUEUED_REQUEST_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_QUEUED_REQUEST_BYTES)]
     pub(crate) max_queued_watch_request_bytes: usize,
     /// Bytes of Watch requests queued over every client connection at once (see
     /// --max-queued-watch-request-bytes): a client with many connections cannot make the
     /// proxy hold many times the per-connection bound. A stream whose request finds them
     /// spent ends with ResourceExhausted naming this flag.
-    #[arg(long, default_value_t = crate::conn::QUEUED_REQUEST_BYTES_TOTAL)]
+    #[arg(long, default_value_t = DEFAULT_QUEUED_REQUEST_BYTES_TOTAL)]
     pub(crate) max_queued_watch_request_bytes_total: usize,
     /// Watches allowed on the whole proxy.
     #[arg(long, default_value_t = etcd_cache::DEFAULT_MAX_WATCHERS)]

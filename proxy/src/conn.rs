@@ -16,7 +16,8 @@
 //! ([`FLOODED_STREAMS`] streams each with a full window of etcd's smallest request,
 //! unread), the adaptive window stays off (it makes both windows one estimate, under
 //! which a single stream exhausts the budget), and the Watch service reads its streams
-//! eagerly into a queue bounded per connection ([`QUEUED_REQUEST_BYTES`]).
+//! eagerly into a queue bounded per connection (`--max-queued-watch-request-bytes`) and over
+//! all of them (`--max-queued-watch-request-bytes-total`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -68,12 +69,6 @@ const _: () = assert!(
         >= FLOODED_STREAMS * (STREAM_WINDOW / SMALLEST_REQUEST) * (SMALL_FRAME - SMALLEST_REQUEST)
 );
 
-/// The default of `--max-queued-watch-request-bytes`: bytes of Watch requests read from
-/// one client connection and not yet taken by their streams' sessions, at most (each request counts its encoded size and its place in
-/// the queue). A stream whose request finds the connection's share spent ends with
-/// `ResourceExhausted`; the connection and its other streams go on.
-pub(crate) const QUEUED_REQUEST_BYTES: usize = 16 * 1024 * 1024;
-
 /// `server` with the HTTP/2 windows of every client connection (see the module docs).
 pub(crate) fn http2(server: Server) -> Server {
     server
@@ -94,11 +89,6 @@ pub(crate) struct ConnInfo {
     /// (`--max-queued-watch-request-bytes`), as permits.
     pub(crate) requests: RequestBudget,
 }
-
-/// The default of `--max-queued-watch-request-bytes-total`: bytes of Watch requests queued
-/// over every client connection at once, at most (a client with many connections cannot
-/// make the proxy hold many times the per-connection bound).
-pub(crate) const QUEUED_REQUEST_BYTES_TOTAL: usize = 256 * 1024 * 1024;
 
 /// The bytes of Watch requests a connection's streams may have read ahead, as permits of
 /// the connection's own and of the proxy's whole budget, with both limits (named in a

@@ -23,7 +23,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::session::{Queued, Session};
 use super::wire::{WatchCodec, WireResponse};
-use crate::conn::{Over, RequestBudget, QUEUED_REQUEST_BYTES};
+use crate::config::DEFAULT_QUEUED_REQUEST_BYTES;
+use crate::conn::{Over, RequestBudget};
 use crate::pb::etcdserverpb::{watch_request::RequestUnion, WatchRequest};
 use crate::state::State;
 
@@ -74,8 +75,8 @@ impl WatchService {
         let budget = conn.map_or_else(
             || {
                 RequestBudget::new(
-                    QUEUED_REQUEST_BYTES,
-                    &RequestBudget::total(QUEUED_REQUEST_BYTES),
+                    DEFAULT_QUEUED_REQUEST_BYTES,
+                    &RequestBudget::total(DEFAULT_QUEUED_REQUEST_BYTES),
                 )
             },
             |c| c.requests.clone(),
