@@ -114,6 +114,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     }
 
     let upstream = Upstream::new(&config)?;
+    let _reachability = AbortOnDrop(upstream.spawn_reachability());
     let _auto_sync = (!config.endpoints_auto_sync_interval.is_zero()).then(|| {
         AbortOnDrop(crate::auto_sync::spawn(
             upstream.clone(),

@@ -296,6 +296,34 @@ struct Endpoints {
     changes: mpsc::Sender<Change<String, Endpoint>>,
     /// The set after each change, for the cache's own client ([`Upstream::endpoint_changes`]).
     published: tokio::sync::watch::Sender<Vec<String>>,
+    /// Endpoints of `current` taken out of the balance because they refuse connections
+    /// ([`Upstream::spawn_reachability`]).
+    down: Mutex<std::collections::HashSet<String>>,
+}
+
+/// How often [`Upstream::spawn_reachability`] tries each endpoint.
+const REACHABILITY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether a TCP connection to `url`'s host and port opens within a second.
+async fn connects(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return true;
+    };
+    let (Some(host), Some(port)) = (uri.host(), uri.port_u16()) else {
+        return true;
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect((host.as_str(), port))
+        )
+        .await,
+        Ok(Ok(_))
+    )
 }
 
 /// The metadata of a client's call that is passed on to etcd (its token and
@@ -329,6 +357,7 @@ impl Upstream {
             current: Mutex::new(urls.clone()),
             changes,
             published: tokio::sync::watch::Sender::new(urls),
+            down: Mutex::default(),
         };
         let presents_certificate = config.cert.is_some() && config.upstream_tls();
         let cert_identity = match &config.cert {
@@ -347,6 +376,67 @@ impl Upstream {
             cert_identity,
             no_range_stream_until: Mutex::new(None),
         }))
+    }
+
+    /// Every [`REACHABILITY_INTERVAL`], tries a TCP connection to each endpoint: one that
+    /// refuses it (a member stopped, killed, or its machine gone) is taken out of the
+    /// balance that forwarded calls use, and put back once it accepts again. tonic's
+    /// balance keeps picking an endpoint whose connection fails (grpc-go's balancers skip
+    /// one in TRANSIENT_FAILURE), so without it a third of the calls over three endpoints
+    /// failed `Unavailable` for as long as one member was down. When every endpoint
+    /// refuses, all stay in (calls fail as etcd's unreachability, not hang). Ends when
+    /// the upstream is dropped.
+    pub(crate) fn spawn_reachability(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REACHABILITY_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(upstream) = weak.upgrade() else {
+                    return;
+                };
+                upstream.check_reachability().await;
+            }
+        })
+    }
+
+    async fn check_reachability(&self) {
+        let urls = self.endpoints();
+        let mut reachable = Vec::with_capacity(urls.len());
+        for url in &urls {
+            reachable.push(connects(url).await);
+        }
+        let any_up = reachable.iter().any(|r| *r);
+        let mut moved = false;
+        for (url, ok) in urls.iter().zip(reachable) {
+            let was_down = self.endpoints.down.lock().contains(url);
+            if !ok && any_up && !was_down {
+                self.endpoints.down.lock().insert(url.clone());
+                let _ = self
+                    .endpoints
+                    .changes
+                    .send(Change::Remove(url.clone()))
+                    .await;
+                tracing::warn!(endpoint = %url, "etcd endpoint refuses connections: forwarded calls and the cache avoid it until it accepts again");
+                moved = true;
+            } else if was_down && (ok || !any_up) {
+                let Ok(ep) = self.endpoints.dial.endpoint(url) else {
+                    continue;
+                };
+                self.endpoints.down.lock().remove(url);
+                let _ = self
+                    .endpoints
+                    .changes
+                    .send(Change::Insert(url.clone(), ep))
+                    .await;
+                tracing::info!(endpoint = %url, "etcd endpoint back in the balance");
+                moved = true;
+            }
+        }
+        if moved {
+            self.publish();
+        }
     }
 
     /// Whether etcd said lately that it has no RangeStream (etcd < 3.7).
@@ -491,6 +581,7 @@ impl Upstream {
                 .collect();
             current.retain(|u| urls.contains(u));
             current.extend(added.iter().cloned());
+            self.endpoints.down.lock().retain(|u| !removed.contains(u));
             (added, removed)
         };
         let mut inserted = Vec::new();
@@ -518,14 +609,32 @@ impl Upstream {
                 .await;
         }
         if !inserted.is_empty() || !removed.is_empty() {
-            let now = self.endpoints();
-            self.endpoints.published.send_replace(now);
+            self.publish();
         }
         (inserted, removed)
     }
 
-    /// The endpoints as [`set_endpoints`](Upstream::set_endpoints) leaves them, from now
-    /// on: the cache's own client follows them (`cache_slot.rs`), so it keeps a connection
+    /// Tells the cache's client the endpoints calls balance over now: those of `current`
+    /// that do not refuse connections (all of them when every one does).
+    fn publish(&self) {
+        let current = self.endpoints();
+        let down = self.endpoints.down.lock().clone();
+        let up: Vec<String> = current
+            .iter()
+            .filter(|u| !down.contains(*u))
+            .cloned()
+            .collect();
+        let now = if up.is_empty() { current } else { up };
+        self.endpoints.published.send_if_modified(|old| {
+            let changed = *old != now;
+            *old = now;
+            changed
+        });
+    }
+
+    /// The endpoints as [`set_endpoints`](Upstream::set_endpoints) leaves them, less those
+    /// that refuse connections ([`spawn_reachability`](Upstream::spawn_reachability)), from
+    /// now on: the cache's own client follows them (`cache_slot.rs`), so it keeps a connection
     /// to etcd when the members of `--endpoints` are gone.
     pub(crate) fn endpoint_changes(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
         self.endpoints.published.subscribe()
