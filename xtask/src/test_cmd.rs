@@ -395,6 +395,10 @@ pub fn test(args: Vec<String>) -> i32 {
     0
 }
 
+/// Whether the lints, package and MSRV checks run beside the first step's tests (see
+/// [`start_beside`]); the e2e Go build always does (Go takes no cargo lock).
+const CHECKS_BESIDE: bool = false;
+
 /// A check started beside the first step's tests: its step names (none for the e2e
 /// build, whose step runs later and reports its own failure), the child, its log.
 struct Beside {
@@ -405,16 +409,22 @@ struct Beside {
     started: Instant,
 }
 
-/// Starts, beside the first step's tests, the lints, package and MSRV checks (`cargo
-/// xtask test-steps`) and the e2e step's Go build (`run.sh --build-only`), each at a
-/// lower priority (`nice`), its output kept in a file under the target directory.
+/// Starts, beside the first step's tests, the e2e step's Go build (`run.sh --build-only`)
+/// and, with [`CHECKS_BESIDE`], the lints, package and MSRV checks (`cargo xtask
+/// test-steps`), each at a lower priority (`nice`), its output kept in a file under the
+/// target directory.
 fn start_beside(steps: &[Step], cargo_args: &[String]) -> Vec<Beside> {
     let dir = crate::target_dir().join("xtask");
     let _ = std::fs::create_dir_all(&dir);
     let mut started = Vec::new();
+    // The lints, package and MSRV checks stay after the tests (`checks_beside` is false):
+    // beside them they hold cargo's build lock for minutes, and tests/examples.rs, which
+    // builds the examples, waited on it past xtask's limit for one binary in a loaded CI run.
     let checks: Vec<&Step> = steps
         .iter()
-        .filter(|s| matches!(s.kind, StepKind::Lints | StepKind::Package | StepKind::Msrv))
+        .filter(|s| {
+            CHECKS_BESIDE && matches!(s.kind, StepKind::Lints | StepKind::Package | StepKind::Msrv)
+        })
         .collect();
     let mut spawn = |what: &str, steps: Vec<String>, mut cmd: Command, file: &str| {
         let log = dir.join(file);
