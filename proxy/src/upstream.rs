@@ -403,6 +403,10 @@ impl Upstream {
 
     async fn check_reachability(&self) {
         let urls = self.endpoints();
+        // With one endpoint there is nothing to route around: no probe.
+        if urls.len() < 2 && self.endpoints.down.lock().is_empty() {
+            return;
+        }
         let mut reachable = Vec::with_capacity(urls.len());
         for url in &urls {
             reachable.push(connects(url).await);
