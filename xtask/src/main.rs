@@ -134,9 +134,6 @@ fn main() {
         },
         "etcd-bins" => etcd_bins::command(&rest),
         "test" => test_cmd::test(rest),
-        // `cargo xtask test`'s checks that run beside its first step's tests (not listed
-        // in the help: an internal command).
-        "test-steps" => test_cmd::test_steps(&rest),
         "msrv" => msrv::command(&rest),
         "cycles" => cycles::command(&rest),
         "demo" => demo(rest),

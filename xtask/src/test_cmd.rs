@@ -304,23 +304,8 @@ pub fn test(args: Vec<String>) -> i32 {
     }
 
     let mut done: Vec<(String, f64)> = Vec::new();
-    // The checks that ran beside the first step's tests: their results, taken in order.
-    let mut beside: Vec<(String, f64, i32)> = Vec::new();
     for (index, step) in steps.iter().enumerate() {
         let step_started = Instant::now();
-        if let Some(at) = beside.iter().position(|(name, _, _)| *name == step.name) {
-            let (name, secs, code) = beside.remove(at);
-            if code != 0 {
-                summary(&done);
-                println!(
-                    "xtask test: FAILED in {name} (beside the tests; exit code {code}) after {:.0} s",
-                    started.elapsed().as_secs_f64()
-                );
-                return code;
-            }
-            done.push((format!("{name} (beside the tests)"), secs));
-            continue;
-        }
         let code = match &step.kind {
             StepKind::CargoTest(args) => {
                 let mut envs: Vec<(String, String)> = Vec::new();
@@ -339,15 +324,15 @@ pub fn test(args: Vec<String>) -> i32 {
                 if jobs > 1 && side_by_side_fits(args) {
                     match side_by_side::build(cmd) {
                         Ok(binaries) => {
-                            // The first step's tests mostly wait on etcd: the checks and
-                            // the e2e build use the CPU they leave.
-                            let checks = if index == 0 {
+                            // The first step's tests mostly wait on etcd: the e2e build
+                            // uses the CPU they leave.
+                            let e2e_build = if index == 0 {
                                 start_beside(&steps, &cargo_args)
                             } else {
-                                Vec::new()
+                                None
                             };
                             let code = side_by_side::run(binaries, &test_args, &envs, jobs);
-                            beside = finish_beside(checks);
+                            finish_beside(e2e_build);
                             code
                         }
                         Err(code) => code,
@@ -395,138 +380,64 @@ pub fn test(args: Vec<String>) -> i32 {
     0
 }
 
-/// Whether the lints, package and MSRV checks run beside the first step's tests (see
-/// [`start_beside`]); the e2e Go build always does (Go takes no cargo lock).
-const CHECKS_BESIDE: bool = false;
-
-/// A check started beside the first step's tests: its step names (none for the e2e
-/// build, whose step runs later and reports its own failure), the child, its log.
+/// The e2e step's Go build, started beside the first step's tests: the child, its log.
 struct Beside {
-    steps: Vec<String>,
-    what: String,
     child: std::process::Child,
     log: std::path::PathBuf,
     started: Instant,
 }
 
-/// Starts, beside the first step's tests, the e2e step's Go build (`run.sh --build-only`)
-/// and, with [`CHECKS_BESIDE`], the lints, package and MSRV checks (`cargo xtask
-/// test-steps`), each at a lower priority (`nice`), its output kept in a file under the
-/// target directory.
-fn start_beside(steps: &[Step], cargo_args: &[String]) -> Vec<Beside> {
-    let dir = crate::target_dir().join("xtask");
-    let _ = std::fs::create_dir_all(&dir);
-    let mut started = Vec::new();
-    // The lints, package and MSRV checks stay after the tests (`checks_beside` is false):
-    // beside them they hold cargo's build lock for minutes, and tests/examples.rs, which
-    // builds the examples, waited on it past xtask's limit for one binary in a loaded CI run.
-    let checks: Vec<&Step> = steps
-        .iter()
-        .filter(|s| {
-            CHECKS_BESIDE && matches!(s.kind, StepKind::Lints | StepKind::Package | StepKind::Msrv)
-        })
-        .collect();
-    let mut spawn = |what: &str, steps: Vec<String>, mut cmd: Command, file: &str| {
-        let log = dir.join(file);
-        let Ok(out) = std::fs::File::create(&log) else {
-            return;
-        };
-        let Ok(err) = out.try_clone() else { return };
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        match cmd.spawn() {
-            Ok(child) => {
-                eprintln!(
-                    "xtask test: started {what} beside the tests (log: {})",
-                    log.display()
-                );
-                started.push(Beside {
-                    steps,
-                    what: what.to_string(),
-                    child,
-                    log,
-                    started: Instant::now(),
-                });
-            }
-            Err(e) => eprintln!("xtask test: cannot start {what} beside the tests: {e}"),
-        }
-    };
-    if !checks.is_empty() {
-        let names: Vec<String> = checks.iter().map(|s| s.name.clone()).collect();
-        if let Ok(exe) = env::current_exe() {
-            let mut cmd = Command::new("nice");
-            cmd.arg("-n")
-                .arg("5")
-                .arg(exe)
-                .arg("test-steps")
-                .args(&names);
-            cmd.current_dir(root());
-            spawn(&names.join(", "), names, cmd, "beside-checks.log");
-        }
-    }
-    if let Some(StepKind::E2e(args)) = steps
+/// Starts, beside the first step's tests, the e2e step's Go build (`run.sh --build-only`;
+/// Go takes no cargo lock), its output kept in a file under the target directory. Its
+/// step runs later and reports a failed build itself. (The lints, package and MSRV checks
+/// stay after the tests: they hold cargo's build lock, which tests/examples.rs waited on
+/// past the limit for one binary in a loaded CI run.)
+fn start_beside(steps: &[Step], cargo_args: &[String]) -> Option<Beside> {
+    let Some(StepKind::E2e(args)) = steps
         .iter()
         .map(|s| &s.kind)
         .find(|k| matches!(k, StepKind::E2e(_)))
-    {
-        let mut args = args.clone();
-        args.push("--build-only".to_string());
-        spawn(
-            "the e2e build",
-            Vec::new(),
-            e2e_command(&args, cargo_args),
-            "beside-e2e-build.log",
-        );
-    }
-    started
-}
-
-/// Waits for the checks [`start_beside`] started, prints their output, and returns each
-/// step's name, time and exit code.
-fn finish_beside(started: Vec<Beside>) -> Vec<(String, f64, i32)> {
-    let mut results = Vec::new();
-    for mut b in started {
-        let code = b.child.wait().map(|s| s.code().unwrap_or(101)).unwrap_or(1);
-        let secs = b.started.elapsed().as_secs_f64();
-        let text = std::fs::read_to_string(&b.log).unwrap_or_default();
-        eprintln!(
-            "xtask test: == {} (beside the tests, {secs:.0} s, exit code {code})",
-            b.what
-        );
-        print!("{text}");
-        // One result for the steps together (the child stops at the first failure).
-        for name in b.steps {
-            results.push((name, secs, code));
+    else {
+        return None;
+    };
+    let dir = crate::target_dir().join("xtask");
+    let _ = std::fs::create_dir_all(&dir);
+    let log = dir.join("beside-e2e-build.log");
+    let out = std::fs::File::create(&log).ok()?;
+    let err = out.try_clone().ok()?;
+    let mut args = args.clone();
+    args.push("--build-only".to_string());
+    let mut cmd = e2e_command(&args, cargo_args);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    match cmd.spawn() {
+        Ok(child) => {
+            eprintln!(
+                "xtask test: started the e2e build beside the tests (log: {})",
+                log.display()
+            );
+            Some(Beside {
+                child,
+                log,
+                started: Instant::now(),
+            })
+        }
+        Err(e) => {
+            eprintln!("xtask test: cannot start the e2e build beside the tests: {e}");
+            None
         }
     }
-    results
 }
 
-/// `cargo xtask test-steps <step names>`: the named checks of [`plan`] (lints, package,
-/// msrv), one after the other; stops at the first failure.
-pub fn test_steps(names: &[String]) -> i32 {
-    for name in names {
-        let step_started = Instant::now();
-        eprintln!("xtask test: == {name}");
-        let code = match name.as_str() {
-            "lints" => lints(),
-            "package" => package(),
-            "msrv" => msrv::check(),
-            other => {
-                eprintln!("xtask test-steps: no step {other:?} (lints, package, msrv)");
-                2
-            }
-        };
-        if code != 0 {
-            return code;
-        }
-        eprintln!(
-            "xtask test: passed {name} in {:.0} s",
-            step_started.elapsed().as_secs_f64()
-        );
-    }
-    0
+/// Waits for what [`start_beside`] started and prints its output.
+fn finish_beside(started: Option<Beside>) {
+    let Some(mut b) = started else { return };
+    let code = b.child.wait().map(|s| s.code().unwrap_or(101)).unwrap_or(1);
+    let secs = b.started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(&b.log).unwrap_or_default();
+    eprintln!("xtask test: == the e2e build (beside the tests, {secs:.0} s, exit code {code})");
+    print!("{text}");
 }
 
 /// Whether a `cargo test` step's binaries can run side by side ([`side_by_side`]): not
