@@ -13,6 +13,7 @@ mod cycles;
 mod etcd_bins;
 mod msrv;
 mod prereqs;
+mod robustness;
 mod side_by_side;
 mod test_cmd;
 
@@ -44,7 +45,8 @@ Commands:
           `proxy/tests/e2e/run.sh --set short --retries 1` (see its README; failures that
           proxy/tests/e2e/exceptions.tsv lists, with their reasons, are expected).
         --full-matrix  every integration test target on 3.5, 3.6 and 3.7, and every e2e
-                       suite (`--set all`) (CI's run).
+                       suite (`--set all`) (CI's run), then etcd's robustness suite's CI set
+                       through the proxy (`cargo xtask robustness`, below).
         --no-matrix    only the 3.4 steps (and the 3.5 and 3.7 that rolling_upgrade and
                        range_stream start).
         Arguments before `--` go to cargo (e.g. --release); when they select targets (e.g.
@@ -121,7 +123,7 @@ fn main() {
     };
     let code = match cmd {
         "help" | "-h" | "--help" => {
-            print!("{HELP}");
+            print!("{HELP}{}", robustness::HELP);
             0
         }
         "prereqs" => match rest.as_slice() {
@@ -133,7 +135,14 @@ fn main() {
             }
         },
         "etcd-bins" => etcd_bins::command(&rest),
-        "test" => test_cmd::test(rest),
+        // --full-matrix ends with etcd's robustness suite's CI set (robustness.rs).
+        "test" => match test_cmd::test(rest.clone()) {
+            0 if split_dashes(&rest).0.iter().any(|a| a == "--full-matrix") => {
+                robustness::full_matrix_step(&rest)
+            }
+            code => code,
+        },
+        "robustness" => robustness::command(&rest),
         "msrv" => msrv::command(&rest),
         "cycles" => cycles::command(&rest),
         "demo" => demo(rest),

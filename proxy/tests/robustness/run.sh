@@ -93,6 +93,7 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 
 # etcd reads ETCD_<FLAG> from its environment and the framework passes ETCD_* on: none of the
 # caller's may reach it.
+proxy_bin="${ETCD_CACHE_PROXY_BIN:-}"
 while read -r v; do case "$v" in ETCD*) unset "$v" ;; esac; done < <(compgen -e)
 for tool in go python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 
@@ -127,7 +128,7 @@ fixtures="$(cd "$HERE" && go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)/fix
 
 for t in "${targets[@]}"; do
   if [ "$t" = cache ]; then
-    bin="${ETCD_CACHE_PROXY_BIN:-$ROOT/target/release/etcd-cache-proxy}"
+    bin="${proxy_bin:-$ROOT/target/release/etcd-cache-proxy}"
     if [ ! -x "$bin" ]; then
       log "building etcd-cache-proxy (cargo build --release -p etcd-cache-proxy)"
       (cd "$ROOT" && nice -n 10 cargo build --release -p etcd-cache-proxy) >"$out/cargo.log" 2>&1 \

@@ -137,8 +137,17 @@ func main() {
 	movedURL := "http://127.0.0.1:" + moved
 	args = append([]string(nil), args...)
 	args[li] = "--listen-client-urls=" + movedURL
-	// etcd keeps advertising the front's URL (--advertise-client-urls is left as given), so
-	// MemberList names the proxy, never the moved listener.
+	// etcd advertises where it listens, as a member behind a proxy does in a deployment: the
+	// proxy learns each member's version through MemberList's client URLs (advertising the
+	// front's URL made the proxy ask itself, before it served, and distrust progress answers).
+	// MemberList passes through the proxy as etcd answers it (names and IDs, which the
+	// suite's member-replace failpoint reads); the suite's clients never sync endpoints.
+	// ETCD_ROBUSTNESS_ADVERTISE=front keeps the front's URL advertised instead.
+	if getenv("ADVERTISE") != "front" {
+		if ai := flagIndex(args, "advertise-client-urls"); ai >= 0 {
+			args[ai] = "--advertise-client-urls=" + movedURL
+		}
+	}
 	name := "member"
 	if ni := flagIndex(args, "name"); ni >= 0 {
 		_, name = splitFlag(args[ni])
