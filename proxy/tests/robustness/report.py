@@ -104,13 +104,15 @@ def analyse(d):
     details = []
     if status == "FAIL":
         pats = [
+            (r"failed triggering failpoint, err: ([^\n]*)", "failpoint not injected: {0}"),
             (r"Failed linearization", "linearization"),
             (r"Linearization has timed out", "linearization timed out"),
             (r"Failed validating watch history, err: (.*)", "watch: {0}"),
             (r"Failed validating serializable operations, err: (.*)", "serializable: {0}"),
             (r"Unhandled raft request[^\n]{0,200}", "WAL reader: {0}"),
-            (r"panic: ([^\n]{0,200})", "panic: {0}"),
             (r"Broke watch guarantee.*\"guarantee\": \"(\w+)\"", "watch guarantee {0}"),
+            (r"Received unexpected error:\s*\n\s*([^\n]*)\n(?:[^\n]*\n){0,3}?\s*Messages:\s*([^\n]*)", "{1}: {0}"),
+            (r"Traffic finished before failure was injected", "traffic finished before the failpoint was injected"),
         ]
         for pat, fmt in pats:
             for mm in re.finditer(pat, text):
@@ -119,6 +121,10 @@ def analyse(d):
                     s = "WAL reader: " + mm.group(0)[:200]
                 if s not in details:
                     details.append(s)
+        if not details:
+            mm = re.search(r"panic: ([^\n]{0,200})", text)
+            if mm:
+                details.append("panic: " + mm.group(1))
         if not details:
             # The first error the test reported.
             for i, l in enumerate(lines):
