@@ -339,14 +339,7 @@ async fn a_revoked_permission_ends_cached_reads_and_watches_a_granted_one_opens_
     for _ in 0..100 {
         reader.get("/app/a/x", None).await.unwrap();
     }
-    admin
-        .role_revoke_permission(
-            "ro",
-            "/app/a/",
-            Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
+    support::revoke_reader(&mut admin).await;
     let revoked = Instant::now();
     // The proxy cancels the cached watch with etcd's reason, within the bound (etcd >=
     // 3.5: the auth revision, polled every second; 3.4: open watches are checked every

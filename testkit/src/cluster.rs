@@ -6,6 +6,9 @@ use crate::etcd::{free_port, EtcdOptions, EtcdServer, StartError, START_ATTEMPTS
 use crate::etcd_versions::EtcdBinaries;
 use crate::http::MemberStatus;
 
+/// Sets the peer port a front forwards member i to (see [`EtcdCluster::start_fronted`]).
+type SetUpstream<'a> = &'a (dyn Fn(usize, u16) + Sync);
+
 /// Three etcd members on loopback, a static `--initial-cluster`.
 #[derive(Debug)]
 pub struct EtcdCluster {
@@ -23,22 +26,48 @@ impl EtcdCluster {
 
     /// Starts three members with `opts` and waits until all are healthy.
     pub fn start_with(opts: EtcdOptions) -> EtcdCluster {
+        Self::start_inner(opts, None)
+    }
+
+    /// Starts three members that advertise `fronts[i]` (a forwarder's port on 127.0.0.1)
+    /// as member i's peer URL while listening on a peer port of their own, which
+    /// `set_upstream(i, port)` hands to the forwarder before the members start (again
+    /// when a start is retried on new ports). See [`LaggingCluster`](crate::LaggingCluster).
+    pub(crate) fn start_fronted(
+        opts: EtcdOptions,
+        fronts: &[u16],
+        set_upstream: SetUpstream<'_>,
+    ) -> EtcdCluster {
+        assert_eq!(fronts.len(), Self::SIZE, "one front per member");
+        Self::start_inner(opts, Some((fronts, set_upstream)))
+    }
+
+    fn start_inner(opts: EtcdOptions, fronts: Option<(&[u16], SetUpstream<'_>)>) -> EtcdCluster {
         let mut last = String::new();
         'attempt: for _ in 0..START_ATTEMPTS {
             let ports: Vec<(u16, u16)> = (0..Self::SIZE)
                 .map(|_| (free_port(), free_port()))
                 .collect();
+            let advertised = |i: usize, peer: u16| fronts.map_or(peer, |(f, _)| f[i]);
+            if let Some((_, set_upstream)) = fronts {
+                for (i, &(_, peer)) in ports.iter().enumerate() {
+                    set_upstream(i, peer);
+                }
+            }
             let initial_cluster = ports
                 .iter()
                 .enumerate()
-                .map(|(i, (_, peer))| format!("etcd{i}=http://127.0.0.1:{peer}"))
+                .map(|(i, &(_, peer))| format!("etcd{i}=http://127.0.0.1:{}", advertised(i, peer)))
                 .collect::<Vec<_>>()
                 .join(",");
             let mut members: Vec<EtcdServer> = ports
                 .iter()
                 .enumerate()
                 .map(|(i, &(client, peer))| {
-                    EtcdServer::new(&format!("etcd{i}"), client, peer, &initial_cluster, &opts)
+                    let mut m =
+                        EtcdServer::new(&format!("etcd{i}"), client, peer, &initial_cluster, &opts);
+                    m.advertise_peer_port(advertised(i, peer));
+                    m
                 })
                 .collect();
             for m in &mut members {

@@ -384,6 +384,16 @@ impl EtcdServer {
         }
     }
 
+    /// Advertises `http://127.0.0.1:{port}` as this member's peer URL (a forwarder in
+    /// front of its own peer listener), from its next start on.
+    pub(crate) fn advertise_peer_port(&mut self, port: u16) {
+        for a in &mut self.base_args {
+            if a.starts_with("--initial-advertise-peer-urls=") {
+                *a = format!("--initial-advertise-peer-urls=http://127.0.0.1:{port}");
+            }
+        }
+    }
+
     /// Starts the process (does not wait for health).
     pub(crate) fn spawn(&mut self) -> Result<(), StartError> {
         assert!(

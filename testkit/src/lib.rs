@@ -8,7 +8,8 @@
 //!   temporary data directory, killed on drop), [`EtcdCluster`] (three members), and
 //!   [`grpc_proxy`] (etcd's own gRPC proxy). Their calls block; from async code wrap them in
 //!   [`blocking`].
-//! - Faults: [`TcpProxy`], a forwarder that drops, black-holes or refuses connections.
+//! - Faults: [`TcpProxy`], a forwarder that drops, black-holes or refuses connections;
+//!   [`LaggingCluster`], three members of which one applies every change late.
 //! - Clients: [`client`] and [`Connect`], connect and retry until `status` answers.
 //! - Fixtures: [`cache_on_etcd`] (an etcd, a client and a ready cache), or its two halves
 //!   [`etcd_with_client`] and [`ready_cache`].
@@ -53,6 +54,7 @@ mod example;
 mod fixture;
 mod grpc_proxy;
 mod http;
+mod peer_lag;
 pub mod reliability;
 mod run;
 mod stall;
@@ -72,6 +74,7 @@ pub use fixture::{
 };
 pub use grpc_proxy::{grpc_proxy, ProxyProcess};
 pub use http::{grpc_started, http_request, is_healthy, member_status, MemberStatus};
+pub use peer_lag::LaggingCluster;
 pub use run::{blocking, bounded, init_tracing};
 pub use stall::{full_matrix, small_puts_while_stopped, StallRound, FULL_MATRIX_ENV, WRITERS};
 pub use tcp_proxy::TcpProxy;

@@ -333,6 +333,18 @@ pub fn go_program() -> Option<PathBuf> {
         .clone()
 }
 
+/// Revokes role `ro`'s read on `/app/a/` (the `reader` of [`add_users`] loses it).
+pub async fn revoke_reader(admin: &mut etcd_client::Client) {
+    admin
+        .role_revoke_permission(
+            "ro",
+            "/app/a/",
+            Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+}
+
 /// The keys and users of the auth tests, made with `admin` (auth still off): keys under
 /// /app/a/, /app/b/ and /other; `root` (root), `cacher` (read on /app/: the proxy's
 /// user), `reader` (read on /app/a/), `nobody` (no role); every password `pw` but root's
