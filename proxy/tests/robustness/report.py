@@ -38,11 +38,12 @@ def load_exceptions():
     return out
 
 
-def expected(exc, scenario, target, status):
+def expected(exc, scenario, target, status, failpoint=""):
+    subject = "%s failpoint=%s" % (scenario, failpoint)
     for rx, tgt, kind, reason in exc:
         if tgt not in ("*", target):
             continue
-        if not rx.search(scenario):
+        if not rx.search(subject):
             continue
         if kind == "fail" and status == "FAIL":
             return "XFAIL", reason
@@ -187,7 +188,7 @@ def main():
     exc = load_exceptions()
     if args and args[0] == "--line":
         r = analyse(args[1])
-        e = expected(exc, r["scenario"], r["target"], r["status"])
+        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"])
         if e:
             r["status"], r["expected"] = e
         print(line(r), flush=True)
@@ -197,7 +198,7 @@ def main():
     rs = []
     for d in sorted(run_dirs(out)):
         r = analyse(d)
-        e = expected(exc, r["scenario"], r["target"], r["status"])
+        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"])
         if e:
             r["status"], r["expected"] = e
         rs.append(r)

@@ -300,7 +300,13 @@ func proxyCommand(target, member, movedURL, frontAddr string) (*exec.Cmd, <-chan
 		a = append(a, strings.Fields(getenv("PROXY_ARGS"))...)
 		cmd = exec.Command(bin, a...)
 	}
-	cmd.Env = cleanEnv()
+	// GOFAIL_HTTP is the member's failpoint endpoint: a gofail-enabled `etcd grpc-proxy`
+	// would bind it first and the member would fail to start.
+	for _, kv := range cleanEnv() {
+		if !strings.HasPrefix(kv, "GOFAIL_HTTP=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var log io.Writer = os.Stderr
 	if dir := getenv("LOG_DIR"); dir != "" {
