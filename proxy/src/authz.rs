@@ -47,7 +47,7 @@
 //! per range and interval, not one per request.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -72,6 +72,8 @@ const DECISION_OVERHEAD: usize = 128;
 /// Decisions of a token not used for this long are dropped: the proxy is idle for that
 /// caller, and an idle proxy asks etcd nothing that goes through raft.
 const IDLE_AFTER: Duration = Duration::from_secs(10);
+/// Polls of etcd's auth state in flight at most (see [`Authz::spawn_poll`]).
+const POLLS_IN_FLIGHT: usize = 4;
 /// On etcd without `AuthStatus` (3.4), how long a decision lives.
 pub(crate) const RECHECK_WITHOUT_REVISION: Duration = Duration::from_secs(2);
 /// On etcd without `AuthStatus` (3.4), how often open cached watches are checked again
@@ -245,11 +247,16 @@ pub(crate) struct Authz {
     /// etcd's auth revision (`AuthStatus`), 0 when unknown.
     revision: AtomicU64,
     /// etcd has no `AuthStatus` (3.4), or refuses it to the proxy.
-    no_auth_status: std::sync::atomic::AtomicBool,
+    no_auth_status: AtomicBool,
     max_age: Duration,
     epoch: watch::Sender<u64>,
     /// Moves whenever decisions are dropped: a decision asked for before is not kept.
     generation: AtomicU64,
+    /// Numbers the learns in the order they ask; the newest answer applied so far.
+    /// Learns may overlap (a poll does not wait behind one stuck on a slow member): an
+    /// answer older than one applied already is dropped, so a stale "auth off" never
+    /// follows a newer "on".
+    learns: Mutex<(u64, u64)>,
 }
 
 impl Authz {
@@ -275,10 +282,11 @@ impl Authz {
             }),
             ask_limit: ask_bytes,
             revision: AtomicU64::new(0),
-            no_auth_status: std::sync::atomic::AtomicBool::new(false),
+            no_auth_status: AtomicBool::new(false),
             max_age: (token_ttl / 2).max(Duration::from_millis(100)),
             epoch: watch::channel(0).0,
             generation: AtomicU64::new(0),
+            learns: Mutex::new((0, 0)),
         })
     }
 
@@ -485,6 +493,11 @@ impl Authz {
     /// # Errors
     /// Why etcd did not answer.
     pub(crate) async fn learn(&self) -> Result<bool, Status> {
+        let asked = {
+            let mut learns = self.learns.lock();
+            learns.0 += 1;
+            learns.0
+        };
         let kept = {
             let mut d = self.decisions.lock();
             d.prune_unused(Instant::now(), IDLE_AFTER);
@@ -503,6 +516,12 @@ impl Authz {
             Some(s) => s,
             None => (self.probe().await?, 0),
         };
+        let mut learns = self.learns.lock();
+        if learns.1 > asked {
+            // A learn asked later has answered already.
+            return Ok(self.upstream.auth_state() == AuthState::On);
+        }
+        learns.1 = asked;
         let was = self.upstream.auth_state();
         self.upstream.set_auth_enabled(on);
         // The last revision seen stays while it is not asked: a move in between is seen
@@ -585,15 +604,30 @@ impl Authz {
     /// revision, decisions are dropped every [`RECHECK_WITHOUT_REVISION`] (asked again
     /// on their next use) and open watches are checked every
     /// [`WATCH_RECHECK_WITHOUT_REVISION`].
+    ///
+    /// Each poll runs beside the timer, up to [`POLLS_IN_FLIGHT`] at a time: a slow
+    /// answer (a member that lags, or etcd out of reach until the call's timeout) holds
+    /// back neither the next poll, which may reach another member, nor the drops, which
+    /// keep decisions within their age whatever etcd answers.
     pub(crate) fn spawn_poll(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval.min(RECHECK_WITHOUT_REVISION));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await; // the first tick is at once
+            let polls = Arc::new(tokio::sync::Semaphore::new(POLLS_IN_FLIGHT));
             let (mut forgot, mut rechecked) = (Instant::now(), Instant::now());
             loop {
-                tokio::time::sleep(interval.min(RECHECK_WITHOUT_REVISION)).await;
+                tick.tick().await;
                 let Some(authz) = weak.upgrade() else { return };
-                if let Err(e) = authz.learn().await {
-                    tracing::debug!(error = %e, "learning etcd's auth state failed");
+                if let Ok(permit) = polls.clone().try_acquire_owned() {
+                    let authz = authz.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = authz.learn().await {
+                            tracing::debug!(error = %e, "learning etcd's auth state failed");
+                        }
+                        drop(permit);
+                    });
                 }
                 if !authz.enabled() || authz.has_revision() {
                     continue;
@@ -970,6 +1004,31 @@ mod scripted {
             "the old answer was kept"
         );
         assert!(seen.try_recv().is_err(), "a kept decision asks nothing");
+    }
+
+    /// Learns overlap (a poll does not wait behind one stuck on a slow member): an
+    /// answer older than one applied already is dropped, so a stale "auth off" never
+    /// follows a newer "on".
+    #[tokio::test]
+    async fn an_older_learn_answering_last_is_dropped() {
+        let (authz, mut seen) = scripted().await;
+        let a = authz.clone();
+        let older = tokio::spawn(async move { a.learn().await });
+        let old_probe = next_ask(&mut seen, "the first learn").await;
+        let a = authz.clone();
+        let newer = tokio::spawn(async move { a.learn().await });
+        let new_probe = next_ask(&mut seen, "the second learn").await;
+        // etcd refuses a caller without a user: auth is on.
+        new_probe.answer(false);
+        assert!(newer.await.unwrap().unwrap(), "the newer learn saw auth on");
+        // The older probe answers last, from before auth was turned on.
+        old_probe.answer(true);
+        older.await.unwrap().unwrap();
+        assert_eq!(
+            authz.upstream().auth_state(),
+            AuthState::On,
+            "an older answer turned auth off after a newer one"
+        );
     }
 
     /// The same ask from many callers at once is one ask to etcd.

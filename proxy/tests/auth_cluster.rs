@@ -184,6 +184,18 @@ async fn a_revocation_holds_when_a_follower_lags() {
             r.get("/app/a/x", None).await.unwrap();
         }
 
+        // Watches opened just before the revocation. Through the lagging member a
+        // create waits for the cluster's revision (a linearizable read there, LAG late
+        // both ways), so some are still waiting for their `created` when the proxy learns
+        // of the revocation from the leader. Each must end refused (at its create, or
+        // canceled after it), none left running. (The pause only lets the creates go
+        // out first; any order is a valid run.)
+        let watchers: Vec<_> = readers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| tokio::spawn(watch_until_refused(version, i, r.clone())))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
         support::revoke_reader(&mut admin).await;
         let revoked = Instant::now();
         // The lagging member itself still allows a serializable read: it has not applied
@@ -246,13 +258,68 @@ async fn a_revocation_holds_when_a_follower_lags() {
         for t in tasks {
             last = last.max(t.await.unwrap());
         }
+        // A watch's check is an ask, which through the lagging member takes a round
+        // trip to the leader, LAG late both ways.
+        let watch_limit = limit + LAG * 2;
+        let mut watches_ended = Duration::ZERO;
+        let mut canceled = 0;
+        for w in watchers {
+            let (ended, was_created) = tokio::time::timeout(watch_limit + LAG, w)
+                .await
+                .unwrap_or_else(|_| panic!("{version:?}: a watch still ran {watch_limit:?} after"))
+                .unwrap();
+            let after = ended.saturating_duration_since(revoked);
+            assert!(
+                after < watch_limit,
+                "{version:?}: a watch ended {after:?} after the revocation"
+            );
+            watches_ended = watches_ended.max(after);
+            canceled += usize::from(was_created);
+        }
         println!(
             "{version:?}, proxy over the leader and a member lagging {LAG:?}: the last read \
              served to any of {READERS} readers started {last:?} after the revocation \
-             (goal {goal:?}); none served again once refused"
+             (goal {goal:?}); none served again once refused; {READERS} watches opened \
+             at the revocation ended within {watches_ended:?} ({canceled} canceled after \
+             their created, the others refused at their create)"
         );
         lagging.lag(slow, Duration::ZERO);
         drop(proxy);
         drop(lagging);
+    }
+}
+
+/// Opens a watch on `/app/a/` and reads it until the proxy refuses it: at its create, or
+/// by a cancel with etcd's reason. Returns when, and whether it had been created.
+async fn watch_until_refused(
+    version: EtcdVersion,
+    i: usize,
+    mut client: Client,
+) -> (Instant, bool) {
+    let denied = |e: &etcd_client::Error| e.to_string().contains("permission denied");
+    let mut stream = match client
+        .watch("/app/a/", Some(WatchOptions::new().with_prefix()))
+        .await
+    {
+        Err(e) if denied(&e) => return (Instant::now(), false),
+        Err(e) => panic!("{version:?}: watch {i}: {e}"),
+        Ok(stream) => stream,
+    };
+    let mut created = false;
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) if m.canceled() => {
+                assert!(
+                    m.cancel_reason().contains("permission denied"),
+                    "{version:?}: watch {i} canceled with {:?}",
+                    m.cancel_reason()
+                );
+                return (Instant::now(), created);
+            }
+            Ok(Some(m)) => created |= m.created(),
+            Ok(None) => panic!("{version:?}: watch {i} ended without a cancel"),
+            Err(e) if denied(&e) => return (Instant::now(), created),
+            Err(e) => panic!("{version:?}: watch {i}: {e}"),
+        }
     }
 }
