@@ -25,9 +25,9 @@ cargo xtask robustness [--runs N] [run.sh options]
 ";
 
 /// run.sh's arguments for the bounded set `cargo xtask test --full-matrix` runs: the CI
-/// scenarios (run.sh's `CI` list), twice each, through the proxy (about 10 minutes on two
+/// scenarios (run.sh's `CI` list, 10), three times each, through the proxy (about 7 minutes on two
 /// cores).
-const FULL_MATRIX_ARGS: &[&str] = &["--set", "ci", "--runs", "2", "--target", "cache"];
+const FULL_MATRIX_ARGS: &[&str] = &["--set", "ci", "--runs", "3", "--target", "cache"];
 
 /// `cargo xtask robustness [run.sh options]`.
 pub fn command(args: &[String]) -> i32 {

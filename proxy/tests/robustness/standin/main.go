@@ -24,6 +24,7 @@
 //	ETCD_ROBUSTNESS_REAL_ETCD    the real etcd (default: etcd-real beside this binary)
 //	ETCD_ROBUSTNESS_PROXY_BIN    etcd-cache-proxy (default /work/main/target/release/etcd-cache-proxy)
 //	ETCD_ROBUSTNESS_PROXY_ARGS   extra arguments for etcd-cache-proxy, space separated
+//	ETCD_ROBUSTNESS_RUST_LOG     RUST_LOG for etcd-cache-proxy (e.g. etcd_cache=debug)
 //	ETCD_ROBUSTNESS_LOG_DIR      each proxy's output goes to a file there
 //	                             (<cache|grpc>-<member>-<time>-<pid>.log); without it, to stderr
 //	ETCD_ROBUSTNESS_ADVERTISE    etcd (default): etcd advertises its moved listener; front: etcd
@@ -306,6 +307,9 @@ func proxyCommand(target, member, movedURL, frontAddr string) (*exec.Cmd, <-chan
 		if !strings.HasPrefix(kv, "GOFAIL_HTTP=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
+	}
+	if v := getenv("RUST_LOG"); v != "" && target == "cache" {
+		cmd.Env = append(cmd.Env, "RUST_LOG="+v)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var log io.Writer = os.Stderr
