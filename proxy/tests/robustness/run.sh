@@ -141,8 +141,9 @@ for t in "${targets[@]}"; do
         || { tail -30 "$out/cargo.log" >&2; die "cargo build failed"; }
       bin="$ROOT/target/release/etcd-cache-proxy"
     fi
-    # A copy, so a rebuild during the run does not change the proxy under test.
-    cp -f "$bin" "$out/etcd-cache-proxy"
+    # A copy (a hard link where it can: cargo replaces its binaries by a new file), so a
+    # rebuild during the run does not change the proxy under test.
+    ln -f "$bin" "$out/etcd-cache-proxy" 2>/dev/null || cp -f "$bin" "$out/etcd-cache-proxy"
     log "etcd-cache-proxy: $bin ($("$bin" --version 2>/dev/null || true), built $(date -u -r "$bin" +%FT%TZ))"
   fi
 done
