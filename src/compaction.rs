@@ -186,7 +186,21 @@ impl Compaction {
                 {
                     Ok(Ok(CompactionCheck::Compacted(floor))) => {
                         self.raise(floor);
-                        Ok(0)
+                        // Below the floor: compacted (`check_at` sees the floor). At or
+                        // above it, etcd was not asked about that revision: asked again
+                        // in the next round, so that a readable answer carries etcd's
+                        // revision (a read answered with a later header could be a state
+                        // after a compaction that covers its revision).
+                        let mut again = Vec::new();
+                        for (r, tx) in batch {
+                            if r < floor {
+                                let _ = tx.send(Ok(0));
+                            } else {
+                                again.push((r, tx));
+                            }
+                        }
+                        self.state.lock().waiting.extend(again);
+                        continue;
                     }
                     Ok(Ok(CompactionCheck::Readable { etcd_revision })) => Ok(etcd_revision),
                     Ok(Err(e)) => Err(Arc::new(e)),
@@ -241,6 +255,37 @@ mod tests {
         assert_eq!(c.check(&up, &range, 4, limit).await.unwrap(), Some(5));
         assert_eq!(fake.compaction_checks.load(SeqCst), asked);
         assert_eq!(c.check(&up, &range, 0, limit).await.unwrap(), None);
+    }
+
+    /// A batch whose lowest revision etcd compacted: the waiters at or above etcd's
+    /// floor are asked about again, so their readable answer carries etcd's revision
+    /// (not 0, after which a reader would take a later header: robustness finding R2).
+    #[tokio::test]
+    async fn a_compacted_lowest_revision_does_not_answer_the_others_without_etcds_revision() {
+        let (fake, up, c, range) = setup();
+        fake.compact(10);
+        fake.set_current_revision(50);
+        let limit = Duration::from_secs(1);
+        // Asked together, they share a batch whose lowest revision (3) is compacted.
+        let (first, batch) = tokio::join!(
+            c.check_at(&up, &range, 30, limit),
+            futures_util::future::join_all([3, 12, 40].map(|r| {
+                let (c, up, range) = (c.clone(), up.clone(), range.clone());
+                async move { c.check_at(&up, &range, r, limit).await.unwrap() }
+            }))
+        );
+        assert_eq!(
+            first.unwrap(),
+            CompactionCheck::Readable { etcd_revision: 50 }
+        );
+        assert_eq!(
+            batch,
+            [
+                CompactionCheck::Compacted(10),
+                CompactionCheck::Readable { etcd_revision: 50 },
+                CompactionCheck::Readable { etcd_revision: 50 },
+            ]
+        );
     }
 
     #[tokio::test]

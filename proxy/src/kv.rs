@@ -110,15 +110,20 @@ impl KvService {
                 .check(metadata, &r.key, &r.range_end)
                 .await?;
         }
-        // etcd answers a read at a revision it compacted, not the cache's window.
+        // etcd answers a read at a revision it compacted, not the cache's window. The
+        // cache answers a past revision only with etcd's revision at a check that found
+        // it readable as the header: the check and the answer are one decision. Without
+        // that revision (the check failed, or the revision is beyond etcd's), etcd
+        // answers.
         let mut checked_at = 0;
         if cache.is_some() && r.revision > 0 {
             match self.state.compaction_check(r.revision).await {
-                Some(etcd_cache::CompactionCheck::Compacted(_)) => cache = None,
-                Some(etcd_cache::CompactionCheck::Readable { etcd_revision }) => {
+                Some(etcd_cache::CompactionCheck::Readable { etcd_revision })
+                    if etcd_revision >= r.revision =>
+                {
                     checked_at = etcd_revision;
                 }
-                None => {}
+                _ => cache = None,
             }
         }
         if let Some(cache) = cache {
