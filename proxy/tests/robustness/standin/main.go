@@ -155,6 +155,12 @@ func main() {
 	}
 	say("%s: etcd's client listener moved to %s; %s serves %s", name, movedURL, target, frontAddr)
 
+	// After a Kill the framework starts the member again as soon as this process is gone,
+	// but the etcd and proxy it killed (Pdeathsig) may still hold the member's ports for a
+	// moment (the gofail port's "bind: address already in use" failed a restart): wait until
+	// they are free.
+	waitFree(name, memberAddrs(args, frontAddr), 10*time.Second)
+
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGCONT)
 
@@ -175,13 +181,22 @@ func main() {
 		fatalf("start etcd: %v", err)
 	}
 	pw.Close()
-	copied := make(chan struct{})
+	// etcd's output is read without pause into a queue (etcd blocks on a full pipe, and a
+	// blocked etcd would never let the proxy serve), and written from it, the ready lines
+	// held back until the proxy serves.
+	lines := make(chan string, 1<<16)
 	go func() {
-		defer close(copied)
+		defer close(lines)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 		for sc.Scan() {
-			line := sc.Text()
+			lines <- sc.Text()
+		}
+	}()
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		for line := range lines {
 			if strings.Contains(line, etcdReadyLine) {
 				select {
 				case <-proxyReady:
@@ -370,6 +385,58 @@ func splitFlag(a string) (string, string) {
 	}
 	k, v, _ := strings.Cut(s, "=")
 	return k, v
+}
+
+// memberAddrs are the addresses this member's processes listen on at fixed ports: the
+// front's, the peer and metrics listeners, and gofail's (GOFAIL_HTTP).
+func memberAddrs(args []string, front string) []string {
+	addrs := []string{front}
+	for _, f := range []string{"listen-peer-urls", "listen-metrics-urls"} {
+		if i := flagIndex(args, f); i >= 0 {
+			_, v := splitFlag(args[i])
+			for _, u := range strings.Split(v, ",") {
+				if pu, err := url.Parse(u); err == nil && pu.Host != "" {
+					addrs = append(addrs, pu.Host)
+				}
+			}
+		}
+	}
+	if g := os.Getenv("GOFAIL_HTTP"); g != "" {
+		addrs = append(addrs, g)
+	}
+	return addrs
+}
+
+// waitFree waits (at most limit) until every address can be listened on.
+func waitFree(member string, addrs []string, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			continue
+		}
+		if host == "localhost" {
+			host = "127.0.0.1"
+		}
+		addr := net.JoinHostPort(host, port)
+		waited := false
+		for {
+			l, err := net.Listen("tcp", addr)
+			if err == nil {
+				l.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				say("%s: %s still in use after %s: %v", member, addr, limit, err)
+				break
+			}
+			waited = true
+			time.Sleep(20 * time.Millisecond)
+		}
+		if waited {
+			say("%s: waited for %s to be free", member, addr)
+		}
+	}
 }
 
 func freePort() string {
