@@ -94,10 +94,71 @@ pub(crate) fn from_cache_read(e: &etcd_cache::Error) -> Option<Status> {
     }
 }
 
+/// grpc-go's text for a call whose connection closed under it (`transport: error reading
+/// from server: EOF`, reported as `Unavailable`): what etcd's own clients see, through
+/// grpc-proxy too, when the member dies in a call.
+pub(crate) const CONNECTION_CLOSED: &str = "error reading from server: EOF";
+
+/// A forwarded call's failure as a client of etcd would see it. tonic answers a call
+/// whose HTTP/2 connection to etcd broke with `Unknown: transport error` (or an h2
+/// error); grpc-go, and so etcd's clients and grpc-proxy, with
+/// `Unavailable: error reading from server: EOF`. `Unknown` tells a client the call
+/// failed for a reason it cannot retry; `Unavailable` that another member may answer.
+/// Every other status, etcd's own answers included, is kept as it is.
+pub(crate) fn as_etcd_client_sees(s: Status) -> Status {
+    let broken = matches!(s.code(), Code::Unknown | Code::Internal) && {
+        let m = s.message();
+        m == "transport error"
+            || m.starts_with("h2 protocol error")
+            || m.contains("connection reset")
+            || m.contains("connection closed")
+            || m.contains("broken pipe")
+    };
+    if broken {
+        Status::unavailable(CONNECTION_CLOSED)
+    } else {
+        s
+    }
+}
+
 /// An etcd-client error as the status etcd gave (or `Unavailable` for transport errors).
 pub(crate) fn from_upstream(e: &etcd_client::Error) -> Status {
     match e {
         etcd_client::Error::GRpcStatus(s) => Status::new(s.code(), s.message()),
         other => Status::new(Code::Unavailable, other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection that broke under a forwarded call is `Unavailable` with grpc-go's
+    /// text (robustness finding R1); etcd's own answers stay as they are.
+    #[test]
+    fn a_broken_connection_is_unavailable_as_grpc_go_says_it() {
+        for broken in [
+            Status::unknown("transport error"),
+            Status::internal("h2 protocol error: error reading a body from connection"),
+            Status::unknown("connection reset by peer"),
+        ] {
+            let s = as_etcd_client_sees(broken);
+            assert_eq!(
+                (s.code(), s.message()),
+                (Code::Unavailable, CONNECTION_CLOSED)
+            );
+        }
+        for etcds in [
+            Status::unknown("etcdserver: no leader"),
+            Status::unavailable("etcdserver: leader changed"),
+            Status::internal("etcdserver: request timed out"),
+            Status::permission_denied("etcdserver: permission denied"),
+        ] {
+            let kept = as_etcd_client_sees(etcds.clone());
+            assert_eq!(
+                (kept.code(), kept.message()),
+                (etcds.code(), etcds.message())
+            );
+        }
     }
 }

@@ -526,7 +526,8 @@ impl Upstream {
     /// [`request`](Self::request)).
     ///
     /// # Errors
-    /// etcd's answer.
+    /// etcd's answer; a connection that broke under the call as grpc-go reports it
+    /// (`status::as_etcd_client_sees`).
     pub(crate) async fn call<T, R, F, Fut>(
         &self,
         from: &MetadataMap,
@@ -537,7 +538,9 @@ impl Upstream {
         F: FnMut(Request<T>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        f(self.request(from, msg)).await
+        f(self.request(from, msg))
+            .await
+            .map_err(crate::status::as_etcd_client_sees)
     }
 
     /// Calls etcd for the proxy's own work with its token; when etcd says the token is

@@ -135,3 +135,41 @@ async fn a_three_member_cluster_loses_its_leader() {
     assert_eq!(members.members().len(), 3);
     drop(cluster);
 }
+
+/// A forwarded call whose connection to etcd breaks under it fails as it fails through
+/// grpc-go (etcd's clients, grpc-proxy): `Unavailable`, "error reading from server: EOF",
+/// which clients retry on another member (etcd's robustness suite, finding R1: tonic's
+/// `Unknown: transport error` was passed through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_connection_breaks_is_unavailable() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let cut = TcpProxy::start(etcd.endpoint()).await;
+    let proxy = start_proxy(cut.endpoint(), vec![]).await;
+    let mut via = client(&proxy.endpoint()).await;
+    via.put("/r1/warm", "v", None).await.unwrap();
+    cut.set_blackhole(true);
+    let mut put = tokio::spawn(async move { via.put("/r1/k", "v", None).await });
+    // The put hangs: it is on the proxy's connection to etcd, where no byte moves.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut put)
+            .await
+            .is_err(),
+        "the put answered through a black-holed connection"
+    );
+    cut.drop_all_connections();
+    cut.set_blackhole(false);
+    let err = tokio::time::timeout(Duration::from_secs(30), put)
+        .await
+        .expect("the put still hangs after its connection was reset")
+        .unwrap()
+        .unwrap_err();
+    match err {
+        etcd_client::Error::GRpcStatus(s) => assert_eq!(
+            (s.code(), s.message()),
+            (tonic::Code::Unavailable, "error reading from server: EOF"),
+            "{s:?}"
+        ),
+        other => panic!("not a status: {other:?}"),
+    }
+    drop(etcd);
+}
