@@ -34,16 +34,19 @@ def load_exceptions():
         if len(parts) < 4:
             continue
         scen, target, kind, reason = parts[:4]
-        out.append((re.compile(scen), target, kind, reason))
+        detail = re.compile(parts[4]) if len(parts) > 4 and parts[4] else None
+        out.append((re.compile(scen), target, kind, reason, detail))
     return out
 
 
-def expected(exc, scenario, target, status, failpoint=""):
+def expected(exc, scenario, target, status, failpoint="", details=""):
     subject = "%s failpoint=%s" % (scenario, failpoint)
-    for rx, tgt, kind, reason in exc:
+    for rx, tgt, kind, reason, detail in exc:
         if tgt not in ("*", target):
             continue
         if not rx.search(subject):
+            continue
+        if detail is not None and not detail.search(details):
             continue
         if kind == "fail" and status == "FAIL":
             return "XFAIL", reason
@@ -188,7 +191,7 @@ def main():
     exc = load_exceptions()
     if args and args[0] == "--line":
         r = analyse(args[1])
-        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"])
+        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"], "; ".join(r["details"]))
         if e:
             r["status"], r["expected"] = e
         print(line(r), flush=True)
@@ -198,7 +201,7 @@ def main():
     rs = []
     for d in sorted(run_dirs(out)):
         r = analyse(d)
-        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"])
+        e = expected(exc, r["scenario"], r["target"], r["status"], r["failpoint"], "; ".join(r["details"]))
         if e:
             r["status"], r["expected"] = e
         rs.append(r)
