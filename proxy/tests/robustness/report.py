@@ -117,6 +117,7 @@ def analyse(d):
             (r"Broke watch guarantee.*\"guarantee\": \"(\w+)\"", "watch guarantee {0}"),
             (r"Received unexpected error:\s*\n\s*([^\n]*)\n(?:[^\n]*\n){0,3}?\s*Messages:\s*([^\n]*)", "{1}: {0}"),
             (r"Traffic finished before failure was injected", "traffic finished before the failpoint was injected"),
+            (r"Error:\s+Received unexpected error:\s*\n\s*([^\n]*)\n\s*Test:", "{0}"),
         ]
         for pat, fmt in pats:
             for mm in re.finditer(pat, text):
