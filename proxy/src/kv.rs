@@ -68,16 +68,19 @@ impl KvService {
         // the call, also at an older revision; etcd's own when etcd answered), never
         // below what the cache has applied since.
         let header_revision = resp.header().map_or(0, |h| h.revision());
-        let mut revision = cache.revision().max(resp.revision()).max(header_revision);
+        let revision = cache.revision().max(resp.revision()).max(header_revision);
+        let mut header = self
+            .state
+            .upstream
+            .header_from_cache(resp.header(), revision);
         if r.revision > 0 && checked_at >= r.revision {
-            revision = checked_at;
+            // At a past revision: etcd's revision at the check (the cache's header,
+            // which `header_from_cache` keeps once etcd's identity is known, may be a
+            // state after a compaction that covers `r.revision`: robustness finding R2).
+            header.revision = checked_at;
         }
         Ok(RangeResponse {
-            header: Some(
-                self.state
-                    .upstream
-                    .header_from_cache(resp.header(), revision),
-            ),
+            header: Some(header),
             kvs: resp
                 .kvs()
                 .iter()
