@@ -64,21 +64,23 @@ impl KvService {
             tracing::debug!(error = %e, "range not served from the cache; forwarding");
             status::from_cache_read(&e)
         })?;
-        // The cache's header (for a consistent read at least the cluster's revision at
-        // the call, also at an older revision; etcd's own when etcd answered), never
-        // below what the cache has applied since.
-        let header_revision = resp.header().map_or(0, |h| h.revision());
-        let revision = cache.revision().max(resp.revision()).max(header_revision);
-        let mut header = self
+        // The header is the revision the answer is a state of: at a past revision,
+        // etcd's revision at the compaction check (a later one could be a state after a
+        // compaction that covers `r.revision`: robustness finding R2); otherwise the
+        // cache's header (for a consistent read at least the cluster's revision at the
+        // call), never a newer revision than the data's.
+        let revision = if r.revision > 0 && checked_at >= r.revision {
+            checked_at
+        } else {
+            match resp.header().map_or(0, |h| h.revision()) {
+                0 => resp.revision().max(cache.revision()),
+                h => h,
+            }
+        };
+        let header = self
             .state
             .upstream
             .header_from_cache(resp.header(), revision);
-        if r.revision > 0 && checked_at >= r.revision {
-            // At a past revision: etcd's revision at the check (the cache's header,
-            // which `header_from_cache` keeps once etcd's identity is known, may be a
-            // state after a compaction that covers `r.revision`: robustness finding R2).
-            header.revision = checked_at;
-        }
         Ok(RangeResponse {
             header: Some(header),
             kvs: resp

@@ -700,8 +700,9 @@ impl Upstream {
         }
     }
 
-    /// The header of an answer the cache gave: the cache's (newest applied revision and
-    /// etcd's identity), or one built at `revision` while the cache knows no identity.
+    /// The header of an answer the cache gave, at `revision` (the caller's: the state the
+    /// answer is of), with the identity of the cache's header (etcd's), or the proxy's
+    /// while the cache knows none.
     pub(crate) fn header_from_cache(
         &self,
         h: Option<&etcd_cache::ResponseHeader>,
@@ -711,7 +712,7 @@ impl Upstream {
             Some(h) if h.cluster_id() != 0 => ResponseHeader {
                 cluster_id: h.cluster_id(),
                 member_id: h.member_id(),
-                revision: h.revision(),
+                revision,
                 raft_term: h.raft_term(),
             },
             _ => self.header(revision),
