@@ -116,11 +116,27 @@ if [ "$jobs" -gt 1 ]; then
 fi
 
 # ---- build -------------------------------------------------------------------------------
+# Runs build_steps in a subshell of its own, where `set -e` holds: on the left of `||` a
+# subshell runs with it off, and a failed step went unnoticed until a binary was missing. Three
+# attempts, each failure's log shown: the Go module proxy's refusals are mostly transient.
+run_build() {
+  local logf="$1" attempt
+  for attempt in 1 2 3; do
+    ( build_steps ) >"$logf" 2>&1 &
+    if wait $!; then return 0; fi
+    tail -30 "$logf" >&2
+    [ "$attempt" = 3 ] && break
+    log "build attempt $attempt failed (its log's end is above); retrying in $((attempt * 15)) s"
+    sleep $((attempt * 15))
+  done
+  die "build failed 3 times (log: $logf)"
+}
+
 release="$(cd "$MODDIR" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
 release="${release#v}"
 if [ "$build" = 1 ]; then
   t0=$SECONDS
-  (
+  build_steps() {
     set -e
     (cd "$HERE" && GOFLAGS= "${GOBUILD[@]}" -o "$BUILD/bin/etcd" ./wrapper)
     cd "$MODDIR"
@@ -145,7 +161,8 @@ if [ "$build" = 1 ]; then
     if [ -d "$(go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)/common" ]; then
       "${GOTEST_C[@]}" -tags "cluster_proxy e2e" -o "$BUILD/common.test" go.etcd.io/etcd/tests/v3/common
     fi
-  ) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "build failed (log: $out/build.log)"; }
+  }
+  run_build "$out/build.log"
   log "built etcd $release e2e binaries in $((SECONDS - t0)) s ($BUILD)"
 fi
 "$BUILD/bin/etcd-real" --version | grep "etcd Version: $release" >/dev/null || die "$BUILD/bin/etcd-real is not etcd $release"

@@ -34,7 +34,10 @@ chmod -R u+w "$work"
 cd "$work/server"
 # The packages etcd's Makefile (gofail-enable) enables, relative to server/.
 dirs=(etcdserver/ lease lease/leasehttp storage/backend/ storage/mvcc/ storage/wal/ etcdserver/api/v3rpc/ etcdserver/api/membership/ etcdserver/api/snap/)
-nice -n 10 go run "go.etcd.io/gofail@$gofail_ver" enable "${dirs[@]}"
+# The gofail command from this module's own requirement (go.sum has it: robustness.test links
+# its runtime), not `go run gofail@ver`, which resolves gofail's module graph afresh.
+(cd "$HERE" && nice -n 10 go build -mod=readonly -o "$work/gofail" go.etcd.io/gofail)
+nice -n 10 "$work/gofail" enable "${dirs[@]}"
 nice -n 10 go get "go.etcd.io/gofail@$gofail_ver"
 nice -n 10 go build -trimpath -buildvcs=false -o "$out.tmp" .
 mv -f "$out.tmp" "$out"

@@ -106,11 +106,27 @@ while read -r v; do case "$v" in ETCD*) unset "$v" ;; esac; done < <(compgen -e)
 for tool in go python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 
 # ---- build -------------------------------------------------------------------------------
+# Runs build_steps in a subshell of its own, where `set -e` holds: on the left of `||` a
+# subshell runs with it off, and a failed step went unnoticed until a binary was missing. Three
+# attempts, each failure's log shown: the Go module proxy's refusals are mostly transient.
+run_build() {
+  local logf="$1" attempt
+  for attempt in 1 2 3; do
+    ( build_steps ) >"$logf" 2>&1 &
+    if wait $!; then return 0; fi
+    tail -30 "$logf" >&2
+    [ "$attempt" = 3 ] && break
+    log "build attempt $attempt failed (its log's end is above); retrying in $((attempt * 15)) s"
+    sleep $((attempt * 15))
+  done
+  die "build failed 3 times (log: $logf)"
+}
+
 release="$(cd "$HERE" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
 release="${release#v}"
 if [ "$build" = 1 ]; then
   t0=$SECONDS
-  (
+  build_steps() {
     set -e
     cd "$HERE"
     nice -n 10 go build -trimpath -buildvcs=false -o "$BUILD/bin/etcd" ./standin
@@ -124,7 +140,8 @@ if [ "$build" = 1 ]; then
     fi
     # Without the cluster_proxy tag: the stand-in etcd puts the proxy in front (README.md).
     nice -n 10 go test -c -trimpath -buildvcs=false -o "$BUILD/robustness.test" go.etcd.io/etcd/tests/v3/robustness
-  ) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "build failed (log: $out/build.log)"; }
+  }
+  run_build "$out/build.log"
   log "built robustness.test, the stand-in etcd and etcd $release with gofail in $((SECONDS - t0)) s ($BUILD)"
 fi
 "$BUILD/bin/etcd-real" --version | grep -q "etcd Version: $release" || die "$BUILD/bin/etcd-real is not etcd $release"
