@@ -144,7 +144,10 @@ if [ "$build" = 1 ]; then
   run_build "$out/build.log"
   log "built robustness.test, the stand-in etcd and etcd $release with gofail in $((SECONDS - t0)) s ($BUILD)"
 fi
-"$BUILD/bin/etcd-real" --version | grep -q "etcd Version: $release" || die "$BUILD/bin/etcd-real is not etcd $release"
+# Read whole, then matched: with pipefail, `etcd --version | grep -q` fails whenever grep's
+# early exit lands a SIGPIPE on etcd's later lines (how CI once failed on a good build).
+real_version="$("$BUILD/bin/etcd-real" --version 2>&1)" || die "$BUILD/bin/etcd-real --version failed: $real_version"
+[[ "$real_version" == *"etcd Version: $release"* ]] || die "$BUILD/bin/etcd-real is not etcd $release: $real_version"
 [ "$build_only" = 0 ] || exit 0
 [ ${#scenarios[@]} -gt 0 ] || die "no scenario left (--set/--scenario)"
 
@@ -171,9 +174,11 @@ done
 # Processes of one run carry ETCD_ROBUSTNESS_RUN=<id>: whatever is left of a run (a stand-in
 # whose test binary timed out; its etcd and proxy die with it) is killed by that mark only.
 kill_run() {
-  local id="$1" p
+  local id="$1" p env_of
   for p in /proc/[0-9]*; do
-    if { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "ETCD_ROBUSTNESS_RUN=$id"; then
+    # Read whole (no `| grep -q`: under pipefail its early exit can fail the pipeline).
+    env_of="$({ tr '\0' '\n' <"$p/environ"; } 2>/dev/null)" || continue
+    if [[ $'\n'"$env_of"$'\n' == *$'\n'"ETCD_ROBUSTNESS_RUN=$id"$'\n'* ]]; then
       kill -9 "${p#/proc/}" 2>/dev/null && log "killed leftover pid ${p#/proc/} of run $id"
     fi
   done
