@@ -60,7 +60,7 @@ use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
-use crate::pb::etcdserverpb::{AuthStatusRequest, RangeRequest};
+use crate::pb::etcdserverpb::{auth_client::AuthClient, AuthStatusRequest, RangeRequest};
 use crate::status::is_auth_refusal;
 use crate::upstream::{AuthState, Upstream, TOKEN};
 
@@ -459,11 +459,19 @@ impl Authz {
                 count_only: true,
                 ..Default::default()
             };
-            let up2 = upstream.clone();
+            // Linearizable (the Range is not serializable), so hedged: a member that
+            // lags does not hold a decision back.
             let answer = upstream
-                .call(&metadata, req, move |q| {
-                    let mut c = up2.kv();
-                    async move { c.range(q).await }
+                .hedged(|channel| {
+                    let (upstream, metadata, req) = (&upstream, &metadata, req.clone());
+                    async move {
+                        upstream
+                            .call(metadata, req, move |q| {
+                                let mut c = Upstream::kv_on(channel.clone());
+                                async move { c.range(q).await }
+                            })
+                            .await
+                    }
                 })
                 .await;
             match answer {
@@ -552,10 +560,13 @@ impl Authz {
     /// may have none): then never asked again.
     async fn auth_status(&self) -> Result<Option<(bool, u64)>, Status> {
         let upstream = &self.upstream;
+        // A raft request: hedged, so a member that lags does not delay what it says.
         let status = upstream
-            .own_call(AuthStatusRequest {}, |q| {
-                let mut c = upstream.auth();
-                async move { c.auth_status(q).await }
+            .hedged(|channel| {
+                upstream.own_call(AuthStatusRequest {}, move |q| {
+                    let mut c = AuthClient::new(channel.clone());
+                    async move { c.auth_status(q).await }
+                })
             })
             .await;
         match status {
@@ -582,10 +593,14 @@ impl Authz {
             count_only: true,
             ..Default::default()
         };
+        let metadata = MetadataMap::new();
+        // Linearizable: hedged like the asks.
         let answer = upstream
-            .call(&MetadataMap::new(), req, |q| {
-                let mut c = upstream.kv();
-                async move { c.range(q).await }
+            .hedged(|channel| {
+                upstream.call(&metadata, req.clone(), move |q| {
+                    let mut c = Upstream::kv_on(channel.clone());
+                    async move { c.range(q).await }
+                })
             })
             .await;
         match answer {
@@ -861,6 +876,8 @@ mod scripted {
     /// test says whether it is allowed.
     struct Seen {
         serializable: bool,
+        /// Which scripted member it reached.
+        member: usize,
         answer: oneshot::Sender<bool>,
     }
 
@@ -870,7 +887,7 @@ mod scripted {
         }
     }
 
-    struct ScriptedKv(mpsc::UnboundedSender<Seen>);
+    struct ScriptedKv(mpsc::UnboundedSender<Seen>, usize);
 
     fn unscripted<T>() -> Result<Response<T>, Status> {
         Err(Status::unimplemented("scripted"))
@@ -883,6 +900,7 @@ mod scripted {
             let serializable = r.get_ref().serializable;
             let _ = self.0.send(Seen {
                 serializable,
+                member: self.1,
                 answer,
             });
             match allowed.await {
@@ -920,19 +938,24 @@ mod scripted {
     /// An [`Authz`] with etcd's auth on, in front of the scripted etcd whose Ranges come
     /// out of the receiver.
     async fn scripted() -> (Arc<Authz>, mpsc::UnboundedReceiver<Seen>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        scripted_members(1).await
+    }
+
+    /// The same over `n` scripted members, each an endpoint.
+    async fn scripted_members(n: usize) -> (Arc<Authz>, mpsc::UnboundedReceiver<Seen>) {
         let (seen_tx, seen) = mpsc::unbounded_channel();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(KvServer::new(ScriptedKv(seen_tx)))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let config = crate::config::Config::parse_from([
-            "etcd-cache-proxy",
-            "--endpoints",
-            &format!("http://{addr}"),
-        ]);
+        let mut urls = Vec::new();
+        for member in 0..n {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            urls.push(format!("http://{}", listener.local_addr().unwrap()));
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(KvServer::new(ScriptedKv(seen_tx.clone(), member)))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            );
+        }
+        let config =
+            crate::config::Config::parse_from(["etcd-cache-proxy", "--endpoints", &urls.join(",")]);
         let upstream = Upstream::new(&config).unwrap();
         upstream.set_auth_enabled(true);
         let authz = Authz::new(upstream, Duration::from_secs(300), 1 << 20, 1 << 20);
@@ -1029,6 +1052,35 @@ mod scripted {
             AuthState::On,
             "an older answer turned auth off after a newer one"
         );
+    }
+
+    /// A member that sits on an ask (one that lags answers a linearizable read only
+    /// after a round trip to the leader) does not hold a decision back: after
+    /// `HEDGE_AFTER` the ask also goes to each member on its own connection, and the
+    /// first answer decides.
+    #[tokio::test]
+    async fn an_ask_one_member_sits_on_is_answered_by_another() {
+        let (authz, mut seen) = scripted_members(2).await;
+        let check = spawn_check(&authz, "t1");
+        // Left unanswered, as are the asks to the same member.
+        let sat_on = next_ask(&mut seen, "the check").await;
+        let mut held = Vec::new();
+        let other = loop {
+            let ask = next_ask(&mut seen, "the ask to every member").await;
+            if ask.member != sat_on.member {
+                break ask;
+            }
+            held.push(ask);
+        };
+        assert!(!other.serializable, "the hedged ask was serializable");
+        other.answer(false);
+        let refused = tokio::time::timeout(Duration::from_secs(10), check)
+            .await
+            .expect("the other member's answer decided")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        drop((sat_on, held));
     }
 
     /// The same ask from many callers at once is one ask to etcd.

@@ -193,6 +193,7 @@ pub(crate) struct Metrics {
     ranges_etcd: Counter,
     auth_asks: Counter,
     auth_asks_refused: Counter,
+    hedged: Counter,
     connections_refused: Counter,
     auth_revoked: Counter,
     caught_up: Counter,
@@ -233,6 +234,7 @@ impl Metrics {
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
             auth_asks_refused: metrics::counter!("etcd_cache_proxy_auth_asks_refused_total"),
+            hedged: metrics::counter!("etcd_cache_proxy_hedged_calls_total"),
             connections_refused: metrics::counter!("etcd_cache_proxy_connections_refused_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
             caught_up: metrics::counter!("etcd_cache_proxy_watches_caught_up_total"),
@@ -276,6 +278,12 @@ impl Metrics {
     /// A permission check refused because asks in flight hold `--auth-ask-bytes`.
     pub(crate) fn auth_ask_refused(&self) {
         self.auth_asks_refused.increment(1);
+    }
+
+    /// A hedged call (an ask, an auth poll) went to every member: the one the balance
+    /// picked had not answered in time.
+    pub(crate) fn hedged(&self) {
+        self.hedged.increment(1);
     }
 
     /// A cached watch canceled because etcd no longer allows its caller.
@@ -413,6 +421,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_auth_asks_total",
         "asks to etcd whether a caller may read a range (once per token and range while etcd's auth state holds)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_hedged_calls_total",
+        "permission asks and auth polls sent to every member because the one the balance picked had not answered within 150 ms"
     );
     describe_counter!(
         "etcd_cache_proxy_connections_refused_total",

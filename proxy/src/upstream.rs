@@ -299,7 +299,14 @@ struct Endpoints {
     /// Endpoints of `current` taken out of the balance because they refuse connections
     /// ([`Upstream::spawn_reachability`]).
     down: Mutex<std::collections::HashSet<String>>,
+    /// A channel to each endpoint of `current` on its own, dialed lazily when a hedged
+    /// call ([`Upstream::hedged`]) first needs it.
+    pinned: Mutex<std::collections::HashMap<String, Channel>>,
 }
+
+/// How long a hedged call ([`Upstream::hedged`]) waits on the member the balance picked
+/// before it asks every member on a connection of its own.
+pub(crate) const HEDGE_AFTER: Duration = Duration::from_millis(150);
 
 /// How often [`Upstream::spawn_reachability`] tries each endpoint.
 const REACHABILITY_INTERVAL: Duration = Duration::from_secs(1);
@@ -324,6 +331,16 @@ async fn connects(url: &str) -> bool {
         .await,
         Ok(Ok(_))
     )
+}
+
+/// Whether an answer settles a hedged call ([`Upstream::hedged`]): anything but a failure
+/// that another member may not have (unreachable, timed out, leader lost, connection
+/// broken).
+fn settled<R>(answer: &Result<R, Status>) -> bool {
+    !matches!(answer, Err(s) if matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+    ))
 }
 
 /// The metadata of a client's call that is passed on to etcd (its token and
@@ -358,6 +375,7 @@ impl Upstream {
             changes,
             published: tokio::sync::watch::Sender::new(urls),
             down: Mutex::default(),
+            pinned: Mutex::default(),
         };
         let presents_certificate = config.cert.is_some() && config.upstream_tls();
         let cert_identity = match &config.cert {
@@ -457,9 +475,7 @@ impl Upstream {
     }
 
     pub(crate) fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone())
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+        Upstream::kv_on(self.channel.clone())
     }
     pub(crate) fn watch(&self) -> WatchClient<Channel> {
         WatchClient::new(self.channel.clone())
@@ -564,6 +580,84 @@ impl Upstream {
         }
     }
 
+    /// Runs `one` on the balanced channel and, when it has not answered within
+    /// [`HEDGE_AFTER`] or failed in a way another member may not ([`settled`]), also on a
+    /// channel to each endpoint that is not down; returns the first settled answer and
+    /// drops the others. When none settles, the first answer.
+    ///
+    /// Only for calls that etcd answers linearizably (a Range without `serializable`, a
+    /// raft request): any member's answer is then at least as new as the call, so the
+    /// first is as good as the others, and a member that lags (it answers only after a
+    /// round trip to the leader, and after applying up to it) does not decide how long
+    /// the caller waits. Auth decisions and the auth state take this path: a revocation
+    /// is seen as soon as the fastest member can say so.
+    pub(crate) async fn hedged<R, Fut>(&self, one: impl Fn(Channel) -> Fut) -> Result<R, Status>
+    where
+        Fut: Future<Output = Result<R, Status>>,
+    {
+        use futures::StreamExt;
+        let mut calls = futures::stream::FuturesUnordered::new();
+        calls.push(one(self.channel.clone()));
+        let hedge = tokio::time::sleep(HEDGE_AFTER);
+        tokio::pin!(hedge);
+        let mut hedged = false;
+        let mut unsettled = None;
+        loop {
+            let go_wide = tokio::select! {
+                Some(answer) = calls.next() => {
+                    if settled(&answer) {
+                        return answer;
+                    }
+                    unsettled.get_or_insert(answer);
+                    !hedged
+                }
+                () = &mut hedge, if !hedged => true,
+            };
+            if go_wide {
+                hedged = true;
+                crate::metrics::get().hedged();
+                for channel in self.pinned_channels() {
+                    calls.push(one(channel));
+                }
+            }
+            if calls.is_empty() {
+                if let Some(answer) = unsettled {
+                    return answer;
+                }
+            }
+        }
+    }
+
+    /// A channel to each endpoint on its own (those that refuse connections left out),
+    /// dialed lazily; none with fewer than two endpoints (nothing else to ask).
+    fn pinned_channels(&self) -> Vec<Channel> {
+        let urls = self.endpoints();
+        if urls.len() < 2 {
+            return Vec::new();
+        }
+        let down = self.endpoints.down.lock().clone();
+        let mut pinned = self.endpoints.pinned.lock();
+        urls.iter()
+            .filter(|u| !down.contains(*u))
+            .filter_map(|url| {
+                if let Some(c) = pinned.get(url) {
+                    return Some(c.clone());
+                }
+                let channel = self.endpoints.dial.endpoint(url).ok()?.connect_lazy();
+                pinned.insert(url.clone(), channel.clone());
+                Some(channel)
+            })
+            .collect()
+    }
+
+    /// A KV client on `channel` (one of [`Upstream::hedged`]'s), with the limits of
+    /// [`Upstream::kv`].
+    pub(crate) fn kv_on(channel: Channel) -> KvClient<Channel> {
+        KvClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+
     /// The endpoints forwarded calls balance over.
     pub(crate) fn endpoints(&self) -> Vec<String> {
         self.endpoints.current.lock().clone()
@@ -589,6 +683,10 @@ impl Upstream {
             current.retain(|u| urls.contains(u));
             current.extend(added.iter().cloned());
             self.endpoints.down.lock().retain(|u| !removed.contains(u));
+            self.endpoints
+                .pinned
+                .lock()
+                .retain(|u, _| !removed.contains(u));
             (added, removed)
         };
         let mut inserted = Vec::new();
