@@ -10,6 +10,7 @@
 mod etcd_versions;
 
 mod cycles;
+mod doc_refs;
 mod etcd_bins;
 mod msrv;
 mod prereqs;
@@ -33,7 +34,7 @@ Commands:
         (Debian's etcd; or the ETCD_VERSION you set):
           `cargo test --workspace --all-targets` (unit, integration against real etcd
           processes; benches and examples are built), `cargo test --workspace --doc`,
-          `cargo xtask cycles`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
+          `cargo xtask cycles`, `cargo xtask doc-refs`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
           --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
           no-feature `cargo check`, `cargo doc` of both crates (RUSTDOCFLAGS=-D warnings); `cargo package -p etcd-cache --locked` (builds the
           packaged crate; `--allow-dirty` added, with a note, only when git reports
@@ -96,6 +97,10 @@ Commands:
         path (crate::, super::, self::, a child module's name; inline paths and brace
         groups too, not only `use` lines); fails if there is one. `test` runs it with the
         lints.
+  doc-refs
+        Checks that every `file.rs: Item` or `file.rs: Type::item` the docs cite (docs/*.md,
+        README.md, CONTRIBUTING.md, proxy/tests/*/README.md) names a file and an item that
+        exist; fails otherwise. `test` runs it with the lints.
   prereqs [--check]
         Only checks (and, as root, installs) the system prerequisites; --check never installs
         and exits with 1 when a required one is missing.
@@ -145,6 +150,7 @@ fn main() {
         "robustness" => robustness::command(&rest),
         "msrv" => msrv::command(&rest),
         "cycles" => cycles::command(&rest),
+        "doc-refs" => doc_refs::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
         "soak" => soak(rest),

@@ -534,6 +534,11 @@ fn lints() -> i32 {
     if crate::cycles::command(&[]) != 0 {
         return 1;
     }
+    // Every `file.rs: Item` the docs cite exists (`cargo xtask doc-refs`).
+    eprintln!("xtask test: == lints: doc-refs");
+    if crate::doc_refs::command(&[]) != 0 {
+        return 1;
+    }
     // clippy builds every feature at once (unstable-bench-internals, metrics, tls, unstable-test-hooks);
     // the unit tests of the metrics feature run on their own (the default build leaves it
     // off), and the crate must build with no feature.
