@@ -1,8 +1,14 @@
-//! `cargo xtask doc-refs`: every place the docs cite as `` `file.rs: Item` `` or
-//! `` `file.rs: Type::item` `` exists: the file, an item of that name in it (`fn`,
-//! `const`, `static`, `struct`, `enum`, `trait`, `type`, `mod`, `macro_rules!`), and for
-//! `Type::item` the type defined or implemented there. The walks in docs/ARCHITECTURE.md
-//! are written that way; a rename that leaves them behind fails the lints.
+//! `cargo xtask doc-refs`: what the docs cite exists.
+//! - `` `file.rs: Item` `` or `` `file.rs: Type::item` ``: the file, an item of that name
+//!   in it (`fn`, `const`, `static`, `struct`, `enum`, `trait`, `type`, `mod`,
+//!   `macro_rules!`), and for `Type::item` the type defined or implemented there. The
+//!   walks in docs/ARCHITECTURE.md are written that way.
+//! - `` `file.rs` `` alone: a file of the workspace with that path (or ending in it).
+//! - `` `Type::item` `` alone, where `Type` is defined in the workspace: an `fn`, `const`,
+//!   field or variant named `item` in the workspace (a `Type` of another crate, such as
+//!   etcd-client's `Client`, is not checked).
+//!
+//! A rename that leaves the docs behind fails the lints.
 //!
 //! A path is taken from the workspace root when it starts with a top-level folder
 //! (`src/`, `proxy/`, `testkit/`, `xtask/`, `tests/`, `benches/`, `examples/`); otherwise
@@ -50,22 +56,32 @@ pub(crate) fn command(args: &[String]) -> i32 {
     }
     docs.extend(ALSO.iter().map(|d| root.join(d)));
     docs.sort();
+    let tree = Tree::read(&root);
     let (mut cited, mut missing) = (0, Vec::new());
     for doc in &docs {
         let Ok(text) = fs::read_to_string(doc) else {
             continue;
         };
         let name = doc.strip_prefix(&root).unwrap_or(doc).display().to_string();
-        for (line, base, path, item) in citations(&text, name.ends_with("PROXY.md")) {
+        for (line, base, span) in spans(&text, name.ends_with("PROXY.md")) {
+            let found = if let Some((path, item)) = citation(&span) {
+                check(&root, base, &path, &item)
+            } else if is_path(&span) {
+                tree.has_file(&span)
+            } else if let Some((ty, item)) = member(&span) {
+                tree.has_member(ty, item)
+            } else {
+                continue;
+            };
             cited += 1;
-            if let Err(why) = check(&root, base, &path, &item) {
-                missing.push(format!("{name}:{line}: `{path}: {item}`: {why}"));
+            if let Err(why) = found {
+                missing.push(format!("{name}:{line}: `{span}`: {why}"));
             }
         }
     }
     if missing.is_empty() {
         eprintln!(
-            "xtask doc-refs: {cited} citations of `file.rs: item` in {} documents, each found",
+            "xtask doc-refs: {cited} citations of files and items in {} documents, each found",
             docs.len()
         );
         0
@@ -82,8 +98,9 @@ pub(crate) fn command(args: &[String]) -> i32 {
     }
 }
 
-/// Each `` `path.rs: Item` `` outside fenced code: (line, base folder, path, item).
-fn citations(text: &str, proxy_doc: bool) -> Vec<(usize, &'static str, String, String)> {
+/// Each backticked span outside fenced code, whitespace collapsed: (line, base folder
+/// for a relative path there, span).
+fn spans(text: &str, proxy_doc: bool) -> Vec<(usize, &'static str, String)> {
     let mut out = Vec::new();
     let mut base = if proxy_doc { "proxy/src/" } else { "src/" };
     let mut in_fence = false;
@@ -110,9 +127,8 @@ fn citations(text: &str, proxy_doc: bool) -> Vec<(usize, &'static str, String, S
                 // A backtick: closes the open span, or opens one.
                 match open.take() {
                     Some((at, span)) => {
-                        if let Some((path, item)) = citation(&span) {
-                            out.push((at + 1, base, path, item));
-                        }
+                        let span = span.split_whitespace().collect::<Vec<_>>().join(" ");
+                        out.push((at + 1, base, span));
                     }
                     None => open = Some((i, String::new())),
                 }
@@ -148,6 +164,125 @@ fn citation(span: &str) -> Option<(String, String)> {
                 && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         });
     (path_ok && item_ok).then(|| (format!("{path}.rs"), item.to_string()))
+}
+
+/// A path to a Rust file: `a/b.rs`.
+fn is_path(span: &str) -> bool {
+    span.ends_with(".rs")
+        && span.len() > 3
+        && span
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '/' | '.' | '-'))
+}
+
+/// `Type::item` (an optional `()` after it), `Type` capitalized.
+fn member(span: &str) -> Option<(&str, &str)> {
+    let span = span.strip_suffix("()").unwrap_or(span);
+    let (ty, item) = span.split_once("::")?;
+    let ident = |w: &str| {
+        w.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    (ty.starts_with(|c: char| c.is_ascii_uppercase()) && ident(ty) && ident(item))
+        .then_some((ty, item))
+}
+
+/// The workspace's Rust files (outside `target/`), and the names they define.
+struct Tree {
+    files: Vec<String>,
+    types: std::collections::HashSet<String>,
+    members: std::collections::HashSet<String>,
+}
+
+impl Tree {
+    fn read(root: &Path) -> Tree {
+        let mut tree = Tree {
+            files: Vec::new(),
+            types: Default::default(),
+            members: Default::default(),
+        };
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().to_string();
+                if p.is_dir() {
+                    if !name.starts_with('.') && name != "target" {
+                        dirs.push(p);
+                    }
+                } else if name.ends_with(".rs") {
+                    if let Ok(src) = fs::read_to_string(&p) {
+                        tree.learn(&src);
+                    }
+                    let rel = p.strip_prefix(root).unwrap_or(&p);
+                    tree.files.push(rel.to_string_lossy().replace('\\', "/"));
+                }
+            }
+        }
+        tree
+    }
+
+    /// Types (`struct`, `enum`, `trait`, `type`), and members: `fn`, `const`, `static`,
+    /// fields (`name:` opening a line) and variants (a capitalized name opening a line,
+    /// then `,`, `(` or `{`).
+    fn learn(&mut self, src: &str) {
+        for line in src.lines() {
+            let mut ws = words(line).peekable();
+            while let Some(w) = ws.next() {
+                let next = ws.peek().map(|n| n.to_string());
+                match (w, next) {
+                    ("struct" | "enum" | "trait" | "type", Some(n)) => {
+                        self.types.insert(n);
+                    }
+                    ("fn" | "const" | "static", Some(n)) => {
+                        self.members.insert(n);
+                    }
+                    _ => {}
+                }
+            }
+            let t = line.trim_start();
+            let t = t
+                .strip_prefix("pub(crate) ")
+                .or_else(|| t.strip_prefix("pub(super) "))
+                .or_else(|| t.strip_prefix("pub "))
+                .unwrap_or(t);
+            let name: String = t
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let rest = t[name.len()..].trim_start();
+            let field = rest.starts_with(':') && !rest.starts_with("::");
+            let variant = name.starts_with(|c: char| c.is_ascii_uppercase())
+                && (rest.starts_with(',') || rest.starts_with('(') || rest.starts_with('{'));
+            if !name.is_empty() && (field || variant) {
+                self.members.insert(name);
+            }
+        }
+    }
+
+    fn has_file(&self, path: &str) -> Result<(), String> {
+        let tail = format!("/{path}");
+        if self.files.iter().any(|f| f == path || f.ends_with(&tail)) {
+            Ok(())
+        } else {
+            Err("no such file in the workspace".into())
+        }
+    }
+
+    fn has_member(&self, ty: &str, item: &str) -> Result<(), String> {
+        if !self.types.contains(ty) || self.members.contains(item) {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{ty}` is ours, and nothing of it is named `{item}`"
+            ))
+        }
+    }
 }
 
 fn check(root: &Path, base: &str, path: &str, item: &str) -> Result<(), String> {
@@ -211,17 +346,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_citations_across_lines_and_skips_fences() {
+    fn finds_spans_across_lines_and_skips_fences() {
         let text = "# Crate\n`a.rs: F::g` and `b.rs:\n  h`\n```\n`c.rs: x`\n```\n## The proxy\n`d.rs: y` `not one`\n";
-        let got = citations(text, false);
-        let got: Vec<_> = got
+        let got: Vec<_> = spans(text, false)
             .iter()
-            .map(|(l, b, p, i)| format!("{l} {b}{p} {i}"))
+            .map(|(l, b, s)| format!("{l} {b} {s}"))
             .collect();
         assert_eq!(
             got,
-            ["2 src/a.rs F::g", "2 src/b.rs h", "8 proxy/src/d.rs y"]
+            [
+                "2 src/ a.rs: F::g",
+                "2 src/ b.rs: h",
+                "8 proxy/src/ d.rs: y",
+                "8 proxy/src/ not one"
+            ]
         );
+        assert_eq!(citation("b.rs: h"), Some(("b.rs".into(), "h".into())));
+        assert_eq!(citation("not one"), None);
+        assert!(is_path("watch/stream.rs") && !is_path("a b.rs"));
+        assert_eq!(member("Writer::flush()"), Some(("Writer", "flush")));
+        assert_eq!(member("writer::flush"), None);
+    }
+
+    #[test]
+    fn a_member_of_our_type_must_exist_and_others_are_not_checked() {
+        let mut tree = Tree {
+            files: vec!["src/watch/stream.rs".into()],
+            types: Default::default(),
+            members: Default::default(),
+        };
+        tree.learn("pub(crate) struct Writer {\n    pub(crate) burst: Vec<u8>,\n}\nenum Kind {\n    Created,\n    Events(u8),\n}\nimpl Writer {\n    fn flush(&mut self) {}\n}\n");
+        for ok in ["flush", "burst", "Created", "Events"] {
+            assert!(tree.has_member("Writer", ok).is_ok(), "{ok}");
+        }
+        assert!(tree.has_member("Writer", "apply").is_err());
+        assert!(tree.has_member("Client", "connect").is_ok(), "not ours");
+        assert!(tree.has_file("stream.rs").is_ok() && tree.has_file("watch/stream.rs").is_ok());
+        assert!(tree.has_file("ream.rs").is_err() && tree.has_file("follower.rs").is_err());
     }
 
     #[test]
