@@ -24,7 +24,6 @@ use crate::subscribers::filter::Filter;
 use crate::subscribers::index::Index;
 use crate::subscribers::mailbox::{LagCount, Mailbox};
 use crate::upstream::fake::{FakeUpstream, OpenedWatch};
-use crate::upstream::WatchMsg;
 
 fn range(key: &[u8], spec: &Spec) -> KeyRange {
     KeyRange::new(key, spec).expect("valid benchmark range")
@@ -280,19 +279,6 @@ impl MemFeed {
         self.revision += 1;
         self.watch
             .events(vec![(EventType::Put, kv(key, value, self.revision))]);
-        self.revision
-    }
-
-    /// Sends several revisions (one put each) in one upstream message.
-    pub fn put_many(&mut self, kvs: impl IntoIterator<Item = (Bytes, Bytes)>) -> i64 {
-        let events: Vec<_> = kvs
-            .into_iter()
-            .map(|(k, v)| {
-                self.revision += 1;
-                (EventType::Put, kv(k, v, self.revision))
-            })
-            .collect();
-        self.watch.send_raw(Ok(WatchMsg::Events(events)));
         self.revision
     }
 }

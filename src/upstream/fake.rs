@@ -11,8 +11,10 @@
 //!   [`FakeUpstream::preset_watch`] makes the channel of the next watch in advance, for
 //!   callers that feed events without waiting for the cache to connect.
 
-// Test and benchmark support: not every helper is used by every build.
-#![allow(dead_code)]
+// The benchmark build (`unstable-bench-internals` without `cfg(test)`) uses a few of the
+// fake's controls through `internals`; the unit tests use all of them, and there any unused
+// one is reported.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -326,6 +328,7 @@ impl FakeUpstream {
     /// Makes the channel of the next watch now: what is sent through the returned end
     /// is what that watch reads, whenever the cache opens it. (Its `start` and `range`
     /// are unknown here and left empty.)
+    #[cfg(feature = "unstable-bench-internals")]
     pub(crate) fn preset_watch(&self) -> OpenedWatch {
         let (tx, rx) = mpsc::unbounded_channel();
         *self.preset.lock() = Some(rx);
