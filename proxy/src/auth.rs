@@ -1,7 +1,7 @@
 //! The Auth service, forwarded to etcd as it is, with the caller's token. A token a
 //! client gets through the proxy is etcd's; the client's later calls carry it and are
 //! forwarded with it. A change that succeeds (users, roles, permissions, auth on or off)
-//! drops every cached decision at once (`authz.rs`), without waiting for the poll.
+//! drops every cached decision at once (`authz/`), without waiting for the poll.
 
 use std::sync::Arc;
 

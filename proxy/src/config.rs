@@ -16,9 +16,9 @@ pub(crate) const DEFAULT_MAX_WATCHES_PER_CONNECTION: usize = etcd_cache::DEFAULT
 /// metadata), low enough that one connection cannot hold a session per stream without
 /// end.
 pub(crate) const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 10_000;
-/// Default of `--auth-cache-bytes` (the permission decisions, `authz.rs`).
+/// Default of `--auth-cache-bytes` (the permission decisions, `authz/`).
 pub(crate) const DEFAULT_AUTH_CACHE_BYTES: usize = 64 << 20;
-/// Default of `--auth-ask-bytes` (the permission checks in flight, `authz.rs`).
+/// Default of `--auth-ask-bytes` (the permission checks in flight, `authz/`).
 pub(crate) const DEFAULT_AUTH_ASK_BYTES: usize = 64 << 20;
 /// Default of `--max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 16_384;

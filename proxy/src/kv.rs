@@ -95,7 +95,7 @@ impl KvService {
 
     /// A client range, checked as etcd checks it and moved into the namespace; `Ok(Some)`
     /// when the cache answered it. The cache answers only a caller etcd allows that
-    /// range (`authz.rs`); a refusal is etcd's own.
+    /// range (`authz/`); a refusal is etcd's own.
     async fn range_inner(
         &self,
         metadata: &MetadataMap,

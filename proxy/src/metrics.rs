@@ -265,7 +265,7 @@ impl Metrics {
         metrics::gauge!("etcd_cache_proxy_upstream_endpoints").set(endpoints as f64);
     }
 
-    /// One ask to etcd for a caller's permission on a range (`authz.rs`).
+    /// One ask to etcd for a caller's permission on a range (`authz/`).
     pub(crate) fn auth_ask(&self) {
         self.auth_asks.increment(1);
     }

@@ -63,7 +63,7 @@ pub(crate) struct Upstream {
     auth_lock: tokio::sync::Mutex<()>,
     /// cluster_id, member_id and raft_term from etcd's last Status answer.
     identity: Mutex<ResponseHeader>,
-    /// etcd's auth state as the proxy last learned it (see `authz.rs`): [`AuthState`].
+    /// etcd's auth state as the proxy last learned it (see `authz/`): [`AuthState`].
     auth_state: AtomicU8,
     /// Whether the proxy presents a client certificate to etcd (`--cert` with https://).
     presents_certificate: bool,
@@ -895,7 +895,7 @@ pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, Str
 
 /// The CN of the first certificate in a PEM file, if it has one: the last CN of its
 /// subject, as Go's x509 (and so etcd) reads it.
-/// (The identity etcd takes as the caller of a call without a token: see `authz.rs`.)
+/// (The identity etcd takes as the caller of a call without a token: see `authz/`.)
 fn certificate_cn(pem: &[u8]) -> Result<Option<String>> {
     use x509_parser::prelude::*;
     let bad = |why: String| Error::Certificate(why);

@@ -136,7 +136,7 @@ pub(super) struct Session {
     /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
     /// (their `canceled` response carries it as the reason).
     revoked: IdMap<Status>,
-    /// Moves when etcd's auth state moved (`authz.rs`).
+    /// Moves when etcd's auth state moved (`authz/`).
     epoch: tokio::sync::watch::Receiver<u64>,
     /// The check of the cached watches under way.
     recheck: Option<Recheck>,
@@ -567,7 +567,7 @@ impl Session {
         if !self.state.in_cache(&key, &range_end) {
             return self.forward(request, key, range_end, false).await;
         }
-        // The cache serves only a caller etcd allows this range (`authz.rs`), asked
+        // The cache serves only a caller etcd allows this range (`authz/`), asked
         // first, as etcd checks a watch before it looks at its start: a caller etcd
         // refuses costs the proxy no read of its own.
         match self

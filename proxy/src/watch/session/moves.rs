@@ -16,7 +16,7 @@ impl Session {
     pub(super) async fn rejoin(&mut self, create: WatchCreateRequest) -> Result<(), ()> {
         let id = create.watch_id;
         let (key, end) = (create.key.clone(), create.range_end.clone());
-        // The cache serves only a caller etcd allows the range now (`authz.rs`); one it
+        // The cache serves only a caller etcd allows the range now (`authz/`); one it
         // does not (or cannot be asked about) stays with etcd, which checked it.
         let allowed = self
             .state
