@@ -39,9 +39,10 @@
 //!
 //! ## Bounds
 //! The decisions are kept in at most `--auth-cache-bytes` (keys, range ends, tokens and
-//! messages, with a fixed overhead per decision), at most [`MAX_RANGES_PER_TOKEN`](decisions::MAX_RANGES_PER_TOKEN) per
-//! token; the least recently used token's decisions go first, in O(1). Asks in flight
-//! hold at most `--auth-ask-bytes` of keys; a check beyond that is refused with
+//! messages, with a fixed overhead per decision), at most
+//! [`MAX_RANGES_PER_TOKEN`](decisions::MAX_RANGES_PER_TOKEN) per token; the least
+//! recently used token's decisions go first, in O(1). Asks in flight hold at most
+//! `--auth-ask-bytes` of keys; a check beyond that is refused with
 //! `ResourceExhausted`, naming the limit. So distinct tokens with long keys cannot grow
 //! the proxy beyond its bounds, and a repeated token, good or garbage, costs etcd one ask
 //! per range and interval, not one per request.
