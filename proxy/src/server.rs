@@ -76,12 +76,90 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     let tls = crate::server_tls::server_config(&config)?;
     let namespace = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
     let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
+    log_start(&config, &cache_prefix, metrics);
+    for (url, version) in upstream::versions(&config).await {
+        match version {
+            Ok(v) => tracing::info!(endpoint = %url, version = %v, "etcd version"),
+            Err(e) => tracing::warn!(endpoint = %url, error = %e, "etcd version unknown"),
+        }
+    }
+
+    let upstream = Upstream::new(&config)?;
+    let _reachability = AbortOnDrop(upstream.spawn_reachability());
+    let _auto_sync = (!config.endpoints_auto_sync_interval.is_zero()).then(|| {
+        AbortOnDrop(crate::auto_sync::spawn(
+            upstream.clone(),
+            config.endpoints_auto_sync_interval,
+        ))
+    });
+    let authz = Authz::new(
+        upstream.clone(),
+        config.auth_token_ttl,
+        config.auth_cache_bytes,
+        config.auth_ask_bytes,
+    );
+    let slot = CacheSlot::empty();
+    let _followed = start_cache(&config, &upstream, &authz, &slot, cache_prefix.clone()).await?;
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let limits = Limits {
+        watches_per_connection: config.max_watches_per_connection,
+        max_request_bytes: config.max_request_bytes,
+        watch_send_queue: config.watch_send_queue,
+    };
+    let state = State::new(
+        slot.clone(),
+        &cache_prefix,
+        upstream,
+        authz.clone(),
+        namespace,
+        limits,
+        config.advertise_client_url.clone(),
+        config.resolver_prefix.clone(),
+        shutdown_rx.clone(),
+    );
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let (serving_tx, serving) = watch::channel(false);
+    let _health = AbortOnDrop(tokio::spawn(follow_health(
+        health,
+        serving_tx,
+        slot.clone(),
+        authz.clone(),
+        config.clone(),
+    )));
+    let in_flight = InFlight::default();
+    let router = router(
+        &config,
+        &state,
+        HttpFrontLayer {
+            serving,
+            metrics: recorder,
+        },
+        in_flight.clone(),
+        health_service,
+    );
+    serve(
+        config,
+        router,
+        tls,
+        &state,
+        in_flight,
+        (shutdown_tx, shutdown_rx),
+    )
+    .await?;
+    slot.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The start-up log line: every setting that shapes what the proxy does.
+fn log_start(config: &Config, cache_prefix: &[u8], metrics: Option<std::net::SocketAddr>) {
     tracing::info!(
         endpoints = ?config.endpoint_urls(),
         listen = %config.listen_addr,
         advertise = ?config.advertise_client_url,
         namespace = %config.namespace,
-        prefix = %String::from_utf8_lossy(&cache_prefix),
+        prefix = %String::from_utf8_lossy(cache_prefix),
         listen_tls = config.cert_file.is_some(),
         client_cert_auth = config.trusted_ca_file.is_some(),
         client_crl = config.client_crl_file.is_some(),
@@ -106,44 +184,37 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     if let Some(addr) = metrics {
         tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
     }
-    for (url, version) in upstream::versions(&config).await {
-        match version {
-            Ok(v) => tracing::info!(endpoint = %url, version = %v, "etcd version"),
-            Err(e) => tracing::warn!(endpoint = %url, error = %e, "etcd version unknown"),
-        }
-    }
+}
 
-    let upstream = Upstream::new(&config)?;
-    let _reachability = AbortOnDrop(upstream.spawn_reachability());
-    let _auto_sync = (!config.endpoints_auto_sync_interval.is_zero()).then(|| {
-        AbortOnDrop(crate::auto_sync::spawn(
-            upstream.clone(),
-            config.endpoints_auto_sync_interval,
-        ))
-    });
-    let authz = Authz::new(
-        upstream.clone(),
-        config.auth_token_ttl,
-        config.auth_cache_bytes,
-        config.auth_ask_bytes,
-    );
+/// Starts the cache in `slot` (see [`follow`]), and the task that keeps what it started
+/// running until the server stops. In front of a learner the cache waits for its
+/// promotion, and every call is forwarded meanwhile.
+///
+/// # Errors
+/// A cache etcd refuses (the proxy's user may not read the prefix), or a start that
+/// [`follow`] refuses: start-up errors, not endless retries.
+async fn start_cache(
+    config: &Config,
+    upstream: &Arc<Upstream>,
+    authz: &Arc<Authz>,
+    slot: &Arc<CacheSlot>,
+    prefix: Vec<u8>,
+) -> Result<AbortOnDrop> {
     // A learner refuses what the cache and the auth checks need (Watch, linearizable
     // reads, AuthStatus): until etcd promotes it, every call is forwarded and etcd
     // answers it (as grpc-proxy forwards it); the cache starts once it is a voter.
     let learner = upstream.status().await.is_ok_and(|s| s.is_learner);
-    let slot = CacheSlot::empty();
-    let _followed = if learner {
+    let followed = if learner {
         tracing::warn!(
             "the etcd member behind --endpoints is a learner: every call is forwarded to it \
              (it refuses watches and linearizable reads) until it is promoted; the cache \
              starts then"
         );
-        let (config, upstream, authz, slot, prefix) = (
+        let (config, upstream, authz, slot) = (
             config.clone(),
             upstream.clone(),
             authz.clone(),
             slot.clone(),
-            cache_prefix.clone(),
         );
         AbortOnDrop(tokio::spawn(async move {
             wait_promoted(&upstream, config.auth_check_interval).await;
@@ -161,7 +232,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
             }
         }))
     } else {
-        let tasks = follow(&config, &upstream, &authz, &slot, cache_prefix.clone()).await?;
+        let tasks = follow(config, upstream, authz, slot, prefix).await?;
         if let Some(cache) = slot.get() {
             // A cache that etcd refuses (the proxy's user may not read the prefix) is a
             // start-up error, not an endless retry.
@@ -184,35 +255,28 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
             std::future::pending::<()>().await;
         }))
     };
+    Ok(followed)
+}
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let limits = Limits {
-        watches_per_connection: config.max_watches_per_connection,
-        max_request_bytes: config.max_request_bytes,
-        watch_send_queue: config.watch_send_queue,
-    };
-    let state = State::new(
-        slot.clone(),
-        &cache_prefix,
-        upstream,
-        authz.clone(),
-        namespace,
-        limits,
-        config.advertise_client_url.clone(),
-        config.resolver_prefix.clone(),
-        shutdown_rx.clone(),
-    );
+/// The services behind the limits, metrics and the HTTP/1.1 front.
+type Router = tonic::transport::server::Router<
+    tower::layer::util::Stack<
+        CallsLayer,
+        tower::layer::util::Stack<HttpFrontLayer, tower::layer::util::Identity>,
+    >,
+>;
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let (serving_tx, serving) = watch::channel(false);
-    let _health = AbortOnDrop(tokio::spawn(follow_health(
-        health,
-        serving_tx,
-        slot.clone(),
-        authz.clone(),
-        config.clone(),
-    )));
-
+/// Every etcd service on `state`, each with the message size limits, behind the HTTP/1.1
+/// front (`/proxy/health`, `/metrics`) and the calls layer.
+fn router(
+    config: &Config,
+    state: &Arc<State>,
+    front: HttpFrontLayer,
+    in_flight: InFlight,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Router {
     let (send, recv) = (config.max_send_bytes, config.max_recv_bytes);
     macro_rules! limited {
         ($server:ident, $svc:expr) => {
@@ -221,7 +285,6 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
                 .max_encoding_message_size(send)
         };
     }
-    let in_flight = InFlight::default();
     // Windows sized so that h2's small-frame guard never closes a connection that etcd
     // would keep (grpc-go clients pipelining thousands of tiny requests): see conn.rs.
     let builder = crate::conn::http2(Server::builder())
@@ -230,14 +293,9 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         // `/proxy/health` and `/metrics` over HTTP/1.1, as grpc-proxy (`http_front.rs`).
         .accept_http1(true);
-    let router = builder
-        .layer(HttpFrontLayer {
-            serving,
-            metrics: recorder,
-        })
-        .layer(CallsLayer {
-            in_flight: in_flight.clone(),
-        })
+    builder
+        .layer(front)
+        .layer(CallsLayer { in_flight })
         .add_service(limited!(KvServer, KvService::new(state.clone())))
         .add_service(limited!(WatchServer, WatchService::new(state.clone())))
         .add_service(limited!(LeaseServer, LeaseService::new(state.clone())))
@@ -252,8 +310,19 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
             ElectionService::new(state.clone())
         ))
         .add_service(limited!(LockServer, LockService::new(state.clone())))
-        .add_service(health_service);
+        .add_service(health_service)
+}
 
+/// Serves `router` on `--listen-addr` until SIGTERM or SIGINT (registered meanwhile with
+/// `--resolver-prefix`), then shuts down gracefully within `--shutdown-timeout`.
+async fn serve(
+    config: Config,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    state: &Arc<State>,
+    in_flight: InFlight,
+    (shutdown_tx, shutdown_rx): (watch::Sender<bool>, watch::Receiver<bool>),
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await
         .map_err(|source| Error::Listen {
@@ -309,8 +378,6 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     if let Some(r) = registration {
         r.stop().await;
     }
-    slot.close().await;
-    tracing::info!("stopped");
     Ok(())
 }
 
