@@ -428,6 +428,24 @@ async fn in_front_of_a_learner_the_proxy_lends_nothing_before_or_after_the_promo
         println!("etcd {version}, in front of a learner, the proxy said: {said}");
 
         admin.member_promote(learner_id).await.unwrap();
+        // The member applies its promotion on its own time: until it has, it still
+        // refuses linearizable reads as a learner. The reference answers are taken once
+        // it says it is a voter.
+        let mut status =
+            MaintenanceClient::new(tls_channel(&learner.endpoint(), &pki, "cacher").await);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while status
+                .status(StatusRequest {})
+                .await
+                .map_or(true, |s| s.into_inner().is_learner)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!("etcd {version}: the member still a learner 30 s after its promotion")
+        });
         let proxy = tokio::task::spawn_blocking(move || {
             proxy.wait_serving();
             proxy
