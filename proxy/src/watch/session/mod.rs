@@ -9,10 +9,12 @@
 //! (`api/v3rpc/watch.go`).
 //!
 //! The session's methods in three files: this one (the stream's state, its loop, the
-//! client's requests), [`replies`] (what both sides answer, on its way to the client)
-//! and [`moves`] (a watch's moves between the cache and etcd).
+//! client's requests, revocations), [`replies`] (what both sides answer, on its way to
+//! the client) and [`moves`] (a watch's moves between the cache and etcd); [`pending`]
+//! holds the creates waiting for their `created` and what a revocation re-checks.
 
 mod moves;
+mod pending;
 mod replies;
 
 use std::collections::VecDeque;
@@ -37,6 +39,7 @@ use crate::pb::etcdserverpb::{
 };
 use crate::state::State;
 use crate::status;
+use pending::{to_recheck, PendingCreate};
 
 /// How often a `hasleader` stream checks that the cache still follows etcd.
 const LEADER_CHECK: Duration = Duration::from_millis(500);
@@ -46,46 +49,6 @@ const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
 /// A client's request as the reader queued it, with its share of the queue's bytes
 /// (held until the request is handled); a receive error is the last one.
 pub(super) type Queued = (Result<WatchRequest, Status>, crate::conn::Share);
-
-/// The key ranges a revocation re-check asks about, each with the watch ids it decides:
-/// the stream's open cached watches and its cached creates whose `created` has not gone
-/// out yet (neither canceled by the client nor a resume after a move), so that a create
-/// in flight at the revocation is not let through by its late reply.
-fn to_recheck(
-    cached: &IdMap<(bytes::Bytes, bytes::Bytes)>,
-    pending: &VecDeque<PendingCreate>,
-) -> std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> {
-    let mut by_range: std::collections::HashMap<(bytes::Bytes, bytes::Bytes), Vec<i64>> =
-        std::collections::HashMap::new();
-    for (id, range) in cached {
-        by_range.entry(range.clone()).or_default().push(*id);
-    }
-    for p in pending.iter().filter(|p| !p.canceled && !p.rejoin) {
-        by_range
-            .entry((p.key.clone(), p.end.clone()))
-            .or_default()
-            .push(p.id);
-    }
-    by_range
-}
-
-/// A cache create waiting for its `created`: the id it was given, its `fragment` flag and
-/// key range.
-struct PendingCreate {
-    id: i64,
-    /// The client canceled it before its `created` came: its id is free (as etcd frees
-    /// it when it reads the cancel), and it is not counted as open.
-    canceled: bool,
-    fragment: bool,
-    key: bytes::Bytes,
-    end: bytes::Bytes,
-    /// The create as etcd would take it (etcd's keyspace, its id): how the watch is
-    /// resumed from etcd if it falls behind the cache's window.
-    resume: WatchCreateRequest,
-    /// A watch caught up from etcd returning to the cache (`rejoin`): the client has had
-    /// its `created` long ago, and did not ask for this one.
-    rejoin: bool,
-}
 
 /// What woke the session.
 enum Step {
@@ -284,29 +247,7 @@ impl Session {
                         return;
                     }
                 }
-                Step::Revoked(ids) => {
-                    self.recheck = None;
-                    for (id, refusal) in ids {
-                        // Open, or created and not answered yet (its `created` goes out
-                        // first, then the cancel, as for an open one).
-                        let pending = self
-                            .pending_creates
-                            .iter()
-                            .any(|p| p.id == id && !p.canceled && !p.rejoin);
-                        if self.cached.remove(&id).is_some() || pending {
-                            self.resumable.forget(id);
-                            tracing::info!(
-                                watch_id = id,
-                                "watch canceled: etcd no longer allows it"
-                            );
-                            crate::metrics::get().auth_revoked();
-                            self.revoked.insert(id, refusal);
-                            if let Some(w) = self.watches.as_mut() {
-                                w.cancel(id).await;
-                            }
-                        }
-                    }
-                }
+                Step::Revoked(ids) => self.revoked(ids).await,
                 Step::LeaderCheck(now) => {
                     let ready = match self.state.cache() {
                         Some(c) => c.is_ready(),
@@ -709,6 +650,30 @@ impl Session {
         }));
     }
 
+    /// Ends the watches a re-check found etcd no longer allows (open, or created and
+    /// not answered yet: its `created` goes out first, then the cancel, as for an open
+    /// one), with etcd's refusal as the reason.
+    async fn revoked(&mut self, ids: Vec<(i64, Status)>) {
+        self.recheck = None;
+        for (id, refusal) in ids {
+            // Open, or created and not answered yet (its `created` goes out
+            // first, then the cancel, as for an open one).
+            let pending = self
+                .pending_creates
+                .iter()
+                .any(|p| p.id == id && !p.canceled && !p.rejoin);
+            if self.cached.remove(&id).is_some() || pending {
+                self.resumable.forget(id);
+                tracing::info!(watch_id = id, "watch canceled: etcd no longer allows it");
+                crate::metrics::get().auth_revoked();
+                self.revoked.insert(id, refusal);
+                if let Some(w) = self.watches.as_mut() {
+                    w.cancel(id).await;
+                }
+            }
+        }
+    }
+
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
     async fn refuse(&mut self, refusal: Refusal) -> Result<(), ()> {
         crate::metrics::get().watch_refused(refusal.kind());
@@ -782,55 +747,5 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => futures::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Bytes;
-
-    fn pending(id: i64, key: &'static str, canceled: bool, rejoin: bool) -> PendingCreate {
-        PendingCreate {
-            id,
-            canceled,
-            fragment: false,
-            key: Bytes::from_static(key.as_bytes()),
-            end: Bytes::new(),
-            resume: WatchCreateRequest::default(),
-            rejoin,
-        }
-    }
-
-    /// A revocation re-checks the open cached watches and the cached creates still waiting
-    /// for their `created` (issue 40: a create in flight at the revocation was let
-    /// through), not those the client canceled nor resumes after a move.
-    #[test]
-    fn a_recheck_covers_creates_not_answered_yet() {
-        let mut cached = IdMap::default();
-        cached.insert(1, (Bytes::from_static(b"/a"), Bytes::new()));
-        let queue: VecDeque<PendingCreate> = [
-            pending(2, "/a", false, false),
-            pending(3, "/b", false, false),
-            pending(4, "/c", true, false),
-            pending(5, "/d", false, true),
-        ]
-        .into();
-        let mut got: Vec<(Bytes, Vec<i64>)> = to_recheck(&cached, &queue)
-            .into_iter()
-            .map(|((k, _), mut ids)| {
-                ids.sort();
-                (k, ids)
-            })
-            .collect();
-        got.sort();
-        assert_eq!(
-            got,
-            [
-                (Bytes::from_static(b"/a"), vec![1, 2]),
-                (Bytes::from_static(b"/b"), vec![3]),
-            ]
-        );
-        assert!(to_recheck(&IdMap::default(), &VecDeque::new()).is_empty());
     }
 }

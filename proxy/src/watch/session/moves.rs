@@ -5,7 +5,8 @@
 //! [`rejoined`](Session::rejoined) when the cache's `created` comes). The bookkeeping
 //! of where each watch is and the revision it needs next is `catch_up.rs`'s.
 
-use super::{PendingCreate, Session};
+use super::pending::PendingCreate;
+use super::Session;
 use crate::pb::etcdserverpb::WatchCreateRequest;
 
 impl Session {
