@@ -12,6 +12,7 @@ mod etcd_versions;
 mod cycles;
 mod doc_refs;
 mod etcd_bins;
+mod kubernetes;
 mod msrv;
 mod prereqs;
 mod robustness;
@@ -128,7 +129,7 @@ fn main() {
     };
     let code = match cmd {
         "help" | "-h" | "--help" => {
-            print!("{HELP}{}", robustness::HELP);
+            print!("{HELP}{}{}", robustness::HELP, kubernetes::HELP);
             0
         }
         "prereqs" => match rest.as_slice() {
@@ -148,6 +149,7 @@ fn main() {
             code => code,
         },
         "robustness" => robustness::command(&rest),
+        "kubernetes" => kubernetes::command(&rest),
         "msrv" => msrv::command(&rest),
         "cycles" => cycles::command(&rest),
         "doc-refs" => doc_refs::command(&rest),
