@@ -148,9 +148,9 @@ fn spans(text: &str, proxy_doc: bool) -> Vec<(usize, &'static str, String)> {
     out
 }
 
-/// `path.rs: Item` or `path.rs: Type::item`, whitespace collapsed.
+/// `path.rs: Item` or `path.rs: Type::item` (a span as [`spans`] gives it, whitespace
+/// collapsed already).
 fn citation(span: &str) -> Option<(String, String)> {
-    let span = span.split_whitespace().collect::<Vec<_>>().join(" ");
     let (path, item) = span.split_once(".rs: ")?;
     let path_ok = !path.is_empty()
         && path

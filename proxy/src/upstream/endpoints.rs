@@ -200,8 +200,11 @@ impl Endpoints {
             };
             if go_wide {
                 hedged = true;
-                crate::metrics::get().hedged();
-                for channel in self.pinned_channels() {
+                let wide = self.pinned_channels();
+                if !wide.is_empty() {
+                    crate::metrics::get().hedged();
+                }
+                for channel in wide {
                     calls.push(one(channel));
                 }
             }

@@ -116,21 +116,8 @@ if [ "$jobs" -gt 1 ]; then
 fi
 
 # ---- build -------------------------------------------------------------------------------
-# Runs build_steps in a subshell of its own, where `set -e` holds: on the left of `||` a
-# subshell runs with it off, and a failed step went unnoticed until a binary was missing. Three
-# attempts, each failure's log shown: the Go module proxy's refusals are mostly transient.
-run_build() {
-  local logf="$1" attempt
-  for attempt in 1 2 3; do
-    ( build_steps ) >"$logf" 2>&1 &
-    if wait $!; then return 0; fi
-    tail -30 "$logf" >&2
-    [ "$attempt" = 3 ] && break
-    log "build attempt $attempt failed (its log's end is above); retrying in $((attempt * 15)) s"
-    sleep $((attempt * 15))
-  done
-  die "build failed 3 times (log: $logf)"
-}
+# run_build LOG: build_steps with set -e in force, three attempts (../run_build.sh).
+source "$HERE/../run_build.sh"
 
 release="$(cd "$MODDIR" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
 release="${release#v}"

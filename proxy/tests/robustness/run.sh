@@ -106,112 +106,99 @@ while read -r v; do case "$v" in ETCD*) unset "$v" ;; esac; done < <(compgen -e)
 for tool in go python3; do command -v "$tool" >/dev/null || die "$tool is needed"; done
 
 # ---- build -------------------------------------------------------------------------------
-# Runs build_steps in a subshell of its own, where `set -e` holds: on the left of `||` a
-# subshell runs with it off, and a failed step went unnoticed until a binary was missing. Three
-# attempts, each failure's log shown: the Go module proxy's refusals are mostly transient.
-run_build() {
-  local logf="$1" attempt
-  for attempt in 1 2 3; do
-      ( build_steps ) >"$logf" 2>&1 &
-      if wait $!; then return 0; fi
-      tail -30 "$logf" >&2
-      [ "$attempt" = 3 ] && break
-      log "build attempt $attempt failed (its log's end is above); retrying in $((attempt * 15)) s"
-      sleep $((attempt * 15))
-    done
-    die "build failed 3 times (log: $logf)"
+# run_build LOG: build_steps with set -e in force, three attempts (../run_build.sh).
+source "$HERE/../run_build.sh"
+
+release="$(cd "$HERE" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
+release="${release#v}"
+if [ "$build" = 1 ]; then
+  t0=$SECONDS
+  build_steps() {
+    set -e
+    cd "$HERE"
+    nice -n 10 go build -trimpath -buildvcs=false -o "$BUILD/bin/etcd" ./standin
+    # etcd with gofail failpoints, from the server module's sources (build-gofail-etcd.sh).
+    nice -n 10 "$HERE/build-gofail-etcd.sh" "$BUILD/bin/etcd-real" "$BUILD/etcd-gofail-src"
+    pre="$ROOT/target/etcd/${release%.*}"
+    if [ "$(head -1 "$pre/VERSION" 2>/dev/null)" = "$release" ] && [ -x "$pre/etcdctl" ]; then
+      cmp -s "$pre/etcdctl" "$BUILD/bin/etcdctl" || cp -f "$pre/etcdctl" "$BUILD/bin/etcdctl"
+    else
+      nice -n 10 go build -trimpath -buildvcs=false -o "$BUILD/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
+    fi
+    # Without the cluster_proxy tag: the stand-in etcd puts the proxy in front (README.md).
+    nice -n 10 go test -c -trimpath -buildvcs=false -o "$BUILD/robustness.test" go.etcd.io/etcd/tests/v3/robustness
   }
+  run_build "$out/build.log"
+  log "built robustness.test, the stand-in etcd and etcd $release with gofail in $((SECONDS - t0)) s ($BUILD)"
+fi
+# Read whole, then matched: with pipefail, `etcd --version | grep -q` fails whenever grep's
+# early exit lands a SIGPIPE on etcd's later lines (how CI once failed on a good build).
+real_version="$("$BUILD/bin/etcd-real" --version 2>&1)" || die "$BUILD/bin/etcd-real --version failed: $real_version"
+[[ "$real_version" == *"etcd Version: $release"* ]] || die "$BUILD/bin/etcd-real is not etcd $release: $real_version"
+[ "$build_only" = 0 ] || exit 0
+[ ${#scenarios[@]} -gt 0 ] || die "no scenario left (--set/--scenario)"
 
-  release="$(cd "$HERE" && go list -m -f '{{.Version}}' go.etcd.io/etcd/tests/v3)" || die "go list failed (Go and the Go module proxy are needed)"
-  release="${release#v}"
-  if [ "$build" = 1 ]; then
-    t0=$SECONDS
-    build_steps() {
-      set -e
-      cd "$HERE"
-      nice -n 10 go build -trimpath -buildvcs=false -o "$BUILD/bin/etcd" ./standin
-      # etcd with gofail failpoints, from the server module's sources (build-gofail-etcd.sh).
-      nice -n 10 "$HERE/build-gofail-etcd.sh" "$BUILD/bin/etcd-real" "$BUILD/etcd-gofail-src"
-      pre="$ROOT/target/etcd/${release%.*}"
-      if [ "$(head -1 "$pre/VERSION" 2>/dev/null)" = "$release" ] && [ -x "$pre/etcdctl" ]; then
-        cmp -s "$pre/etcdctl" "$BUILD/bin/etcdctl" || cp -f "$pre/etcdctl" "$BUILD/bin/etcdctl"
-      else
-        nice -n 10 go build -trimpath -buildvcs=false -o "$BUILD/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
-      fi
-      # Without the cluster_proxy tag: the stand-in etcd puts the proxy in front (README.md).
-      nice -n 10 go test -c -trimpath -buildvcs=false -o "$BUILD/robustness.test" go.etcd.io/etcd/tests/v3/robustness
-    }
-    run_build "$out/build.log"
-    log "built robustness.test, the stand-in etcd and etcd $release with gofail in $((SECONDS - t0)) s ($BUILD)"
+fixtures="$(cd "$HERE" && go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)/fixtures"
+[ -d "$fixtures" ] || die "no $fixtures (go mod download go.etcd.io/etcd/tests/v3)"
+
+for t in "${targets[@]}"; do
+  if [ "$t" = cache ]; then
+    bin="${proxy_bin:-$ROOT/target/release/etcd-cache-proxy}"
+    if [ ! -x "$bin" ]; then
+      log "building etcd-cache-proxy (cargo build --release -p etcd-cache-proxy)"
+      (cd "$ROOT" && nice -n 10 cargo build --release -p etcd-cache-proxy) >"$out/cargo.log" 2>&1 \
+        || { tail -30 "$out/cargo.log" >&2; die "cargo build failed"; }
+      bin="$ROOT/target/release/etcd-cache-proxy"
+    fi
+    # A copy (a hard link where it can: cargo replaces its binaries by a new file), so a
+    # rebuild during the run does not change the proxy under test.
+    ln -f "$bin" "$out/etcd-cache-proxy" 2>/dev/null || cp -f "$bin" "$out/etcd-cache-proxy"
+    log "etcd-cache-proxy: $bin ($("$bin" --version 2>/dev/null || true), built $(date -u -r "$bin" +%FT%TZ))"
   fi
-  # Read whole, then matched: with pipefail, `etcd --version | grep -q` fails whenever grep's
-  # early exit lands a SIGPIPE on etcd's later lines (how CI once failed on a good build).
-  real_version="$("$BUILD/bin/etcd-real" --version 2>&1)" || die "$BUILD/bin/etcd-real --version failed: $real_version"
-  [[ "$real_version" == *"etcd Version: $release"* ]] || die "$BUILD/bin/etcd-real is not etcd $release: $real_version"
-  [ "$build_only" = 0 ] || exit 0
-  [ ${#scenarios[@]} -gt 0 ] || die "no scenario left (--set/--scenario)"
+done
 
-  fixtures="$(cd "$HERE" && go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)/fixtures"
-  [ -d "$fixtures" ] || die "no $fixtures (go mod download go.etcd.io/etcd/tests/v3)"
-
-  for t in "${targets[@]}"; do
-    if [ "$t" = cache ]; then
-      bin="${proxy_bin:-$ROOT/target/release/etcd-cache-proxy}"
-      if [ ! -x "$bin" ]; then
-        log "building etcd-cache-proxy (cargo build --release -p etcd-cache-proxy)"
-        (cd "$ROOT" && nice -n 10 cargo build --release -p etcd-cache-proxy) >"$out/cargo.log" 2>&1 \
-          || { tail -30 "$out/cargo.log" >&2; die "cargo build failed"; }
-        bin="$ROOT/target/release/etcd-cache-proxy"
-      fi
-      # A copy (a hard link where it can: cargo replaces its binaries by a new file), so a
-      # rebuild during the run does not change the proxy under test.
-      ln -f "$bin" "$out/etcd-cache-proxy" 2>/dev/null || cp -f "$bin" "$out/etcd-cache-proxy"
-      log "etcd-cache-proxy: $bin ($("$bin" --version 2>/dev/null || true), built $(date -u -r "$bin" +%FT%TZ))"
+# ---- run ---------------------------------------------------------------------------------
+# Processes of one run carry ETCD_ROBUSTNESS_RUN=<id>: whatever is left of a run (a stand-in
+# whose test binary timed out; its etcd and proxy die with it) is killed by that mark only.
+kill_run() {
+  local id="$1" p env_of
+  for p in /proc/[0-9]*; do
+    # Read whole (no `| grep -q`: under pipefail its early exit can fail the pipeline).
+    env_of="$({ tr '\0' '\n' <"$p/environ"; } 2>/dev/null)" || continue
+    if [[ $'\n'"$env_of"$'\n' == *$'\n'"ETCD_ROBUSTNESS_RUN=$id"$'\n'* ]]; then
+      kill -9 "${p#/proc/}" 2>/dev/null && log "killed leftover pid ${p#/proc/} of run $id"
     fi
   done
+}
 
-  # ---- run ---------------------------------------------------------------------------------
-  # Processes of one run carry ETCD_ROBUSTNESS_RUN=<id>: whatever is left of a run (a stand-in
-  # whose test binary timed out; its etcd and proxy die with it) is killed by that mark only.
-  kill_run() {
-    local id="$1" p env_of
-    for p in /proc/[0-9]*; do
-      # Read whole (no `| grep -q`: under pipefail its early exit can fail the pipeline).
-      env_of="$({ tr '\0' '\n' <"$p/environ"; } 2>/dev/null)" || continue
-      if [[ $'\n'"$env_of"$'\n' == *$'\n'"ETCD_ROBUSTNESS_RUN=$id"$'\n'* ]]; then
-        kill -9 "${p#/proc/}" 2>/dev/null && log "killed leftover pid ${p#/proc/} of run $id"
-      fi
-    done
-  }
+pattern() { # TestX/a/b -> TestX/^a$/^b$
+  local s="$1" first="${1%%/*}" rest="${1#*/}" p part
+  p="^$first\$"
+  IFS='/' read -ra parts <<<"$rest"
+  for part in "${parts[@]}"; do p="$p/^$part\$"; done
+  echo "$p"
+}
 
-  pattern() { # TestX/a/b -> TestX/^a$/^b$
-    local s="$1" first="${1%%/*}" rest="${1#*/}" p part
-    p="^$first\$"
-    IFS='/' read -ra parts <<<"$rest"
-    for part in "${parts[@]}"; do p="$p/^$part\$"; done
-    echo "$p"
-  }
+# Whether a failed run's only error is the suite's traffic floor ("Requiring minimal 100
+# qps before failpoint injection"): no linearization, watch or serializable failure, no
+# panic, no other error line.
+below_qps_floor_only() {
+  local log="$1"
+  grep -q 'Requiring minimal .* qps before failpoint injection' "$log" 2>/dev/null || return 1
+  ! grep -qE 'Failed linearization|Linearization has timed out|Failed validating|Broke watch guarantee|^panic:|Error Trace:|Unhandled raft request|failed triggering failpoint' "$log"
+}
+retried=0
 
-  # Whether a failed run's only error is the suite's traffic floor ("Requiring minimal 100
-  # qps before failpoint injection"): no linearization, watch or serializable failure, no
-  # panic, no other error line.
-  below_qps_floor_only() {
-    local log="$1"
-    grep -q 'Requiring minimal .* qps before failpoint injection' "$log" 2>/dev/null || return 1
-    ! grep -qE 'Failed linearization|Linearization has timed out|Failed validating|Broke watch guarantee|^panic:|Error Trace:|Unhandled raft request|failed triggering failpoint' "$log"
-  }
-  retried=0
-
-  total=$(( ${#scenarios[@]} * runs * ${#targets[@]} ))
-  k=0
-  t_all=$SECONDS
-  trap 'log "interrupted"; [ -n "${cur_id:-}" ] && kill_run "$cur_id"; exit 130' INT TERM
-  for s in "${scenarios[@]}"; do
-    for n in $(seq 1 "$runs"); do
-      for t in "${targets[@]}"; do
-        k=$((k + 1))
-        dir="$out/$(echo "$s" | tr '/' '_')/$t/$n"
-        for attempt in 1 2 3; do
+total=$(( ${#scenarios[@]} * runs * ${#targets[@]} ))
+k=0
+t_all=$SECONDS
+trap 'log "interrupted"; [ -n "${cur_id:-}" ] && kill_run "$cur_id"; exit 130' INT TERM
+for s in "${scenarios[@]}"; do
+  for n in $(seq 1 "$runs"); do
+    for t in "${targets[@]}"; do
+      k=$((k + 1))
+      dir="$out/$(echo "$s" | tr '/' '_')/$t/$n"
+      for attempt in 1 2 3; do
         mkdir -p "$dir/run" "$dir/proxy-logs"
         cur_id="$(basename "$out")-$k-$$"
         printf 'scenario\t%s\ntarget\t%s\nrun\t%s\n' "$s" "$t" "$n" >"$dir/meta"
