@@ -193,6 +193,7 @@ pub(crate) struct Metrics {
     ranges_etcd: Counter,
     auth_asks: Counter,
     auth_asks_refused: Counter,
+    auth_dropped: Counter,
     hedged: Counter,
     connections_refused: Counter,
     auth_revoked: Counter,
@@ -234,6 +235,7 @@ impl Metrics {
             ranges_etcd: served("etcd_cache_proxy_ranges_total", "etcd"),
             auth_asks: metrics::counter!("etcd_cache_proxy_auth_asks_total"),
             auth_asks_refused: metrics::counter!("etcd_cache_proxy_auth_asks_refused_total"),
+            auth_dropped: metrics::counter!("etcd_cache_proxy_auth_decisions_dropped_total"),
             hedged: metrics::counter!("etcd_cache_proxy_hedged_calls_total"),
             connections_refused: metrics::counter!("etcd_cache_proxy_connections_refused_total"),
             auth_revoked: metrics::counter!("etcd_cache_proxy_auth_revoked_watches_total"),
@@ -278,6 +280,12 @@ impl Metrics {
     /// A permission check refused because asks in flight hold `--auth-ask-bytes`.
     pub(crate) fn auth_ask_refused(&self) {
         self.auth_asks_refused.increment(1);
+    }
+
+    /// Every cached permission decision was dropped: etcd's auth state moved, an Auth
+    /// change went through the proxy, or (etcd without an auth revision) the periodic drop.
+    pub(crate) fn auth_decisions_dropped(&self) {
+        self.auth_dropped.increment(1);
     }
 
     /// A hedged call (an ask, an auth poll) went to every member: the one the balance
@@ -421,6 +429,10 @@ fn describe() {
     describe_counter!(
         "etcd_cache_proxy_auth_asks_total",
         "asks to etcd whether a caller may read a range (once per token and range while etcd's auth state holds)"
+    );
+    describe_counter!(
+        "etcd_cache_proxy_auth_decisions_dropped_total",
+        "times every cached permission decision was dropped (etcd's auth state moved, an Auth change through the proxy, or every 2 s on etcd without an auth revision)"
     );
     describe_counter!(
         "etcd_cache_proxy_hedged_calls_total",

@@ -179,6 +179,7 @@ impl Authz {
     /// again.
     fn forget(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
+        crate::metrics::get().auth_decisions_dropped();
         self.decisions.lock().clear();
         let mut asking = self.asking.lock();
         asking.asks.clear();

@@ -284,6 +284,14 @@ pub fn auth_asks(metrics: std::net::SocketAddr) -> u64 {
         .unwrap_or(0.0) as u64
 }
 
+/// `etcd_cache_proxy_auth_decisions_dropped_total` of the proxy whose metrics are at
+/// `metrics`: how often it dropped every permission decision.
+pub fn decisions_dropped(metrics: std::net::SocketAddr) -> u64 {
+    scrape::scrape(metrics)
+        .get("etcd_cache_proxy_auth_decisions_dropped_total", &[])
+        .unwrap_or(0.0) as u64
+}
+
 /// Runs the proxy binary in front of `etcd` with `extra` flags, expects it to refuse to
 /// start, and returns what it printed on stderr (the reason).
 pub fn start_fails(etcd: &str, extra: &[&str]) -> String {
