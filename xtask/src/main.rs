@@ -344,9 +344,10 @@ fn bench(args: Vec<String>) -> i32 {
     if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
         return 1;
     }
-    // The fan-out bench runs etcd-cache-proxy (its remote mode); the bench cannot build it
-    // itself while cargo holds the target directory's lock.
-    if matches!(name.as_deref(), None | Some("fanout")) {
+    // The fan-out bench (its remote mode) and the million-watch bench run
+    // etcd-cache-proxy; a bench cannot build it while cargo holds the target directory's
+    // lock.
+    if matches!(name.as_deref(), None | Some("fanout") | Some("million")) {
         let mut build = cargo();
         build.args(["build", "--release", "-p", "etcd-cache-proxy"]);
         let code = run(build);

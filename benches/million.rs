@@ -1,0 +1,748 @@
+//! A million watches through one etcd-cache-proxy: C client connections x W watches each,
+//! opened by this process, against a cache of K keys, then puts that each match about 1%
+//! of the watches.
+//!
+//! ```text
+//! cargo xtask bench million                          # C=10,000 x W=100 = 1,000,000 watches
+//! cargo xtask bench million --quick                  # C=100 x W=100, K=10,000
+//! cargo bench --bench million -- --conns 2000 --watches 100 --keys 100000 --burst 1000
+//! cargo bench --bench million -- --peer grpc-proxy   # the same run through etcd's grpc-proxy too
+//! ```
+//!
+//! One etcd on loopback (started here) holds K keys `/m/k000000`... (64-byte values). The
+//! front under test is started with its default flags and `--prefix /m/` (etcd-cache-proxy)
+//! or as `etcd grpc-proxy start` (`--peer grpc-proxy`). Each connection is its own
+//! etcd-client `Client` (its own HTTP/2 connection) with one Watch stream of W watches, a
+//! mix of what services watch: 1 on the whole prefix, up to 9 on a small prefix (10 keys),
+//! the rest on exact keys, keys and prefixes drawn from a fixed seed. With C = 10,000 a put
+//! matches the 10,000 whole-prefix watches plus about 18 others: 1% of a million.
+//!
+//! The load generator is this process: one tokio runtime with 2 workers reads every
+//! stream (one task per connection); the writer is its own thread with its own runtime and
+//! connection straight to etcd. Rust and etcd-client, as the fan-out bench, so that the
+//! figures compare; it shares the 2 cores with the proxy and etcd, and its own CPU is
+//! reported beside theirs.
+//!
+//! What it reports:
+//! - the time to open every connection (with its first watch) and then every watch, and
+//!   the proxy's RSS before, after the connections and after the watches: RSS per
+//!   connection and per watch;
+//! - etcd's own watcher count (`etcd_debugging_mvcc_watcher_total`);
+//! - `--singles` puts one at a time, each waited for at every watch that matches it:
+//!   put -> delivery p50/p99/max over every delivery;
+//! - a burst of `--burst` puts, 16 in flight: time until every delivery arrived,
+//!   deliveries/s, proxy CPU per delivery;
+//! - each watch got every event of its keys once, in revision order, and none was
+//!   canceled: anything else fails the run (exit code 1). Slowness is reported, never
+//!   failed; a front that cannot open every watch within `--open-timeout` is reported with
+//!   how many it opened, and for the peer that is a result, not a failure.
+//!
+//! Open files: each connection is a descriptor here and one in the front; the run stops at
+//! once, naming the limit, when `ulimit -n` is below C + 1,024.
+//!
+//! Run by `cargo test --all-targets` (no `--bench` argument) it only prints that it skipped.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::latency::{now_ns, percentiles, record, reset_stats, total_deliveries};
+use common::proc::{clk_tck, cpu_ticks, status_kib};
+use etcd_client::{EventType, WatchOptions, WatchStream};
+use futures::StreamExt;
+
+const PREFIX: &str = "/m/";
+const VALUE_SIZE: usize = 64;
+const IN_FLIGHT: usize = 16;
+/// Connections set up at once.
+const OPEN_CONCURRENCY: usize = 64;
+/// Keys per small prefix: `/m/k00001` holds `/m/k000010`..`/m/k000019`.
+const GROUP: usize = 10;
+/// Small-prefix watches per connection (after the whole-prefix one).
+const SMALL_PER_CONN: usize = 9;
+const SEED: u64 = 0x6d69_6c6c_696f_6e21;
+
+struct Opts {
+    conns: usize,
+    watches: usize,
+    keys: usize,
+    singles: usize,
+    burst: usize,
+    open_timeout: Duration,
+    peer: bool,
+}
+
+fn parse_opts() -> Result<Opts, String> {
+    let mut o = if common::quick() {
+        Opts {
+            conns: 100,
+            watches: 100,
+            keys: 10_000,
+            singles: 20,
+            burst: 1000,
+            open_timeout: Duration::from_secs(120),
+            peer: false,
+        }
+    } else {
+        Opts {
+            conns: 10_000,
+            watches: 100,
+            keys: 100_000,
+            singles: 20,
+            burst: 1000,
+            open_timeout: Duration::from_secs(900),
+            peer: false,
+        }
+    };
+    let mut it = std::env::args().skip(1);
+    let num = |v: Option<String>, what: &str| -> Result<usize, String> {
+        v.and_then(|v| v.replace('_', "").parse().ok())
+            .ok_or(format!("{what} needs a number"))
+    };
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--conns" => o.conns = num(it.next(), "--conns")?,
+            "--watches" => o.watches = num(it.next(), "--watches")?,
+            "--keys" => o.keys = num(it.next(), "--keys")?,
+            "--singles" => o.singles = num(it.next(), "--singles")?,
+            "--burst" => o.burst = num(it.next(), "--burst")?,
+            "--open-timeout" => {
+                o.open_timeout = Duration::from_secs(num(it.next(), "--open-timeout")? as u64)
+            }
+            "--peer" => match it.next().as_deref() {
+                Some("grpc-proxy") => o.peer = true,
+                other => return Err(format!("--peer takes grpc-proxy, not {other:?}")),
+            },
+            // What cargo bench passes to every bench target (--bench, filters) is ignored.
+            _ => {}
+        }
+    }
+    if o.conns == 0 || o.watches == 0 {
+        return Err("--conns and --watches must be at least 1".into());
+    }
+    if o.keys < GROUP || o.keys % GROUP != 0 {
+        return Err(format!("--keys must be a multiple of {GROUP}"));
+    }
+    Ok(o)
+}
+
+/// splitmix64: the same watches and puts on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn key(i: usize) -> String {
+    format!("{PREFIX}k{i:06}")
+}
+
+/// What one watch covers.
+#[derive(Clone, Copy)]
+enum Target {
+    Whole,
+    /// Keys `g * GROUP .. (g + 1) * GROUP`.
+    Group(usize),
+    Key(usize),
+}
+
+impl Target {
+    fn request(self) -> (String, Option<WatchOptions>) {
+        match self {
+            Target::Whole => (PREFIX.to_string(), Some(WatchOptions::new().with_prefix())),
+            Target::Group(g) => (
+                format!("{PREFIX}k{g:05}"),
+                Some(WatchOptions::new().with_prefix()),
+            ),
+            Target::Key(k) => (key(k), None),
+        }
+    }
+}
+
+/// Every connection's watches and the puts, drawn from [`SEED`].
+struct Plan {
+    conns: Vec<Vec<Target>>,
+    singles: Vec<usize>,
+    burst: Vec<usize>,
+    /// Puts per key and per group over the singles and the burst.
+    puts_per_key: Vec<u32>,
+    puts_per_group: Vec<u32>,
+    /// Watches matching each key (to wait for a single put's deliveries).
+    matching: Vec<u32>,
+}
+
+impl Plan {
+    fn new(o: &Opts) -> Plan {
+        let mut rng = Rng(SEED);
+        let groups = o.keys / GROUP;
+        let mut exact = vec![0u32; o.keys];
+        let mut small = vec![0u32; groups];
+        let conns = (0..o.conns)
+            .map(|_| {
+                (0..o.watches)
+                    .map(|j| match j {
+                        0 => Target::Whole,
+                        j if j <= SMALL_PER_CONN => {
+                            let g = rng.below(groups);
+                            small[g] += 1;
+                            Target::Group(g)
+                        }
+                        _ => {
+                            let k = rng.below(o.keys);
+                            exact[k] += 1;
+                            Target::Key(k)
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let singles: Vec<usize> = (0..o.singles).map(|_| rng.below(o.keys)).collect();
+        let burst: Vec<usize> = (0..o.burst).map(|_| rng.below(o.keys)).collect();
+        let mut puts_per_key = vec![0u32; o.keys];
+        let mut puts_per_group = vec![0u32; groups];
+        for &k in singles.iter().chain(&burst) {
+            puts_per_key[k] += 1;
+            puts_per_group[k / GROUP] += 1;
+        }
+        let whole = o.conns as u32;
+        let matching = (0..o.keys)
+            .map(|k| whole + exact[k] + small[k / GROUP])
+            .collect();
+        Plan {
+            conns,
+            singles,
+            burst,
+            puts_per_key,
+            puts_per_group,
+            matching,
+        }
+    }
+
+    fn want(&self, t: Target) -> u64 {
+        match t {
+            Target::Whole => (self.singles.len() + self.burst.len()) as u64,
+            Target::Group(g) => self.puts_per_group[g] as u64,
+            Target::Key(k) => self.puts_per_key[k] as u64,
+        }
+    }
+
+    fn deliveries(&self, puts: &[usize]) -> u64 {
+        puts.iter().map(|&k| self.matching[k] as u64).sum()
+    }
+}
+
+/// The soft limit on open files (`ulimit -n`), from /proc.
+fn open_files_limit() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// etcd's own count of its watchers.
+fn etcd_watchers(etcd: &testkit::EtcdServer) -> String {
+    testkit::http_request(
+        etcd.client_addr(),
+        "GET",
+        "/metrics",
+        None,
+        Duration::from_secs(10),
+    )
+    .ok()
+    .and_then(|(_, body)| {
+        body.lines()
+            .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+            .map(|v| v.trim().to_string())
+    })
+    .unwrap_or_else(|| "?".into())
+}
+
+/// Loads the K keys, 128 puts per txn.
+async fn load_keys(ep: &str, keys: usize) -> Result<(), String> {
+    let mut c = testkit::Connect::plain()
+        .try_client(&[ep])
+        .await
+        .map_err(|e| e.to_string())?;
+    let value = vec![b'v'; VALUE_SIZE];
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(128) {
+        let ops: Vec<etcd_client::TxnOp> = chunk
+            .iter()
+            .map(|&i| etcd_client::TxnOp::put(key(i), value.clone(), None))
+            .collect();
+        c.txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// One connection: its client, its stream, and which watch id is which target.
+struct Conn {
+    _client: etcd_client::Client,
+    stream: WatchStream,
+    targets: Vec<Target>,
+    ids: HashMap<i64, usize>,
+}
+
+/// Waits for `n` created responses on `stream`, numbering them from `first`.
+async fn await_created(
+    stream: &mut WatchStream,
+    ids: &mut HashMap<i64, usize>,
+    first: usize,
+    n: usize,
+) -> Result<(), String> {
+    let mut created = 0;
+    while created < n {
+        match stream.message().await.map_err(|e| e.to_string())? {
+            Some(r) if r.canceled() => {
+                return Err(format!("watch create refused: {}", r.cancel_reason()))
+            }
+            Some(r) if r.created() => {
+                ids.insert(r.watch_id(), first + created);
+                created += 1;
+            }
+            Some(_) => {}
+            None => return Err("watch stream ended during set-up".into()),
+        }
+    }
+    Ok(())
+}
+
+/// Opens the connection and its first watch.
+async fn open_conn(ep: String, targets: Vec<Target>) -> Result<Conn, String> {
+    let mut client = testkit::Connect::plain()
+        .try_client(&[&ep])
+        .await
+        .map_err(|e| e.to_string())?;
+    let (k, o) = targets[0].request();
+    let mut stream = client.watch(k, o).await.map_err(|e| e.to_string())?;
+    let mut ids = HashMap::with_capacity(targets.len());
+    await_created(&mut stream, &mut ids, 0, 1).await?;
+    Ok(Conn {
+        _client: client,
+        stream,
+        targets,
+        ids,
+    })
+}
+
+/// Opens the connection's other watches on its stream.
+async fn open_rest(mut c: Conn) -> Result<Conn, String> {
+    for t in &c.targets[1..] {
+        let (k, o) = t.request();
+        c.stream.watch(k, o).await.map_err(|e| e.to_string())?;
+    }
+    let n = c.targets.len() - 1;
+    await_created(&mut c.stream, &mut c.ids, 1, n).await?;
+    Ok(c)
+}
+
+/// Reads a connection until each of its watches got what the plan puts to its keys:
+/// every event once, in revision order, none canceled.
+async fn read_conn(mut c: Conn, wants: Vec<u64>) -> Result<(), String> {
+    let mut got = vec![0u64; wants.len()];
+    let mut last = vec![0i64; wants.len()];
+    let mut open = wants.iter().filter(|&&w| w > 0).count();
+    while open > 0 {
+        let r = match c.stream.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err("a watch stream ended".into()),
+            Err(e) => return Err(format!("a watch stream failed: {e}")),
+        };
+        if r.canceled() {
+            return Err(format!("a watch was canceled: {}", r.cancel_reason()));
+        }
+        if r.events().is_empty() {
+            continue;
+        }
+        let i = *c
+            .ids
+            .get(&r.watch_id())
+            .ok_or(format!("events for unknown watch id {}", r.watch_id()))?;
+        let now = now_ns();
+        for ev in r.events() {
+            let kv = ev.kv().ok_or("an event without a kv")?;
+            if ev.event_type() != EventType::Put {
+                return Err("an event that is not a put".into());
+            }
+            if kv.mod_revision() <= last[i] {
+                return Err(format!(
+                    "watch {i}: revision {} after {}",
+                    kv.mod_revision(),
+                    last[i]
+                ));
+            }
+            last[i] = kv.mod_revision();
+            let sent = kv
+                .value()
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .unwrap_or(0);
+            record(sent, now, 1);
+        }
+        got[i] += r.events().len() as u64;
+        if got[i] > wants[i] {
+            return Err(format!(
+                "watch {i} ({:?}): {} events, {} written",
+                c.targets[i].request().0,
+                got[i],
+                wants[i]
+            ));
+        }
+        if got[i] == wants[i] {
+            open -= 1;
+        }
+    }
+    Ok(())
+}
+
+/// Puts `keys` straight to etcd, `in_flight` at a time, each value stamped with its send
+/// time; on its own thread and runtime. Returns the elapsed time.
+fn write(ep: &str, keys: Vec<usize>, in_flight: usize) -> Result<Duration, String> {
+    let ep = ep.to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let client = testkit::Connect::plain()
+                .try_client(&[&ep])
+                .await
+                .map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            let mut puts = futures::stream::iter(keys.into_iter().map(|k| {
+                let mut c = client.clone();
+                async move {
+                    let mut value = vec![b'v'; VALUE_SIZE];
+                    value[..8].copy_from_slice(&now_ns().to_le_bytes());
+                    c.put(key(k), value, None).await.map(|_| ())
+                }
+            }))
+            .buffer_unordered(in_flight);
+            while let Some(r) = puts.next().await {
+                r.map_err(|e| e.to_string())?;
+            }
+            Ok(t.elapsed())
+        })
+    })
+    .join()
+    .map_err(|_| "the writer panicked".to_string())?
+}
+
+/// Waits until `total` deliveries arrived, or `limit` passed.
+async fn wait_deliveries(total: u64, limit: Duration) -> Result<Duration, String> {
+    let t = Instant::now();
+    while total_deliveries() < total {
+        if t.elapsed() > limit {
+            return Err(format!(
+                "{} of {total} deliveries after {limit:?}",
+                total_deliveries()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(t.elapsed())
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn cpu_s(pid: Option<u32>) -> f64 {
+    cpu_ticks(pid) as f64 / clk_tck()
+}
+
+/// One front's run. `Ok(None)`: it could not open every watch in time (reported).
+async fn run(
+    label: &str,
+    front: &str,
+    front_pid: Option<u32>,
+    etcd: &testkit::EtcdServer,
+    plan: &Plan,
+    o: &Opts,
+) -> Result<Option<()>, String> {
+    let n = o.conns * o.watches;
+    println!("\n== {label}: {} connections x {} watches = {n}", o.conns, o.watches);
+    let rss0 = status_kib(front_pid, "VmRSS");
+    let opened = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let deadline = tokio::time::Instant::now() + o.open_timeout;
+    let conns = {
+        let opened = opened.clone();
+        let open = futures::stream::iter(plan.conns.iter().cloned().map(|targets| {
+            let (ep, opened) = (front.to_string(), opened.clone());
+            async move {
+                let c = open_conn(ep, targets).await?;
+                opened.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, String>(c)
+            }
+        }))
+        .buffer_unordered(OPEN_CONCURRENCY)
+        .collect::<Vec<_>>();
+        match tokio::time::timeout_at(deadline, open).await {
+            Ok(v) => v.into_iter().collect::<Result<Vec<_>, _>>(),
+            Err(_) => Err(format!(
+                "{} of {} connections opened in {:?}",
+                opened.load(Ordering::Relaxed),
+                o.conns,
+                o.open_timeout
+            )),
+        }
+    };
+    let conns = match conns {
+        Ok(c) => c,
+        Err(e) => {
+            println!("{label}: could not open every connection: {e}");
+            return Ok(None);
+        }
+    };
+    let conns_took = t.elapsed();
+    let rss1 = status_kib(front_pid, "VmRSS");
+    let watches_opened = Arc::new(AtomicUsize::new(o.conns));
+    let t2 = Instant::now();
+    let rest = {
+        let w = watches_opened.clone();
+        let per = o.watches - 1;
+        let open = futures::stream::iter(conns.into_iter().map(|c| {
+            let w = w.clone();
+            async move {
+                let c = open_rest(c).await?;
+                w.fetch_add(per, Ordering::Relaxed);
+                Ok::<_, String>(c)
+            }
+        }))
+        .buffer_unordered(OPEN_CONCURRENCY)
+        .collect::<Vec<_>>();
+        match tokio::time::timeout_at(deadline, open).await {
+            Ok(v) => v.into_iter().collect::<Result<Vec<_>, _>>(),
+            Err(_) => Err(format!(
+                "{} of {n} watches opened in {:?}",
+                watches_opened.load(Ordering::Relaxed),
+                o.open_timeout
+            )),
+        }
+    };
+    let conns = match rest {
+        Ok(c) => c,
+        Err(e) => {
+            println!("{label}: could not open every watch: {e}");
+            return Ok(None);
+        }
+    };
+    let watches_took = t2.elapsed();
+    let rss2 = status_kib(front_pid, "VmRSS");
+    println!(
+        "opened: {} connections in {:.1} s, then {n} watches in {:.1} s ({:.0} watches/s)",
+        o.conns,
+        conns_took.as_secs_f64(),
+        watches_took.as_secs_f64(),
+        n as f64 / (conns_took + watches_took).as_secs_f64()
+    );
+    println!(
+        "{label} RSS: {:.0} MiB before, {:.0} MiB with the connections, {:.0} MiB with every \
+         watch: {:.1} KiB per connection (with its first watch), {:.0} B per further watch",
+        mib(rss0),
+        mib(rss1),
+        mib(rss2),
+        rss1.saturating_sub(rss0) as f64 / o.conns as f64,
+        rss2.saturating_sub(rss1) as f64 * 1024.0 / (n - o.conns).max(1) as f64
+    );
+    println!(
+        "etcd watchers: {}; this process (the clients) RSS {:.0} MiB",
+        etcd_watchers(etcd),
+        mib(status_kib(None, "VmRSS"))
+    );
+
+    let readers: Vec<_> = conns
+        .into_iter()
+        .map(|c| {
+            let wants = c.targets.iter().map(|&t| plan.want(t)).collect();
+            tokio::spawn(read_conn(c, wants))
+        })
+        .collect();
+    let limit = Duration::from_secs(600);
+    // One put at a time, each waited for at every watch it matches.
+    reset_stats();
+    let mut expected = 0;
+    let cpu0 = cpu_s(front_pid);
+    for &k in &plan.singles {
+        expected += plan.matching[k] as u64;
+        let ep = etcd.endpoint();
+        tokio::task::spawn_blocking(move || write(&ep, vec![k], 1))
+            .await
+            .map_err(|e| e.to_string())??;
+        wait_deliveries(expected, limit).await?;
+    }
+    let p = percentiles(&[0.5, 0.99, 1.0]);
+    let singles = plan.singles.len().max(1) as f64;
+    println!(
+        "{} single puts, {:.0} deliveries each: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+         {label} CPU {:.0} us per delivery",
+        plan.singles.len(),
+        expected as f64 / singles,
+        p[0].as_secs_f64() * 1e3,
+        p[1].as_secs_f64() * 1e3,
+        p[2].as_secs_f64() * 1e3,
+        (cpu_s(front_pid) - cpu0) * 1e6 / expected.max(1) as f64
+    );
+    // The burst.
+    reset_stats();
+    let burst_deliveries = plan.deliveries(&plan.burst);
+    let (cpu1, own1, etcd1) = (cpu_s(front_pid), cpu_s(None), cpu_s(etcd.pid()));
+    let t = Instant::now();
+    let keys = plan.burst.clone();
+    let ep = etcd.endpoint();
+    let wrote = tokio::task::spawn_blocking(move || write(&ep, keys, IN_FLIGHT))
+        .await
+        .map_err(|e| e.to_string())??;
+    wait_deliveries(burst_deliveries, limit).await?;
+    let took = t.elapsed();
+    let p = percentiles(&[0.5, 0.99, 1.0]);
+    let front_cpu = cpu_s(front_pid) - cpu1;
+    println!(
+        "burst of {} puts (written in {:.1} s): {burst_deliveries} deliveries in {:.1} s, \
+         {:.0} deliveries/s; latency p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        plan.burst.len(),
+        wrote.as_secs_f64(),
+        took.as_secs_f64(),
+        burst_deliveries as f64 / took.as_secs_f64(),
+        p[0].as_secs_f64() * 1e3,
+        p[1].as_secs_f64() * 1e3,
+        p[2].as_secs_f64() * 1e3,
+    );
+    println!(
+        "burst CPU: {label} {:.1} s ({:.0} ns per delivery), clients {:.1} s, etcd {:.1} s; \
+         {label} RSS {:.0} MiB",
+        front_cpu,
+        front_cpu * 1e9 / burst_deliveries.max(1) as f64,
+        cpu_s(None) - own1,
+        cpu_s(etcd.pid()) - etcd1,
+        mib(status_kib(front_pid, "VmRSS"))
+    );
+    for r in readers {
+        r.await.map_err(|e| e.to_string())??;
+    }
+    println!("every watch got each of its events once, in order; none canceled");
+    Ok(Some(()))
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!(
+            "million: skipped (needs `cargo bench --bench million` or `cargo xtask bench million`)"
+        );
+        return;
+    }
+    let o = match parse_opts() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("million: {e}");
+            std::process::exit(2);
+        }
+    };
+    let need = o.conns as u64 + 1024;
+    match open_files_limit() {
+        Some(l) if l < need => {
+            eprintln!(
+                "million: {} connections need about {need} open files here and in the front; \
+                 `ulimit -n` is {l}: raise it (e.g. `ulimit -n {need}` as root, or \
+                 `prlimit --nofile={need}`) or lower --conns",
+                o.conns
+            );
+            std::process::exit(2);
+        }
+        _ => {}
+    }
+    now_ns();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = rt.block_on(async {
+        let plan = Plan::new(&o);
+        let etcd = testkit::EtcdServer::start_with(
+            testkit::EtcdOptions::default().arg("--quota-backend-bytes=8589934592"),
+        );
+        let t = Instant::now();
+        if let Err(e) = load_keys(&etcd.endpoint(), o.keys).await {
+            eprintln!("million: loading the keys: {e}");
+            return 1;
+        }
+        println!(
+            "etcd {}: {} keys loaded in {:.1} s; load average {}",
+            etcd.binaries().describe(),
+            o.keys,
+            t.elapsed().as_secs_f64(),
+            common::proc::loadavg()
+        );
+        let bin = match common::cache_proxy_bin() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("million: {e}");
+                return 1;
+            }
+        };
+        let proxy = match common::CacheProxy::start(
+            &bin,
+            &etcd.endpoint(),
+            &["--prefix".to_string(), PREFIX.to_string()],
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("million: starting etcd-cache-proxy: {e}");
+                return 1;
+            }
+        };
+        let r = run(
+            "etcd-cache-proxy",
+            &proxy.endpoint(),
+            proxy.pid(),
+            &etcd,
+            &plan,
+            &o,
+        )
+        .await;
+        let code = match r {
+            Ok(Some(())) => 0,
+            Ok(None) => 1,
+            Err(e) => {
+                eprintln!(
+                    "million: etcd-cache-proxy: {e}\n{}",
+                    proxy.log_tail(20)
+                );
+                1
+            }
+        };
+        drop(proxy);
+        if o.peer {
+            let g = testkit::grpc_proxy(&[etcd.endpoint()]);
+            // The peer's shortfall is a result: reported, not failed.
+            if let Err(e) = run("grpc-proxy", &g.endpoint(), g.pid(), &etcd, &plan, &o).await {
+                println!("grpc-proxy: {e}");
+            }
+        }
+        code
+    });
+    // The reader tasks of a run that failed may still hold connections: do not wait.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    std::process::exit(code);
+}
