@@ -6,12 +6,12 @@
 //! cargo xtask bench million                          # C=10,000 x W=100 = 1,000,000 watches
 //! cargo xtask bench million --quick                  # C=100 x W=100, K=10,000
 //! cargo bench --bench million -- --conns 2000 --watches 100 --keys 100000 --burst 1000
-//! cargo bench --bench million -- --peer grpc-proxy   # the same run through etcd's grpc-proxy too
+//! cargo bench --bench million -- --fronts etcd,cache-proxy,grpc-proxy   # each in turn
 //! ```
 //!
 //! One etcd on loopback (started here) holds K keys `/m/k000000`... (64-byte values). The
 //! front under test is started with its default flags and `--prefix /m/` (etcd-cache-proxy)
-//! or as `etcd grpc-proxy start` (`--peer grpc-proxy`). Each connection is its own
+//! or as `etcd grpc-proxy start` (`--fronts`). Each connection is its own
 //! etcd-client `Client` (its own HTTP/2 connection) with one Watch stream of W watches, a
 //! mix of what services watch: 1 on the whole prefix, up to 9 on a small prefix (10 keys),
 //! the rest on exact keys, keys and prefixes drawn from a fixed seed. With C = 10,000 a put
@@ -45,7 +45,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,10 @@ const GROUP: usize = 10;
 /// Small-prefix watches per connection (after the whole-prefix one).
 const SMALL_PER_CONN: usize = 9;
 const SEED: u64 = 0x6d69_6c6c_696f_6e21;
+/// A run fails once no delivery arrived for this long while some are missing.
+const STALL: Duration = Duration::from_secs(60);
+/// How long every watch is held open with nothing written, for the idle cost.
+const IDLE: Duration = Duration::from_secs(5);
 
 struct Opts {
     conns: usize,
@@ -72,7 +76,10 @@ struct Opts {
     singles: usize,
     burst: usize,
     open_timeout: Duration,
-    peer: bool,
+    /// Run straight to etcd, then etcd-cache-proxy, then grpc-proxy.
+    etcd: bool,
+    cache_proxy: bool,
+    grpc_proxy: bool,
 }
 
 fn parse_opts() -> Result<Opts, String> {
@@ -84,7 +91,9 @@ fn parse_opts() -> Result<Opts, String> {
             singles: 20,
             burst: 1000,
             open_timeout: Duration::from_secs(120),
-            peer: false,
+            etcd: false,
+            cache_proxy: true,
+            grpc_proxy: false,
         }
     } else {
         Opts {
@@ -94,7 +103,9 @@ fn parse_opts() -> Result<Opts, String> {
             singles: 20,
             burst: 1000,
             open_timeout: Duration::from_secs(900),
-            peer: false,
+            etcd: false,
+            cache_proxy: true,
+            grpc_proxy: false,
         }
     };
     let mut it = std::env::args().skip(1);
@@ -112,10 +123,21 @@ fn parse_opts() -> Result<Opts, String> {
             "--open-timeout" => {
                 o.open_timeout = Duration::from_secs(num(it.next(), "--open-timeout")? as u64)
             }
-            "--peer" => match it.next().as_deref() {
-                Some("grpc-proxy") => o.peer = true,
-                other => return Err(format!("--peer takes grpc-proxy, not {other:?}")),
-            },
+            "--fronts" => {
+                (o.etcd, o.cache_proxy, o.grpc_proxy) = (false, false, false);
+                for f in it.next().ok_or("--fronts needs a list")?.split(',') {
+                    match f.trim() {
+                        "etcd" => o.etcd = true,
+                        "cache-proxy" => o.cache_proxy = true,
+                        "grpc-proxy" => o.grpc_proxy = true,
+                        other => {
+                            return Err(format!(
+                                "unknown front {other} (etcd, cache-proxy, grpc-proxy)"
+                            ))
+                        }
+                    }
+                }
+            }
             // What cargo bench passes to every bench target (--bench, filters) is ignored.
             _ => {}
         }
@@ -160,6 +182,15 @@ enum Target {
 }
 
 impl Target {
+    fn matches(self, key: &[u8]) -> bool {
+        let (k, o) = self.request();
+        if o.is_some() {
+            key.starts_with(k.as_bytes())
+        } else {
+            key == k.as_bytes()
+        }
+    }
+
     fn request(self) -> (String, Option<WatchOptions>) {
         match self {
             Target::Whole => (PREFIX.to_string(), Some(WatchOptions::new().with_prefix())),
@@ -237,6 +268,43 @@ impl Plan {
             Target::Group(g) => self.puts_per_group[g] as u64,
             Target::Key(k) => self.puts_per_key[k] as u64,
         }
+    }
+
+    /// The watches (up to 5) that saw fewer events than `written` puts to their keys, as
+    /// `connection/watch target got/wanted`.
+    fn short(&self, seen: &[Arc<[AtomicU64]>], written: &[usize]) -> String {
+        let mut per_key = HashMap::<usize, u64>::new();
+        for &k in written {
+            *per_key.entry(k).or_default() += 1;
+        }
+        let want = |t: Target| match t {
+            Target::Whole => written.len() as u64,
+            Target::Group(g) => (g * GROUP..(g + 1) * GROUP)
+                .map(|k| per_key.get(&k).copied().unwrap_or(0))
+                .sum(),
+            Target::Key(k) => per_key.get(&k).copied().unwrap_or(0),
+        };
+        let mut out = Vec::new();
+        let mut count = 0;
+        for (c, (targets, got)) in self.conns.iter().zip(seen).enumerate() {
+            for (j, &t) in targets.iter().enumerate() {
+                let (g, w) = (got[j].load(Ordering::Relaxed), want(t));
+                if g < w {
+                    count += 1;
+                    if out.len() < 5 {
+                        let dup = targets
+                            .iter()
+                            .filter(|&&o| o.request().0 == t.request().0)
+                            .count();
+                        out.push(format!(
+                            "{c}/{j} {} {g}/{w} ({dup} watch(es) of it on the stream)",
+                            t.request().0
+                        ));
+                    }
+                }
+            }
+        }
+        format!("{count} watches, e.g. {}", out.join(", "))
     }
 
     fn deliveries(&self, puts: &[usize]) -> u64 {
@@ -356,7 +424,7 @@ async fn open_rest(mut c: Conn) -> Result<Conn, String> {
 
 /// Reads a connection until each of its watches got what the plan puts to its keys:
 /// every event once, in revision order, none canceled.
-async fn read_conn(mut c: Conn, wants: Vec<u64>) -> Result<(), String> {
+async fn read_conn(mut c: Conn, wants: Vec<u64>, seen: Arc<[AtomicU64]>) -> Result<(), String> {
     let mut got = vec![0u64; wants.len()];
     let mut last = vec![0i64; wants.len()];
     let mut open = wants.iter().filter(|&&w| w > 0).count();
@@ -389,6 +457,13 @@ async fn read_conn(mut c: Conn, wants: Vec<u64>) -> Result<(), String> {
                     last[i]
                 ));
             }
+            if !c.targets[i].matches(kv.key()) {
+                return Err(format!(
+                    "watch {i} ({}) got an event of {}",
+                    c.targets[i].request().0,
+                    String::from_utf8_lossy(kv.key())
+                ));
+            }
             last[i] = kv.mod_revision();
             let sent = kv
                 .value()
@@ -398,6 +473,7 @@ async fn read_conn(mut c: Conn, wants: Vec<u64>) -> Result<(), String> {
             record(sent, now, 1);
         }
         got[i] += r.events().len() as u64;
+        seen[i].store(got[i], Ordering::Relaxed);
         if got[i] > wants[i] {
             return Err(format!(
                 "watch {i} ({:?}): {} events, {} written",
@@ -447,17 +523,22 @@ fn write(ep: &str, keys: Vec<usize>, in_flight: usize) -> Result<Duration, Strin
     .map_err(|_| "the writer panicked".to_string())?
 }
 
-/// Waits until `total` deliveries arrived, or `limit` passed.
-async fn wait_deliveries(total: u64, limit: Duration) -> Result<Duration, String> {
+/// Waits until `total` deliveries arrived; fails once none arrived for [`STALL`].
+async fn wait_deliveries(total: u64) -> Result<Duration, String> {
     let t = Instant::now();
-    while total_deliveries() < total {
-        if t.elapsed() > limit {
+    let (mut seen, mut moved) = (total_deliveries(), Instant::now());
+    while seen < total {
+        if moved.elapsed() > STALL {
             return Err(format!(
-                "{} of {total} deliveries after {limit:?}",
-                total_deliveries()
+                "{seen} of {total} deliveries, none for {STALL:?} ({:.0} s in all)",
+                t.elapsed().as_secs_f64()
             ));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
+        let now = total_deliveries();
+        if now != seen {
+            (seen, moved) = (now, Instant::now());
+        }
     }
     Ok(t.elapsed())
 }
@@ -480,7 +561,10 @@ async fn run(
     o: &Opts,
 ) -> Result<Option<()>, String> {
     let n = o.conns * o.watches;
-    println!("\n== {label}: {} connections x {} watches = {n}", o.conns, o.watches);
+    println!(
+        "\n== {label}: {} connections x {} watches = {n}",
+        o.conns, o.watches
+    );
     let rss0 = status_kib(front_pid, "VmRSS");
     let opened = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
@@ -516,6 +600,11 @@ async fn run(
     };
     let conns_took = t.elapsed();
     let rss1 = status_kib(front_pid, "VmRSS");
+    println!(
+        "{} connections, each with its first watch, in {:.1} s",
+        o.conns,
+        conns_took.as_secs_f64()
+    );
     let watches_opened = Arc::new(AtomicUsize::new(o.conns));
     let t2 = Instant::now();
     let rest = {
@@ -571,37 +660,55 @@ async fn run(
         mib(status_kib(None, "VmRSS"))
     );
 
+    let mut seen = Vec::with_capacity(conns.len());
     let readers: Vec<_> = conns
         .into_iter()
         .map(|c| {
             let wants = c.targets.iter().map(|&t| plan.want(t)).collect();
-            tokio::spawn(read_conn(c, wants))
+            let s: Arc<[AtomicU64]> = c.targets.iter().map(|_| AtomicU64::new(0)).collect();
+            seen.push(s.clone());
+            tokio::spawn(read_conn(c, wants, s))
         })
         .collect();
-    let limit = Duration::from_secs(600);
+    // Every watch open and nothing written: what holding them costs.
+    let (idle0, idle_own0, idle_etcd0) = (cpu_s(front_pid), cpu_s(None), cpu_s(etcd.pid()));
+    tokio::time::sleep(IDLE).await;
+    println!(
+        "idle {:.0} s with every watch open: {label} CPU {:.2} s, clients {:.2} s, etcd {:.2} s",
+        IDLE.as_secs_f64(),
+        cpu_s(front_pid) - idle0,
+        cpu_s(None) - idle_own0,
+        cpu_s(etcd.pid()) - idle_etcd0
+    );
     // One put at a time, each waited for at every watch it matches.
     reset_stats();
     let mut expected = 0;
-    let cpu0 = cpu_s(front_pid);
-    for &k in &plan.singles {
+    let (cpu0, own0) = (cpu_s(front_pid), cpu_s(None));
+    for (i, &k) in plan.singles.iter().enumerate() {
         expected += plan.matching[k] as u64;
         let ep = etcd.endpoint();
         tokio::task::spawn_blocking(move || write(&ep, vec![k], 1))
             .await
             .map_err(|e| e.to_string())??;
-        wait_deliveries(expected, limit).await?;
+        if let Err(e) = wait_deliveries(expected).await {
+            return Err(format!(
+                "{e}; short: {}",
+                plan.short(&seen, &plan.singles[..=i])
+            ));
+        }
     }
     let p = percentiles(&[0.5, 0.99, 1.0]);
     let singles = plan.singles.len().max(1) as f64;
     println!(
         "{} single puts, {:.0} deliveries each: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
-         {label} CPU {:.0} us per delivery",
+         CPU per put: {label} {:.1} ms, clients {:.1} ms",
         plan.singles.len(),
         expected as f64 / singles,
         p[0].as_secs_f64() * 1e3,
         p[1].as_secs_f64() * 1e3,
         p[2].as_secs_f64() * 1e3,
-        (cpu_s(front_pid) - cpu0) * 1e6 / expected.max(1) as f64
+        (cpu_s(front_pid) - cpu0) * 1e3 / singles,
+        (cpu_s(None) - own0) * 1e3 / singles
     );
     // The burst.
     reset_stats();
@@ -613,7 +720,10 @@ async fn run(
     let wrote = tokio::task::spawn_blocking(move || write(&ep, keys, IN_FLIGHT))
         .await
         .map_err(|e| e.to_string())??;
-    wait_deliveries(burst_deliveries, limit).await?;
+    if let Err(e) = wait_deliveries(burst_deliveries).await {
+        let written: Vec<usize> = plan.singles.iter().chain(&plan.burst).copied().collect();
+        return Err(format!("{e}; short: {}", plan.short(&seen, &written)));
+    }
     let took = t.elapsed();
     let p = percentiles(&[0.5, 0.99, 1.0]);
     let front_cpu = cpu_s(front_pid) - cpu1;
@@ -642,6 +752,34 @@ async fn run(
     }
     println!("every watch got each of its events once, in order; none canceled");
     Ok(Some(()))
+}
+
+/// The run through etcd-cache-proxy: its exit code.
+async fn run_cache_proxy(etcd: &testkit::EtcdServer, plan: &Plan, o: &Opts) -> i32 {
+    let bin = match common::cache_proxy_bin() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("million: {e}");
+            return 1;
+        }
+    };
+    let extra = ["--prefix".to_string(), PREFIX.to_string()];
+    let proxy = match common::CacheProxy::start(&bin, &etcd.endpoint(), &extra) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("million: starting etcd-cache-proxy: {e}");
+            return 1;
+        }
+    };
+    let ep = proxy.endpoint();
+    match run("etcd-cache-proxy", &ep, proxy.pid(), etcd, plan, o).await {
+        Ok(Some(())) => 0,
+        Ok(None) => 1,
+        Err(e) => {
+            eprintln!("million: etcd-cache-proxy: {e}\n{}", proxy.log_tail(20));
+            1
+        }
+    }
 }
 
 fn main() {
@@ -694,46 +832,18 @@ fn main() {
             t.elapsed().as_secs_f64(),
             common::proc::loadavg()
         );
-        let bin = match common::cache_proxy_bin() {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("million: {e}");
-                return 1;
+        let mut code = 0;
+        if o.etcd {
+            // The reference: what etcd itself delivers to the same watches.
+            if let Err(e) = run("etcd", &etcd.endpoint(), etcd.pid(), &etcd, &plan, &o).await {
+                println!("etcd: {e}");
+                code = 1;
             }
-        };
-        let proxy = match common::CacheProxy::start(
-            &bin,
-            &etcd.endpoint(),
-            &["--prefix".to_string(), PREFIX.to_string()],
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("million: starting etcd-cache-proxy: {e}");
-                return 1;
-            }
-        };
-        let r = run(
-            "etcd-cache-proxy",
-            &proxy.endpoint(),
-            proxy.pid(),
-            &etcd,
-            &plan,
-            &o,
-        )
-        .await;
-        let code = match r {
-            Ok(Some(())) => 0,
-            Ok(None) => 1,
-            Err(e) => {
-                eprintln!(
-                    "million: etcd-cache-proxy: {e}\n{}",
-                    proxy.log_tail(20)
-                );
-                1
-            }
-        };
-        drop(proxy);
-        if o.peer {
+        }
+        if o.cache_proxy {
+            code = run_cache_proxy(&etcd, &plan, &o).await;
+        }
+        if o.grpc_proxy {
             let g = testkit::grpc_proxy(&[etcd.endpoint()]);
             // The peer's shortfall is a result: reported, not failed.
             if let Err(e) = run("grpc-proxy", &g.endpoint(), g.pid(), &etcd, &plan, &o).await {

@@ -79,8 +79,9 @@ Commands:
         With a name: `cargo bench --features unstable-bench-internals --bench <name>` if
         benches/<name>.rs exists, otherwise
         `cargo run --release --example bench_<name>` if examples/bench_<name>.rs exists.
-        e.g. `cargo xtask bench fanout`. For `fanout` (and no name) it first runs
-        `cargo build --release -p etcd-cache-proxy`: the fan-out bench's remote mode runs it.
+        e.g. `cargo xtask bench fanout`. For `fanout`, `million` (and no name) it first runs
+        `cargo build --release -p etcd-cache-proxy`: the fan-out bench's remote mode and the
+        million-watch bench run it.
         --quick sets ETCD_CACHE_BENCH_QUICK=1, which every benchmark reads to run a short form.
         Arguments after `--` go to the benchmark binary.
   soak [--duration SECS] [-- test-args]
