@@ -145,8 +145,11 @@ fn parse_opts() -> Result<Opts, String> {
     if o.conns == 0 || o.watches == 0 {
         return Err("--conns and --watches must be at least 1".into());
     }
-    if o.keys < GROUP || o.keys % GROUP != 0 {
-        return Err(format!("--keys must be a multiple of {GROUP}"));
+    if o.keys < GROUP || o.keys % GROUP != 0 || o.keys > 1_000_000 {
+        // Keys are six digits, and a small prefix is a key's first five.
+        return Err(format!(
+            "--keys must be a multiple of {GROUP} from {GROUP} to 1000000"
+        ));
     }
     Ok(o)
 }
