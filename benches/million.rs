@@ -32,6 +32,9 @@
 //!   put -> delivery p50/p99/max over every delivery;
 //! - a burst of `--burst` puts, 16 in flight: time until every delivery arrived,
 //!   deliveries/s, proxy CPU per delivery;
+//! - `--stalled` puts (1,000) written while every odd connection stops reading: the
+//!   reading half's time and latency, the front's RSS before, at its peak and 5 s later;
+//!   then the stalled half reads again and must get every event;
 //! - each watch got every event of its keys once, in revision order, and none was
 //!   canceled: anything else fails the run (exit code 1). Slowness is reported, never
 //!   failed; a front that cannot open every watch within `--open-timeout` is reported with
@@ -75,6 +78,8 @@ struct Opts {
     keys: usize,
     singles: usize,
     burst: usize,
+    /// Puts written while half the connections stop reading.
+    stalled: usize,
     open_timeout: Duration,
     /// Run straight to etcd, then etcd-cache-proxy, then grpc-proxy.
     etcd: bool,
@@ -90,6 +95,7 @@ fn parse_opts() -> Result<Opts, String> {
             keys: 10_000,
             singles: 20,
             burst: 1000,
+            stalled: 1000,
             open_timeout: Duration::from_secs(120),
             etcd: false,
             cache_proxy: true,
@@ -102,6 +108,7 @@ fn parse_opts() -> Result<Opts, String> {
             keys: 100_000,
             singles: 20,
             burst: 1000,
+            stalled: 1000,
             open_timeout: Duration::from_secs(900),
             etcd: false,
             cache_proxy: true,
@@ -120,6 +127,7 @@ fn parse_opts() -> Result<Opts, String> {
             "--keys" => o.keys = num(it.next(), "--keys")?,
             "--singles" => o.singles = num(it.next(), "--singles")?,
             "--burst" => o.burst = num(it.next(), "--burst")?,
+            "--stalled" => o.stalled = num(it.next(), "--stalled")?,
             "--open-timeout" => {
                 o.open_timeout = Duration::from_secs(num(it.next(), "--open-timeout")? as u64)
             }
@@ -211,6 +219,8 @@ struct Plan {
     conns: Vec<Vec<Target>>,
     singles: Vec<usize>,
     burst: Vec<usize>,
+    /// Written while every odd connection stops reading.
+    stalled: Vec<usize>,
     /// Puts per key and per group over the singles and the burst.
     puts_per_key: Vec<u32>,
     puts_per_group: Vec<u32>,
@@ -245,9 +255,10 @@ impl Plan {
             .collect();
         let singles: Vec<usize> = (0..o.singles).map(|_| rng.below(o.keys)).collect();
         let burst: Vec<usize> = (0..o.burst).map(|_| rng.below(o.keys)).collect();
+        let stalled: Vec<usize> = (0..o.stalled).map(|_| rng.below(o.keys)).collect();
         let mut puts_per_key = vec![0u32; o.keys];
         let mut puts_per_group = vec![0u32; groups];
-        for &k in singles.iter().chain(&burst) {
+        for &k in singles.iter().chain(&burst).chain(&stalled) {
             puts_per_key[k] += 1;
             puts_per_group[k / GROUP] += 1;
         }
@@ -259,6 +270,7 @@ impl Plan {
             conns,
             singles,
             burst,
+            stalled,
             puts_per_key,
             puts_per_group,
             matching,
@@ -267,10 +279,46 @@ impl Plan {
 
     fn want(&self, t: Target) -> u64 {
         match t {
-            Target::Whole => (self.singles.len() + self.burst.len()) as u64,
+            Target::Whole => (self.singles.len() + self.burst.len() + self.stalled.len()) as u64,
             Target::Group(g) => self.puts_per_group[g] as u64,
             Target::Key(k) => self.puts_per_key[k] as u64,
         }
+    }
+
+    /// What watch `t` wants of the puts `per_key` counts.
+    fn want_of(t: Target, per_key: &HashMap<usize, u64>, written: usize) -> u64 {
+        match t {
+            Target::Whole => written as u64,
+            Target::Group(g) => (g * GROUP..(g + 1) * GROUP)
+                .map(|k| per_key.get(&k).copied().unwrap_or(0))
+                .sum(),
+            Target::Key(k) => per_key.get(&k).copied().unwrap_or(0),
+        }
+    }
+
+    /// Events the connections of parity `half` (0: even, 1: odd) want of `written`.
+    fn wanted(&self, written: &[usize], half: usize) -> u64 {
+        let mut per_key = HashMap::<usize, u64>::new();
+        for &k in written {
+            *per_key.entry(k).or_default() += 1;
+        }
+        self.conns
+            .iter()
+            .skip(half)
+            .step_by(2)
+            .flatten()
+            .map(|&t| Self::want_of(t, &per_key, written.len()))
+            .sum()
+    }
+
+    /// Events the connections of parity `half` got so far.
+    fn got(&self, seen: &[Arc<[AtomicU64]>], half: usize) -> u64 {
+        seen.iter()
+            .skip(half)
+            .step_by(2)
+            .flat_map(|s| s.iter())
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The watches (up to 5) that saw fewer events than `written` puts to their keys, as
@@ -280,13 +328,7 @@ impl Plan {
         for &k in written {
             *per_key.entry(k).or_default() += 1;
         }
-        let want = |t: Target| match t {
-            Target::Whole => written.len() as u64,
-            Target::Group(g) => (g * GROUP..(g + 1) * GROUP)
-                .map(|k| per_key.get(&k).copied().unwrap_or(0))
-                .sum(),
-            Target::Key(k) => per_key.get(&k).copied().unwrap_or(0),
-        };
+        let want = |t: Target| Self::want_of(t, &per_key, written.len());
         let mut out = Vec::new();
         let mut count = 0;
         for (c, (targets, got)) in self.conns.iter().zip(seen).enumerate() {
@@ -366,6 +408,8 @@ async fn load_keys(ep: &str, keys: usize) -> Result<(), String> {
 
 /// One connection: its client, its stream, and which watch id is which target.
 struct Conn {
+    /// Its index in the plan.
+    no: usize,
     _client: etcd_client::Client,
     stream: WatchStream,
     targets: Vec<Target>,
@@ -397,7 +441,7 @@ async fn await_created(
 }
 
 /// Opens the connection and its first watch.
-async fn open_conn(ep: String, targets: Vec<Target>) -> Result<Conn, String> {
+async fn open_conn(ep: String, no: usize, targets: Vec<Target>) -> Result<Conn, String> {
     let mut client = testkit::Connect::plain()
         .try_client(&[&ep])
         .await
@@ -407,6 +451,7 @@ async fn open_conn(ep: String, targets: Vec<Target>) -> Result<Conn, String> {
     let mut ids = HashMap::with_capacity(targets.len());
     await_created(&mut stream, &mut ids, 0, 1).await?;
     Ok(Conn {
+        no,
         _client: client,
         stream,
         targets,
@@ -427,11 +472,21 @@ async fn open_rest(mut c: Conn) -> Result<Conn, String> {
 
 /// Reads a connection until each of its watches got what the plan puts to its keys:
 /// every event once, in revision order, none canceled.
-async fn read_conn(mut c: Conn, wants: Vec<u64>, seen: Arc<[AtomicU64]>) -> Result<(), String> {
+async fn read_conn(
+    mut c: Conn,
+    wants: Vec<u64>,
+    seen: Arc<[AtomicU64]>,
+    mut pause: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
     let mut got = vec![0u64; wants.len()];
     let mut last = vec![0i64; wants.len()];
     let mut open = wants.iter().filter(|&&w| w > 0).count();
     while open > 0 {
+        while *pause.borrow_and_update() {
+            if pause.changed().await.is_err() {
+                break;
+            }
+        }
         let r = match c.stream.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return Err("a watch stream ended".into()),
@@ -526,6 +581,18 @@ fn write(ep: &str, keys: Vec<usize>, in_flight: usize) -> Result<Duration, Strin
     .map_err(|_| "the writer panicked".to_string())?
 }
 
+/// What the readers that stopped found wrong, in order.
+static READER_ERRORS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The first readers' errors, for a run that stalled.
+fn reader_errors() -> String {
+    let e = READER_ERRORS.lock().expect("not poisoned");
+    match e.len() {
+        0 => "no reader stopped".into(),
+        n => format!("{n} readers stopped: {}", e[..n.min(3)].join("; ")),
+    }
+}
+
 /// Waits until `total` deliveries arrived; fails once none arrived for [`STALL`].
 async fn wait_deliveries(total: u64) -> Result<Duration, String> {
     let t = Instant::now();
@@ -533,8 +600,9 @@ async fn wait_deliveries(total: u64) -> Result<Duration, String> {
     while seen < total {
         if moved.elapsed() > STALL {
             return Err(format!(
-                "{seen} of {total} deliveries, none for {STALL:?} ({:.0} s in all)",
-                t.elapsed().as_secs_f64()
+                "{seen} of {total} deliveries, none for {STALL:?} ({:.0} s in all); {}",
+                t.elapsed().as_secs_f64(),
+                reader_errors()
             ));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -574,16 +642,17 @@ async fn run(
     let deadline = tokio::time::Instant::now() + o.open_timeout;
     let conns = {
         let opened = opened.clone();
-        let open = futures::stream::iter(plan.conns.iter().cloned().map(|targets| {
-            let (ep, opened) = (front.to_string(), opened.clone());
-            async move {
-                let c = open_conn(ep, targets).await?;
-                opened.fetch_add(1, Ordering::Relaxed);
-                Ok::<_, String>(c)
-            }
-        }))
-        .buffer_unordered(OPEN_CONCURRENCY)
-        .collect::<Vec<_>>();
+        let open =
+            futures::stream::iter(plan.conns.iter().cloned().enumerate().map(|(no, targets)| {
+                let (ep, opened) = (front.to_string(), opened.clone());
+                async move {
+                    let c = open_conn(ep, no, targets).await?;
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, String>(c)
+                }
+            }))
+            .buffer_unordered(OPEN_CONCURRENCY)
+            .collect::<Vec<_>>();
         match tokio::time::timeout_at(deadline, open).await {
             Ok(v) => v.into_iter().collect::<Result<Vec<_>, _>>(),
             Err(_) => Err(format!(
@@ -632,7 +701,7 @@ async fn run(
             )),
         }
     };
-    let conns = match rest {
+    let mut conns = match rest {
         Ok(c) => c,
         Err(e) => {
             println!("{label}: could not open every watch: {e}");
@@ -640,6 +709,8 @@ async fn run(
         }
     };
     let watches_took = t2.elapsed();
+    // Opened out of order: back in the plan's, which `seen` and the halves follow.
+    conns.sort_by_key(|c| c.no);
     let rss2 = status_kib(front_pid, "VmRSS");
     println!(
         "opened: {} connections in {:.1} s, then {n} watches in {:.1} s ({:.0} watches/s)",
@@ -664,13 +735,28 @@ async fn run(
     );
 
     let mut seen = Vec::with_capacity(conns.len());
+    // Every odd connection stops reading while `plan.stalled` is written.
+    let (pause, paused) = tokio::sync::watch::channel(false);
+    let (_never, reading) = tokio::sync::watch::channel(false);
     let readers: Vec<_> = conns
         .into_iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let wants = c.targets.iter().map(|&t| plan.want(t)).collect();
             let s: Arc<[AtomicU64]> = c.targets.iter().map(|_| AtomicU64::new(0)).collect();
             seen.push(s.clone());
-            tokio::spawn(read_conn(c, wants, s))
+            let p = if i % 2 == 1 {
+                paused.clone()
+            } else {
+                reading.clone()
+            };
+            tokio::spawn(async move {
+                let r = read_conn(c, wants, s, p).await;
+                if let Err(e) = &r {
+                    READER_ERRORS.lock().expect("not poisoned").push(e.clone());
+                }
+                r
+            })
         })
         .collect();
     // Every watch open and nothing written: what holding them costs.
@@ -750,11 +836,106 @@ async fn run(
         cpu_s(etcd.pid()) - etcd1,
         mib(status_kib(front_pid, "VmRSS"))
     );
+    if !plan.stalled.is_empty() {
+        stalled_half(label, front_pid, etcd, plan, &seen, &pause).await?;
+    }
     for r in readers {
         r.await.map_err(|e| e.to_string())??;
     }
     println!("every watch got each of its events once, in order; none canceled");
     Ok(Some(()))
+}
+
+/// Every odd connection stops reading while `plan.stalled` is written: the others must
+/// get every event as fast as in the burst, and the front's memory stay bounded; then the
+/// stalled half reads again and must get every event too (checked by the readers).
+async fn stalled_half(
+    label: &str,
+    front_pid: Option<u32>,
+    etcd: &testkit::EtcdServer,
+    plan: &Plan,
+    seen: &[Arc<[AtomicU64]>],
+    pause: &tokio::sync::watch::Sender<bool>,
+) -> Result<(), String> {
+    let before: Vec<usize> = plan.singles.iter().chain(&plan.burst).copied().collect();
+    let all: Vec<usize> = before.iter().chain(&plan.stalled).copied().collect();
+    let reading_want = plan.wanted(&all, 0);
+    pause.send_replace(true);
+    reset_stats();
+    let rss0 = status_kib(front_pid, "VmRSS");
+    common::proc::reset_peak(front_pid);
+    let t = Instant::now();
+    let keys = plan.stalled.clone();
+    let ep = etcd.endpoint();
+    tokio::task::spawn_blocking(move || write(&ep, keys, IN_FLIGHT))
+        .await
+        .map_err(|e| e.to_string())??;
+    // The reading half: every event, however long the other half stays stalled.
+    let mut moved = (plan.got(seen, 0), Instant::now());
+    loop {
+        let got = plan.got(seen, 0);
+        if got >= reading_want {
+            break;
+        }
+        if got != moved.0 {
+            moved = (got, Instant::now());
+        } else if moved.1.elapsed() > STALL {
+            return Err(format!(
+                "with half the connections stalled, the reading half got {got} of \
+                 {reading_want} events and none for {STALL:?}; {}; short: {}",
+                reader_errors(),
+                plan.short(seen, &all)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = t.elapsed();
+    let p = percentiles(&[0.5, 0.99, 1.0]);
+    let reading_new = reading_want - plan.wanted(&before, 0);
+    // Held stalled a while longer: does the front's memory grow?
+    tokio::time::sleep(IDLE).await;
+    let rss1 = status_kib(front_pid, "VmRSS");
+    println!(
+        "{} puts with every odd connection stalled: the reading half got its {reading_new} \
+         events in {:.1} s ({:.0}/s), p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {label} RSS \
+         {:.0} MiB before, peak {:.0} MiB, {:.0} MiB after {:.0} s more",
+        plan.stalled.len(),
+        took.as_secs_f64(),
+        reading_new as f64 / took.as_secs_f64(),
+        p[0].as_secs_f64() * 1e3,
+        p[1].as_secs_f64() * 1e3,
+        p[2].as_secs_f64() * 1e3,
+        mib(rss0),
+        common::proc::peak_rss_mib(front_pid),
+        mib(rss1),
+        IDLE.as_secs_f64()
+    );
+    let t = Instant::now();
+    pause.send_replace(false);
+    let stalled_want = plan.wanted(&all, 1);
+    let mut moved = (plan.got(seen, 1), Instant::now());
+    loop {
+        let got = plan.got(seen, 1);
+        if got >= stalled_want {
+            break;
+        }
+        if got != moved.0 {
+            moved = (got, Instant::now());
+        } else if moved.1.elapsed() > STALL {
+            return Err(format!(
+                "the stalled half, reading again, got {got} of {stalled_want} events and \
+                 none for {STALL:?}; {}; short: {}",
+                reader_errors(),
+                plan.short(seen, &all)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "the stalled half, reading again, got every event in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The run through etcd-cache-proxy: its exit code.
