@@ -11,7 +11,8 @@
 //!
 //! One etcd on loopback (started here) holds K keys `/m/k000000`... (64-byte values). The
 //! front under test is started with its default flags and `--prefix /m/` (etcd-cache-proxy)
-//! or as `etcd grpc-proxy start` (`--fronts`). Each connection is its own
+//! or as `etcd grpc-proxy start`; `--fronts etcd` runs the same watches straight to etcd,
+//! the reference for what each watch must get. Each connection is its own
 //! etcd-client `Client` (its own HTTP/2 connection) with one Watch stream of W watches, a
 //! mix of what services watch: 1 on the whole prefix, up to 9 on a small prefix (10 keys),
 //! the rest on exact keys, keys and prefixes drawn from a fixed seed. With C = 10,000 a put
@@ -28,6 +29,8 @@
 //!   the proxy's RSS before, after the connections and after the watches: RSS per
 //!   connection and per watch;
 //! - etcd's own watcher count (`etcd_debugging_mvcc_watcher_total`);
+//! - 5 s with every watch open and nothing written: the CPU of the front, the clients
+//!   and etcd;
 //! - `--singles` puts one at a time, each waited for at every watch that matches it:
 //!   put -> delivery p50/p99/max over every delivery;
 //! - a burst of `--burst` puts, 16 in flight: time until every delivery arrived,
