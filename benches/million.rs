@@ -473,6 +473,41 @@ async fn open_rest(mut c: Conn) -> Result<Conn, String> {
     Ok(c)
 }
 
+/// Runs `open` on each of `items`, [`OPEN_CONCURRENCY`] at a time, until `deadline`.
+/// `(first, step)` count `what` as opened: `first`, then `step` per item done (for the
+/// message when time runs out).
+async fn open_all<T, F, Fut>(
+    items: impl IntoIterator<Item = T>,
+    deadline: tokio::time::Instant,
+    (first, step): (usize, usize),
+    what: &str,
+    open: F,
+) -> Result<Vec<Conn>, String>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<Conn, String>>,
+{
+    let opened = AtomicUsize::new(first);
+    let all = futures::stream::iter(items.into_iter().map(|item| {
+        let (opened, c) = (&opened, open(item));
+        async move {
+            let c = c.await?;
+            opened.fetch_add(step, Ordering::Relaxed);
+            Ok::<_, String>(c)
+        }
+    }))
+    .buffer_unordered(OPEN_CONCURRENCY)
+    .collect::<Vec<_>>();
+    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match tokio::time::timeout_at(deadline, all).await {
+        Ok(v) => v.into_iter().collect(),
+        Err(_) => Err(format!(
+            "{} {what} opened, time ran out ({timeout:?} left at the start)",
+            opened.load(Ordering::Relaxed)
+        )),
+    }
+}
+
 /// Reads a connection until each of its watches got what the plan puts to its keys:
 /// every event once, in revision order, none canceled.
 async fn read_conn(
@@ -596,25 +631,26 @@ fn reader_errors() -> String {
     }
 }
 
-/// Waits until `total` deliveries arrived; fails once none arrived for [`STALL`].
-async fn wait_deliveries(total: u64) -> Result<Duration, String> {
+/// Waits until `count()` reaches `total`; fails once it did not move for [`STALL`], saying
+/// how far it got and what stopped readers found.
+async fn wait_count(count: impl Fn() -> u64, total: u64) -> Result<(), String> {
     let t = Instant::now();
-    let (mut seen, mut moved) = (total_deliveries(), Instant::now());
+    let (mut seen, mut moved) = (count(), Instant::now());
     while seen < total {
         if moved.elapsed() > STALL {
             return Err(format!(
-                "{seen} of {total} deliveries, none for {STALL:?} ({:.0} s in all); {}",
+                "{seen} of {total}, none for {STALL:?} ({:.0} s in all); {}",
                 t.elapsed().as_secs_f64(),
                 reader_errors()
             ));
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let now = total_deliveries();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = count();
         if now != seen {
             (seen, moved) = (now, Instant::now());
         }
     }
-    Ok(t.elapsed())
+    Ok(())
 }
 
 fn mib(kib: u64) -> f64 {
@@ -640,32 +676,13 @@ async fn run(
         o.conns, o.watches
     );
     let rss0 = status_kib(front_pid, "VmRSS");
-    let opened = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let deadline = tokio::time::Instant::now() + o.open_timeout;
-    let conns = {
-        let opened = opened.clone();
-        let open =
-            futures::stream::iter(plan.conns.iter().cloned().enumerate().map(|(no, targets)| {
-                let (ep, opened) = (front.to_string(), opened.clone());
-                async move {
-                    let c = open_conn(ep, no, targets).await?;
-                    opened.fetch_add(1, Ordering::Relaxed);
-                    Ok::<_, String>(c)
-                }
-            }))
-            .buffer_unordered(OPEN_CONCURRENCY)
-            .collect::<Vec<_>>();
-        match tokio::time::timeout_at(deadline, open).await {
-            Ok(v) => v.into_iter().collect::<Result<Vec<_>, _>>(),
-            Err(_) => Err(format!(
-                "{} of {} connections opened in {:?}",
-                opened.load(Ordering::Relaxed),
-                o.conns,
-                o.open_timeout
-            )),
-        }
-    };
+    let items = plan.conns.iter().cloned().enumerate();
+    let conns = open_all(items, deadline, (0, 1), "connections", |(no, targets)| {
+        open_conn(front.to_string(), no, targets)
+    })
+    .await;
     let conns = match conns {
         Ok(c) => c,
         Err(e) => {
@@ -680,30 +697,15 @@ async fn run(
         o.conns,
         conns_took.as_secs_f64()
     );
-    let watches_opened = Arc::new(AtomicUsize::new(o.conns));
     let t2 = Instant::now();
-    let rest = {
-        let w = watches_opened.clone();
-        let per = o.watches - 1;
-        let open = futures::stream::iter(conns.into_iter().map(|c| {
-            let w = w.clone();
-            async move {
-                let c = open_rest(c).await?;
-                w.fetch_add(per, Ordering::Relaxed);
-                Ok::<_, String>(c)
-            }
-        }))
-        .buffer_unordered(OPEN_CONCURRENCY)
-        .collect::<Vec<_>>();
-        match tokio::time::timeout_at(deadline, open).await {
-            Ok(v) => v.into_iter().collect::<Result<Vec<_>, _>>(),
-            Err(_) => Err(format!(
-                "{} of {n} watches opened in {:?}",
-                watches_opened.load(Ordering::Relaxed),
-                o.open_timeout
-            )),
-        }
-    };
+    let rest = open_all(
+        conns,
+        deadline,
+        (o.conns, o.watches - 1),
+        "watches",
+        open_rest,
+    )
+    .await;
     let mut conns = match rest {
         Ok(c) => c,
         Err(e) => {
@@ -782,7 +784,7 @@ async fn run(
         tokio::task::spawn_blocking(move || write(&ep, vec![k], 1))
             .await
             .map_err(|e| e.to_string())??;
-        if let Err(e) = wait_deliveries(expected).await {
+        if let Err(e) = wait_count(total_deliveries, expected).await {
             return Err(format!(
                 "{e}; short: {}",
                 plan.short(&seen, &plan.singles[..=i])
@@ -812,7 +814,7 @@ async fn run(
     let wrote = tokio::task::spawn_blocking(move || write(&ep, keys, IN_FLIGHT))
         .await
         .map_err(|e| e.to_string())??;
-    if let Err(e) = wait_deliveries(burst_deliveries).await {
+    if let Err(e) = wait_count(total_deliveries, burst_deliveries).await {
         let written: Vec<usize> = plan.singles.iter().chain(&plan.burst).copied().collect();
         return Err(format!("{e}; short: {}", plan.short(&seen, &written)));
     }
@@ -874,23 +876,11 @@ async fn stalled_half(
         .await
         .map_err(|e| e.to_string())??;
     // The reading half: every event, however long the other half stays stalled.
-    let mut moved = (plan.got(seen, 0), Instant::now());
-    loop {
-        let got = plan.got(seen, 0);
-        if got >= reading_want {
-            break;
-        }
-        if got != moved.0 {
-            moved = (got, Instant::now());
-        } else if moved.1.elapsed() > STALL {
-            return Err(format!(
-                "with half the connections stalled, the reading half got {got} of \
-                 {reading_want} events and none for {STALL:?}; {}; short: {}",
-                reader_errors(),
-                plan.short(seen, &all)
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Err(e) = wait_count(|| plan.got(seen, 0), reading_want).await {
+        return Err(format!(
+            "with half the connections stalled, the reading half got {e} events; short: {}",
+            plan.short(seen, &all)
+        ));
     }
     let took = t.elapsed();
     let p = percentiles(&[0.5, 0.99, 1.0]);
@@ -916,23 +906,11 @@ async fn stalled_half(
     let t = Instant::now();
     pause.send_replace(false);
     let stalled_want = plan.wanted(&all, 1);
-    let mut moved = (plan.got(seen, 1), Instant::now());
-    loop {
-        let got = plan.got(seen, 1);
-        if got >= stalled_want {
-            break;
-        }
-        if got != moved.0 {
-            moved = (got, Instant::now());
-        } else if moved.1.elapsed() > STALL {
-            return Err(format!(
-                "the stalled half, reading again, got {got} of {stalled_want} events and \
-                 none for {STALL:?}; {}; short: {}",
-                reader_errors(),
-                plan.short(seen, &all)
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Err(e) = wait_count(|| plan.got(seen, 1), stalled_want).await {
+        return Err(format!(
+            "the stalled half, reading again, got {e} events; short: {}",
+            plan.short(seen, &all)
+        ));
     }
     println!(
         "the stalled half, reading again, got every event in {:.1} s",
