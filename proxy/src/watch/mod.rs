@@ -9,14 +9,14 @@
 //! |---|---|
 //! | `service.rs` | the entry: the Watch service's gRPC server (written out, for pre-encoded responses), which opens a stream's session, and the reader of the client's requests |
 //! | `session/` | the per-stream task: the client's requests handled, which side serves a create, ids, progress requests, auth rechecks, `hasleader` (`mod.rs`); what both sides answer, on its way to the client (`replies.rs`); a watch's moves between the cache and etcd (`moves.rs`) |
-//! | `catch_up.rs` | where each cached watch is (cache or etcd) and the revision it needs next, for its moves |
+//! | `entries.rs` | the stream's cache watches, one entry each in one map: its phase (creating, cached, revoked, away with etcd, rejoining), the create that moves it and the revision it needs next |
 //! | `cached.rs` | the cache-served side: the only user of the cache's watch API (a create straight from etcd's request into `WatchOptions`), the per-connection cap |
 //! | `forwarded.rs` | the etcd-forwarded side: one upstream Watch stream for the watches the cache cannot serve |
 //! | `reply_order.rs` | the replies to creates and cancels in the order of the requests across both sides; the requests that wait for the other side |
 //! | `progress.rs` | the stream-level progress machine over both sides (what is held back, when the answer goes) |
 //! | `ahead.rs` | progress requests on a stream with a watch from beyond the proxy's revision: etcd's revision asked, the ones etcd drops dropped |
 //! | `wire.rs` | a response as it is written: a message, or the cache's events encoded once per revision and shared by every watch of the same options; the codec |
-//! | `id_map.rs` | maps and sets keyed by watch id (foldhash) |
+//! | `id_map.rs` | maps and sets keyed by watch id (foldhash); queues that give back a burst's room |
 //! | `responses.rs` | what the client is sent: etcd's messages from the cache's, the merging of a batch of replies, fragments, the refusal of a create (a typed reason printed there) |
 //!
 //! The service opens sessions; the session uses each of the others; none of them uses
@@ -38,7 +38,7 @@
 
 mod ahead;
 pub(crate) mod cached;
-mod catch_up;
+mod entries;
 mod forwarded;
 mod id_map;
 mod progress;

@@ -9,6 +9,8 @@
 
 use std::collections::VecDeque;
 
+use super::id_map::release_drained;
+
 use super::progress::Side;
 use crate::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
 
@@ -72,6 +74,7 @@ impl ReplyOrder {
             return Vec::new();
         };
         let done = self.unanswered.remove(at).expect("found above");
+        release_drained(&mut self.unanswered);
         match at.checked_sub(1).and_then(|i| self.unanswered.get_mut(i)) {
             Some(earlier) => {
                 earlier.then.extend(done.then);
@@ -104,7 +107,9 @@ impl ReplyOrder {
 
     /// The oldest waiting request.
     pub(crate) fn next_deferred(&mut self) -> Option<Deferred> {
-        self.deferred.pop_front()
+        let next = self.deferred.pop_front();
+        release_drained(&mut self.deferred);
+        next
     }
 }
 

@@ -364,6 +364,7 @@ impl WatchResponseStream {
             let Some(item) = multi.held.pop_front() else {
                 return;
             };
+            release_drained(&mut multi.held);
             match (item, opened) {
                 (Incoming::Opening { .. }, Some(Ok(Ok((sub, created))))) => self.add(sub, created),
                 // The cache closed meanwhile (the stream ends with it), or the runtime
@@ -397,7 +398,12 @@ impl WatchResponseStream {
     fn next_reply(&mut self) -> Option<Reply> {
         self.first_reply
             .take()
-            .or_else(|| self.multi.as_mut()?.replies.pop_front())
+            .or_else(|| {
+                let replies = &mut self.multi.as_mut()?.replies;
+                let next = replies.pop_front();
+                release_drained(replies);
+                next
+            })
             .map(Reply::from)
     }
 
@@ -622,6 +628,18 @@ impl WatchResponseStream {
             close_wait: None,
             sender_gone: false,
         }
+    }
+}
+
+/// The room a drained queue keeps (see [`release_drained`]).
+const KEPT_ROOM: usize = 8;
+
+/// Gives back the room a queue grew to in a burst once it is empty: a caller that adds
+/// many watches at once grows the stream's queues to their number, and a `VecDeque`
+/// never shrinks by itself, so an idle stream kept that high-water mark for life.
+fn release_drained<T>(queue: &mut VecDeque<T>) {
+    if queue.is_empty() && queue.capacity() > KEPT_ROOM {
+        queue.shrink_to(KEPT_ROOM);
     }
 }
 

@@ -11,7 +11,8 @@
 //! The session's methods in three files: this one (the stream's state, its loop, the
 //! client's requests, revocations), [`replies`] (what both sides answer, on its way to
 //! the client) and [`moves`] (a watch's moves between the cache and etcd); [`pending`]
-//! holds the creates waiting for their `created` and what a revocation re-checks.
+//! is the queue of creates waiting for their `created`. Each cache watch's state is one
+//! entry in [`Entries`] (`entries.rs`), whose methods are its transitions.
 
 mod moves;
 mod pending;
@@ -26,9 +27,9 @@ use tonic::Status;
 
 use super::ahead::{AheadChecks, Checked, CHECK_TIMEOUT};
 use super::cached::{self, ConnScope, NotTaken, Watches};
-use super::catch_up::CatchUp;
+use super::entries::{Entries, Phase};
 use super::forwarded::Forwarded;
-use super::id_map::{IdMap, IdSet};
+use super::id_map::IdMap;
 use super::progress::{Progress, Side};
 use super::reply_order::{Deferred, ReplyOrder};
 use super::responses::{self, Outbound, Refusal};
@@ -39,7 +40,7 @@ use crate::pb::etcdserverpb::{
 };
 use crate::state::State;
 use crate::status;
-use pending::{to_recheck, PendingCreate};
+use pending::PendingCreate;
 
 /// How often a `hasleader` stream checks that the cache still follows etcd.
 const LEADER_CHECK: Duration = Duration::from_millis(500);
@@ -81,9 +82,8 @@ pub(super) struct Session {
     outbound: Outbound,
     /// The client's token (and `hasleader`): what etcd decides by.
     metadata: tonic::metadata::MetadataMap,
-    /// Each accepted cache create's `fragment` flag and key range (etcd's keyspace), in
-    /// order, until its `created` response names its id (the cache answers creates in
-    /// the order they were made).
+    /// The cache creates waiting for their `created`, in order (the cache answers
+    /// creates in the order they were made).
     pending_creates: VecDeque<PendingCreate>,
     /// The creates and cancels not answered yet, of both sides, and the requests that
     /// wait for the other side.
@@ -92,22 +92,15 @@ pub(super) struct Session {
     /// cache's `canceled` replies to them answer an unanswered request (a cancel the
     /// proxy made, for a revoked permission, or a compaction does not).
     cache_cancels: IdMap<usize>,
-    /// The cache's open watches and their ranges, checked again when etcd's auth moves.
-    cached: IdMap<(bytes::Bytes, bytes::Bytes)>,
-    /// The cache's open watches, each with what it takes to catch it up from etcd.
-    resumable: CatchUp,
-    /// Cache watches canceled because etcd no longer allows them, with etcd's refusal
-    /// (their `canceled` response carries it as the reason).
-    revoked: IdMap<Status>,
+    /// The cache's watches, one entry each: being created, cached, revoked, away with
+    /// etcd for now, rejoining (`entries.rs`).
+    entries: Entries,
     /// Moves when etcd's auth state moved (`authz/`).
     epoch: tokio::sync::watch::Receiver<u64>,
     /// The check of the cached watches under way.
     recheck: Option<Recheck>,
     /// Watches outside the cache's prefix or below its window, forwarded to etcd.
     forwarded: Forwarded,
-    /// Ids of the cache's watches on this stream (from their `created` responses), so a
-    /// forwarded watch cannot take one.
-    cache_ids: IdSet,
     /// The next automatic watch id (etcd's: counted from 0 per stream, skipping ids in
     /// use), given to both sides, so one id never names two watches.
     next_id: i64,
@@ -149,14 +142,11 @@ impl Session {
             pending_creates: VecDeque::new(),
             order: ReplyOrder::default(),
             cache_cancels: IdMap::default(),
-            cached: IdMap::default(),
-            resumable: CatchUp::default(),
-            revoked: IdMap::default(),
+            entries: Entries::default(),
             epoch: state.authz.epoch(),
             recheck: None,
             forwarded: Forwarded::new(state.upstream.clone(), metadata.clone()),
             metadata,
-            cache_ids: IdSet::default(),
             next_id: 0,
             progress: Progress::default(),
             future_starts: IdMap::default(),
@@ -405,7 +395,7 @@ impl Session {
                 self.order.defer_again(Deferred::Cancel(id));
                 return Ok(());
             }
-            self.resumable.forget(id);
+            self.entries.remove(id);
             match self.forwarded.cancel(id).await {
                 Ok(true) => self.order.sent(Side::Etcd),
                 Ok(false) => {}
@@ -422,7 +412,7 @@ impl Session {
             .any(|p| p.id == id && !p.canceled);
         // A watch the proxy canceled itself (a revoked permission): that `canceled` is
         // on its way.
-        let cached = self.cache_ids.contains(&id) && !self.revoked.contains_key(&id);
+        let cached = matches!(self.entries.phase(id), Some(Phase::Cached));
         if !(pending || cached) || self.watches.is_none() {
             return Ok(());
         }
@@ -430,12 +420,10 @@ impl Session {
             self.order.defer_again(Deferred::Cancel(id));
             return Ok(());
         }
-        if self.cache_ids.remove(&id) {
+        if self.entries.remove(id).is_some_and(|e| e.counted()) {
             self.open.sub();
         }
         self.outbound.forget(id);
-        self.cached.remove(&id);
-        self.resumable.forget(id);
         if let Some(p) = self
             .pending_creates
             .iter_mut()
@@ -454,9 +442,8 @@ impl Session {
     /// Whether the stream has a watch, as etcd counts them when it reads a request: the
     /// ones created or being created, not canceled.
     fn has_watches(&self) -> bool {
-        !self.cache_ids.is_empty()
-            || !self.forwarded.is_empty()
-            || self.pending_creates.iter().any(|p| !p.canceled)
+        // A create waiting for its `created` has an entry until the client cancels it.
+        !self.entries.is_empty() || !self.forwarded.is_empty()
     }
 
     /// Whether etcd drops a progress request on a stream without watches: 3.5 and later
@@ -544,19 +531,16 @@ impl Session {
         let watches = self.watches.as_mut().expect("checked above");
         match watches.create(&request, &key, &range_end, id).await {
             Ok(()) => {
-                let resume = WatchCreateRequest {
-                    key: key.clone(),
-                    range_end: range_end.clone(),
+                self.entries.creating(WatchCreateRequest {
+                    key,
+                    range_end,
                     watch_id: id,
                     ..request.clone()
-                };
+                });
                 self.pending_creates.push_back(PendingCreate {
                     id,
                     canceled: false,
                     fragment: request.fragment,
-                    key,
-                    end: range_end,
-                    resume,
                     rejoin: false,
                 });
                 self.created_from(id, request.start_revision);
@@ -600,7 +584,7 @@ impl Session {
         match self.forwarded.create(request).await {
             Ok(Some(id)) => {
                 if let Some(create) = away {
-                    self.resumable.stay_away(create);
+                    self.entries.away(create);
                 }
                 self.created_from(id, start_revision);
                 self.order.sent(Side::Etcd);
@@ -631,7 +615,7 @@ impl Session {
     /// against etcd's decisions for this caller now (one ask per distinct range, shared
     /// with every stream of the same token).
     fn start_recheck(&mut self) {
-        let by_range = to_recheck(&self.cached, &self.pending_creates);
+        let by_range = self.entries.to_recheck();
         if by_range.is_empty() || !self.state.authz.enabled() {
             return;
         }
@@ -658,15 +642,9 @@ impl Session {
         for (id, refusal) in ids {
             // Open, or created and not answered yet (its `created` goes out
             // first, then the cancel, as for an open one).
-            let pending = self
-                .pending_creates
-                .iter()
-                .any(|p| p.id == id && !p.canceled && !p.rejoin);
-            if self.cached.remove(&id).is_some() || pending {
-                self.resumable.forget(id);
+            if self.entries.revoke(id, refusal) {
                 tracing::info!(watch_id = id, "watch canceled: etcd no longer allows it");
                 crate::metrics::get().auth_revoked();
-                self.revoked.insert(id, refusal);
                 if let Some(w) = self.watches.as_mut() {
                     w.cancel(id).await;
                 }
@@ -703,12 +681,8 @@ impl Session {
 
     /// Whether `id` names a watch of this stream, or one being created.
     fn id_in_use(&self, id: i64) -> bool {
-        self.cache_ids.contains(&id)
-            || self.forwarded.contains(id)
-            || self
-                .pending_creates
-                .iter()
-                .any(|p| p.id == id && !p.canceled)
+        // A create waiting for its `created` has an entry until the client cancels it.
+        self.entries.contains(id) || self.forwarded.contains(id)
     }
 
     /// etcd's next automatic id: the lowest from the last one on that is not in use.

@@ -2,12 +2,13 @@
 //! duplicate: to etcd when it falls behind what the cache's history holds
 //! ([`catch_up`](Session::catch_up)), back to the cache once etcd has brought it into the
 //! newer half of the window ([`rejoin`](Session::rejoin), then
-//! [`rejoined`](Session::rejoined) when the cache's `created` comes). The bookkeeping
-//! of where each watch is and the revision it needs next is `catch_up.rs`'s.
+//! [`rejoined`](Session::rejoined) when the cache's `created` comes). Where each watch
+//! is and the revision it needs next is its entry's (`entries.rs`).
 
 use super::pending::PendingCreate;
 use super::Session;
 use crate::pb::etcdserverpb::WatchCreateRequest;
+use crate::watch::id_map::release_drained;
 
 impl Session {
     /// Brings a watch caught up from etcd back to the cache, under its id, from its
@@ -26,11 +27,11 @@ impl Session {
             .await
             .is_ok();
         let Some(watches) = self.watches.as_mut().filter(|_| allowed) else {
-            self.resumable.stay_away(create);
+            self.entries.away(create);
             return Ok(());
         };
         if watches.create(&create, &key, &end, id).await.is_err() {
-            self.resumable.stay_away(create);
+            self.entries.away(create);
             return Ok(());
         }
         tracing::debug!(
@@ -47,11 +48,9 @@ impl Session {
             id,
             canceled: false,
             fragment: create.fragment,
-            key,
-            end,
-            resume: create,
             rejoin: true,
         });
+        self.entries.rejoining(create);
         Ok(())
     }
 
@@ -92,21 +91,21 @@ impl Session {
         let Some(p) = self.pending_creates.pop_front() else {
             return Ok(());
         };
-        let watch_id = r.watch_id();
+        release_drained(&mut self.pending_creates);
         if p.canceled {
             // The client's cancel came meanwhile: the cache's `canceled` answers it.
             return Ok(());
         }
         if r.canceled() {
             // Not taken: etcd serves it from where it is.
-            self.resumable.stay_away(p.resume.clone());
-            return self.catch_up(p.resume).await;
+            return match self.entries.stays_away(p.id) {
+                Some(create) => self.catch_up(create).await,
+                None => Ok(()),
+            };
         }
-        if self.cache_ids.insert(watch_id) {
+        if self.entries.created(p.id, r.revision()) {
             self.open.add();
         }
-        self.cached.insert(watch_id, (p.key, p.end));
-        self.resumable.created(p.resume, r.revision());
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ use crate::pb::etcdserverpb::WatchResponse;
 use crate::status;
 use crate::watch::cached::Watches;
 use crate::watch::forwarded::take_one;
+use crate::watch::id_map::release_drained;
 use crate::watch::progress::{Item, Out, Side};
 use crate::watch::responses::{self, Merge, INVALID_WATCH_ID};
 use crate::watch::wire::{EncodedEvents, WireResponse};
@@ -105,7 +106,7 @@ impl Session {
         }
         let (watch_id, through) = (resp.watch_id, responses::sent_through(&resp));
         if resp.canceled {
-            self.resumable.forget(watch_id);
+            self.entries.remove(watch_id);
         }
         responses::out_of_namespace(&mut resp, &self.state.namespace);
         for part in responses::by_revision(resp) {
@@ -117,7 +118,7 @@ impl Session {
         let span = self.watches.as_ref().map(Watches::history_span);
         if let Some(create) = span
             .zip(through)
-            .and_then(|(span, through)| self.resumable.returning(watch_id, through, span))
+            .and_then(|(span, through)| self.entries.returning(watch_id, through, span))
         {
             return self.rejoin(create).await;
         }
@@ -144,7 +145,7 @@ impl Session {
                     merge.push(EncodedEvents::from_cache(&r, header, &state.namespace));
                 } else {
                     self.flush(&mut merge).await?;
-                    self.resumable.sent(&r);
+                    self.entries.sent(&r);
                     self.send_reply(r).await?;
                 }
             }
@@ -163,8 +164,7 @@ impl Session {
     /// watch (what a catch-up from etcd resumes after) as it goes.
     pub(super) async fn flush(&mut self, merge: &mut Merge) -> Result<(), ()> {
         for resp in merge.drain() {
-            self.resumable
-                .sent_up_to(resp.watch_id, resp.last_revision());
+            self.entries.sent_up_to(resp.watch_id, resp.last_revision());
             self.out(resp).await?;
         }
         Ok(())
@@ -183,21 +183,25 @@ impl Session {
         if r.created() && self.pending_creates.front().is_some_and(|p| p.rejoin) {
             return self.rejoined(r).await;
         }
+        let mut refusal = None;
         if r.created() {
             let pending = self.pending_creates.pop_front();
-            // Canceled by the client before this came: its id is free already.
-            let live = !r.canceled() && !pending.as_ref().is_some_and(|p| p.canceled);
-            if live && self.cache_ids.insert(watch_id) {
-                self.open.add();
-                crate::metrics::get().watch_created(Served::Cache);
-            }
+            release_drained(&mut self.pending_creates);
             if let Some(p) = pending {
-                if live {
+                if r.canceled() || p.canceled {
+                    // Refused by the cache (its entry ends), or canceled by the client
+                    // before this came (its entry is gone, its id free already).
+                    if !p.canceled {
+                        self.entries.remove(p.id);
+                    }
+                } else {
+                    if self.entries.created(p.id, r.revision()) {
+                        self.open.add();
+                        crate::metrics::get().watch_created(Served::Cache);
+                    }
                     if p.fragment {
                         self.outbound.add_fragment(watch_id);
                     }
-                    self.cached.insert(watch_id, (p.key, p.end));
-                    self.resumable.created(p.resume, r.revision());
                 }
                 after = self.order.answered(Side::Cache);
             }
@@ -205,26 +209,27 @@ impl Session {
             // The reply to the client's cancel (whose id was freed when it was read).
             after = self.order.answered(Side::Cache);
         } else if r.canceled() {
-            if self.cache_ids.remove(&watch_id) {
-                self.open.sub();
+            if r.compact_revision() > 0 {
+                if let Some(create) = self.entries.fell_behind(watch_id) {
+                    // Behind the cache's window, not (as far as the cache knows) etcd's
+                    // compaction: etcd serves it from where it is, and answers itself
+                    // if that revision is compacted.
+                    self.open.sub();
+                    return self.catch_up(create).await;
+                }
             }
-            self.cached.remove(&watch_id);
-            let resumable = self.resumable.take(watch_id);
-            let behind = r.compact_revision() > 0;
-            if let Some(create) = resumable.filter(|_| behind) {
-                // Behind the cache's window, not (as far as the cache knows) etcd's
-                // compaction: etcd serves it from where it is, and answers itself if
-                // that revision is compacted.
-                return self.catch_up(create).await;
+            if let Some(e) = self.entries.remove(watch_id) {
+                if e.counted() {
+                    self.open.sub();
+                }
+                refusal = e.refusal();
             }
             self.outbound.forget(watch_id);
         }
         let state = &self.state;
         let mut resp = responses::from_cache(&r, &state.upstream, &state.namespace);
-        if r.canceled() && !r.created() {
-            if let Some(refusal) = self.revoked.remove(&watch_id) {
-                resp.cancel_reason = status::watch_refusal(&refusal);
-            }
+        if let Some(refusal) = refusal {
+            resp.cancel_reason = status::watch_refusal(&refusal);
         }
         self.out(resp).await?;
         for refusal in after {

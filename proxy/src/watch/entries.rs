@@ -1,0 +1,424 @@
+//! The stream's cache watches, one entry each, in one map: where each is in its life
+//! ([`Phase`]), the create that moves it between the cache and etcd, and the revision
+//! it needs next. A cached watch that falls behind the cache's window (its client did
+//! not read, or the cache caught up after an outage longer than the window) is not
+//! canceled while etcd may still hold its revisions: the session moves it to etcd under
+//! its id, from its next revision (`session/moves.rs: catch_up`), and etcd, not the
+//! cache, decides whether that revision is compacted. Once etcd has brought it into the
+//! newer half of the cache's window, it returns to the cache from its next revision
+//! (`session/moves.rs: rejoin`), so that a burst does not leave etcd with one watch per
+//! client for good.
+//!
+//! The phases, and what moves a watch between them (each a method below):
+//!
+//! ```text
+//! creating ──created──▶ cached ──fell_behind──▶ away ──returning──▶ rejoining
+//!    │                 ▲  │                       ▲                     │
+//!    │                 │  └──revoke──▶ revoked    └─────rejoin refused──┤
+//!    └──revoke──▶ revoked (its created still to come)                   │
+//!                      └──────────────────created───────────────────────┘
+//! ```
+//!
+//! An entry ends when the client cancels its watch, when the cache's `canceled` for it
+//! comes (unless it fell behind: then it goes away), or when etcd ends it while away.
+//! A watch id has at most one entry: the session gives ids from one id space.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use tonic::Status;
+
+use super::id_map::IdMap;
+
+use crate::pb::etcdserverpb::WatchCreateRequest;
+
+/// Where a watch is in its life.
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// Sent to the cache; its `created` has not come.
+    Creating,
+    /// Served by the cache.
+    Cached,
+    /// Canceled by the proxy because etcd no longer allows it (`authz/`); the cache's
+    /// `canceled` for it, which carries etcd's refusal, has not come. `created`: its
+    /// `created` has come (it counts as open until its `canceled`).
+    Revoked { refusal: Box<Status>, created: bool },
+    /// Served by etcd for now, under its id (it fell behind the cache's window, or
+    /// started below it).
+    Away,
+    /// Coming back from etcd: sent to the cache again, its `created` (not the client's)
+    /// has not come.
+    Rejoining,
+}
+
+/// One watch: its create as etcd would take it (etcd's keyspace, its id), the revision
+/// it needs next (every revision below it has been sent to the client, as events or as
+/// progress; 0 until a watch from now is created), and its phase.
+#[derive(Debug)]
+pub(super) struct Entry {
+    create: WatchCreateRequest,
+    next: i64,
+    phase: Phase,
+}
+
+impl Entry {
+    /// Whether the cache has it open, as `etcd_cache_proxy_watches{served="cache"}`
+    /// counts: created and not canceled yet.
+    pub(super) fn counted(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Cached | Phase::Revoked { created: true, .. }
+        )
+    }
+
+    /// etcd's refusal, for a revoked watch's `canceled`.
+    pub(super) fn refusal(self) -> Option<Box<Status>> {
+        match self.phase {
+            Phase::Revoked { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+
+    /// Its create from its next revision.
+    fn resume_create(&self) -> WatchCreateRequest {
+        WatchCreateRequest {
+            start_revision: self.next,
+            ..self.create.clone()
+        }
+    }
+}
+
+/// The stream's cache watches, by id.
+#[derive(Default)]
+pub(super) struct Entries {
+    by_id: IdMap<Entry>,
+}
+
+impl Entries {
+    /// A create sent to the cache.
+    pub(super) fn creating(&mut self, create: WatchCreateRequest) {
+        self.insert(create, Phase::Creating);
+    }
+
+    /// A watch served by etcd that comes to the cache once etcd has brought it into
+    /// the window, from `create`'s start revision (a create below the window, or one the
+    /// cache did not take back).
+    pub(super) fn away(&mut self, create: WatchCreateRequest) {
+        self.insert(create, Phase::Away);
+    }
+
+    /// A watch coming back from etcd, sent to the cache from `create`'s start revision.
+    pub(super) fn rejoining(&mut self, create: WatchCreateRequest) {
+        self.insert(create, Phase::Rejoining);
+    }
+
+    fn insert(&mut self, create: WatchCreateRequest, phase: Phase) {
+        let next = create.start_revision;
+        self.by_id.insert(
+            create.watch_id,
+            Entry {
+                create,
+                next,
+                phase,
+            },
+        );
+    }
+
+    pub(super) fn phase(&self, watch_id: i64) -> Option<&Phase> {
+        self.by_id.get(&watch_id).map(|e| &e.phase)
+    }
+
+    pub(super) fn contains(&self, watch_id: i64) -> bool {
+        self.by_id.contains_key(&watch_id)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// The entry ends (the client canceled it, the cache's `canceled` came, or etcd
+    /// ended it while away).
+    pub(super) fn remove(&mut self, watch_id: i64) -> Option<Entry> {
+        self.by_id.remove(&watch_id)
+    }
+
+    /// The cache's `created` came (at `created_revision`): a watch being created or
+    /// rejoining is cached (it needs its start revision next, or, from now, the revision
+    /// after its creation); a revoked one is open until its `canceled`. Whether it
+    /// counts as open now and did not before.
+    pub(super) fn created(&mut self, watch_id: i64, created_revision: i64) -> bool {
+        let Some(e) = self.by_id.get_mut(&watch_id) else {
+            return false;
+        };
+        match &mut e.phase {
+            Phase::Creating | Phase::Rejoining => {
+                if e.next == 0 {
+                    e.next = created_revision + 1;
+                }
+                e.phase = Phase::Cached;
+                true
+            }
+            Phase::Revoked { created, .. } if !*created => {
+                *created = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// etcd no longer allows a watch being created or cached: it is canceled, and its
+    /// `canceled` carries `refusal`. Whether it was one of those.
+    pub(super) fn revoke(&mut self, watch_id: i64, refusal: Status) -> bool {
+        let Some(e) = self.by_id.get_mut(&watch_id) else {
+            return false;
+        };
+        let created = match e.phase {
+            Phase::Creating => false,
+            Phase::Cached => true,
+            _ => return false,
+        };
+        e.phase = Phase::Revoked {
+            refusal: Box::new(refusal),
+            created,
+        };
+        true
+    }
+
+    /// The key ranges a revocation re-check asks about, each with the watch ids it
+    /// decides: the cached watches and the creates whose `created` has not come (so that
+    /// a create in flight at the revocation is not let through by its late reply); not
+    /// the ones away or rejoining (etcd checked them), nor the revoked.
+    pub(super) fn to_recheck(&self) -> HashMap<(Bytes, Bytes), Vec<i64>> {
+        let mut by_range: HashMap<(Bytes, Bytes), Vec<i64>> = HashMap::new();
+        for (id, e) in &self.by_id {
+            if matches!(e.phase, Phase::Cached | Phase::Creating) {
+                by_range
+                    .entry((e.create.key.clone(), e.create.range_end.clone()))
+                    .or_default()
+                    .push(*id);
+            }
+        }
+        by_range
+    }
+
+    /// Records what a cache response sends its watch (see [`sent_through`]).
+    pub(super) fn sent(&mut self, r: &etcd_cache::WatchResponse) {
+        if let Some(through) = sent_through(r) {
+            self.sent_up_to(r.watch_id(), through);
+        }
+    }
+
+    /// Every revision up to `through` has been sent to cached watch `watch_id`'s client.
+    pub(super) fn sent_up_to(&mut self, watch_id: i64, through: i64) {
+        if let Some(e) = self.by_id.get_mut(&watch_id) {
+            if matches!(e.phase, Phase::Cached) {
+                e.next = e.next.max(through + 1);
+            }
+        }
+    }
+
+    /// A cached watch the cache ended because it fell behind its window: it goes to
+    /// etcd, with its create from its next revision.
+    pub(super) fn fell_behind(&mut self, watch_id: i64) -> Option<WatchCreateRequest> {
+        self.goes_away(watch_id, |p| matches!(p, Phase::Cached))
+    }
+
+    /// A rejoining watch the cache did not take back: it stays with etcd, from where it
+    /// was, with its create from there.
+    pub(super) fn stays_away(&mut self, watch_id: i64) -> Option<WatchCreateRequest> {
+        self.goes_away(watch_id, |p| matches!(p, Phase::Rejoining))
+    }
+
+    /// A watch in a phase `from` accepts goes to etcd; its create from its next revision.
+    fn goes_away(&mut self, watch_id: i64, from: fn(&Phase) -> bool) -> Option<WatchCreateRequest> {
+        let e = self.by_id.get_mut(&watch_id).filter(|e| from(&e.phase))?;
+        e.phase = Phase::Away;
+        Some(e.resume_create())
+    }
+
+    /// etcd sent a watch away everything up to `through` (its events, or its progress).
+    /// Its create from the next revision, if that revision is in the newer half of the
+    /// cache's window `[floor, head]`: it goes back to the cache (rejoining; see
+    /// [`created`](Self::created)).
+    pub(super) fn returning(
+        &mut self,
+        watch_id: i64,
+        through: i64,
+        (floor, head): (i64, i64),
+    ) -> Option<WatchCreateRequest> {
+        let e = self.by_id.get_mut(&watch_id)?;
+        if !matches!(e.phase, Phase::Away) {
+            return None;
+        }
+        e.next = e.next.max(through + 1);
+        // The cache reads id 0 as "any id" (as etcd does): a watch the client knows as 0
+        // cannot be given back under its id, so it stays with etcd.
+        if watch_id == 0 {
+            return None;
+        }
+        let newer_half = floor + (head - floor) / 2;
+        if e.next < newer_half.max(floor + 1) || e.next > head + 1 {
+            return None;
+        }
+        e.phase = Phase::Rejoining;
+        Some(e.resume_create())
+    }
+}
+
+/// The revision up to which a cache response proves its watch's client has everything:
+/// its last event's, or a progress notification's; none for created and canceled.
+fn sent_through(r: &etcd_cache::WatchResponse) -> Option<i64> {
+    if r.created() || r.canceled() {
+        return None;
+    }
+    match r.events().last().and_then(|e| e.kv()) {
+        Some(kv) => Some(kv.mod_revision()),
+        None if r.is_progress_notify() => Some(r.revision()),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(watch_id: i64, start_revision: i64) -> WatchCreateRequest {
+        WatchCreateRequest {
+            key: b"/a/".to_vec().into(),
+            watch_id,
+            start_revision,
+            ..Default::default()
+        }
+    }
+
+    /// A cached watch that falls behind resumes after the last revision it was sent.
+    #[test]
+    fn a_watch_resumes_after_the_last_revision_it_was_sent() {
+        let mut c = Entries::default();
+        for (id, start) in [(1, 0), (2, 5), (3, 0)] {
+            c.creating(create(id, start));
+            assert!(c.created(id, 10), "counted once created");
+        }
+        c.sent_up_to(1, 11);
+        c.sent_up_to(1, 12);
+        c.sent_up_to(3, 20);
+        c.sent_up_to(3, 15);
+        let next = |c: &mut Entries, id| c.fell_behind(id).map(|w| w.start_revision);
+        assert_eq!(next(&mut c, 1), Some(13), "after its events");
+        assert_eq!(next(&mut c, 2), Some(5), "its start revision");
+        assert_eq!(next(&mut c, 3), Some(21), "after its progress");
+        assert!(c.fell_behind(1).is_none(), "moved once");
+        assert!(matches!(c.phase(1), Some(Phase::Away)));
+        c.creating(create(4, 0));
+        assert!(
+            c.remove(4).is_some_and(|e| !e.counted()),
+            "not counted before created"
+        );
+        assert!(c.fell_behind(4).is_none());
+    }
+
+    #[test]
+    fn a_caught_up_watch_returns_in_the_newer_half_of_the_window() {
+        let mut c = Entries::default();
+        c.creating(WatchCreateRequest {
+            prev_kv: true,
+            ..create(7, 0)
+        });
+        c.created(7, 100);
+        assert_eq!(c.fell_behind(7).map(|w| w.start_revision), Some(101));
+        assert!(c.returning(8, 5_000, (1_000, 3_000)).is_none(), "not away");
+        // Window [1000, 3000]: the newer half starts at 2000.
+        assert!(
+            c.returning(7, 1_500, (1_000, 3_000)).is_none(),
+            "older half"
+        );
+        let back = c.returning(7, 2_400, (1_000, 3_000)).expect("newer half");
+        assert_eq!(
+            (back.start_revision, back.watch_id, back.prev_kv),
+            (2_401, 7, true)
+        );
+        assert!(c.returning(7, 2_500, (1_000, 3_000)).is_none(), "back once");
+        // Not taken back: away again, from where it was.
+        assert_eq!(c.stays_away(7).map(|w| w.start_revision), Some(2_401));
+        let back = c.returning(7, 2_450, (1_000, 3_000)).expect("newer half");
+        assert_eq!(back.start_revision, 2_451);
+        // Taken back: cached, from its next revision.
+        assert!(c.created(7, 2_900), "counted again");
+        assert_eq!(c.fell_behind(7).map(|w| w.start_revision), Some(2_451));
+        assert!(c.remove(7).is_some());
+        assert!(c.returning(7, 2_900, (1_000, 3_000)).is_none());
+        // Id 0 stays with etcd (the cache would read it as "any id").
+        c.creating(create(0, 0));
+        c.created(0, 100);
+        assert!(c.fell_behind(0).is_some());
+        assert!(c.returning(0, 2_400, (1_000, 3_000)).is_none());
+    }
+
+    /// A revocation cancels a watch being created or cached, once; one revoked before
+    /// its `created` counts as open from its `created` to its `canceled`.
+    #[test]
+    fn a_revoked_watch_keeps_its_refusal_until_its_canceled() {
+        let mut c = Entries::default();
+        c.creating(create(1, 0));
+        c.creating(create(2, 0));
+        c.created(2, 10);
+        c.away(create(3, 5));
+        assert!(c.revoke(1, Status::permission_denied("no")));
+        assert!(c.revoke(2, Status::permission_denied("no")));
+        assert!(!c.revoke(2, Status::permission_denied("again")), "once");
+        assert!(
+            !c.revoke(3, Status::permission_denied("no")),
+            "etcd checks it"
+        );
+        assert!(
+            !c.revoke(9, Status::permission_denied("no")),
+            "no such watch"
+        );
+        assert!(c.phase(2).is_some_and(|_| c.by_id[&2].counted()));
+        assert!(!c.by_id[&1].counted());
+        assert!(c.created(1, 11), "counted from its created");
+        assert!(!c.created(1, 11), "once");
+        assert!(c.fell_behind(2).is_none(), "a revoked watch does not move");
+        assert!(c.to_recheck().is_empty(), "nothing left to check");
+        match c.remove(1).map(|e| e.phase) {
+            Some(Phase::Revoked { refusal, created }) => {
+                assert_eq!((refusal.message(), created), ("no", true));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A revocation re-checks the cached watches and the creates still waiting for
+    /// their `created` (issue 40: a create in flight at the revocation was let through),
+    /// not those away or rejoining.
+    #[test]
+    fn a_recheck_covers_creates_not_answered_yet() {
+        let mut c = Entries::default();
+        let on = |id, key: &'static str| WatchCreateRequest {
+            key: Bytes::from_static(key.as_bytes()),
+            ..create(id, 0)
+        };
+        c.creating(on(1, "/a"));
+        c.created(1, 10);
+        c.creating(on(2, "/a"));
+        c.creating(on(3, "/b"));
+        c.away(on(4, "/c"));
+        c.rejoining(on(5, "/d"));
+        let mut got: Vec<(Bytes, Vec<i64>)> = c
+            .to_recheck()
+            .into_iter()
+            .map(|((k, _), mut ids)| {
+                ids.sort();
+                (k, ids)
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (Bytes::from_static(b"/a"), vec![1, 2]),
+                (Bytes::from_static(b"/b"), vec![3]),
+            ]
+        );
+        assert!(Entries::default().to_recheck().is_empty());
+    }
+}
