@@ -143,33 +143,9 @@ async fn one_response_per_revision_with_synthesized_prev_kv() {
         del("/app/n", 14),
     ]);
 
-    use EventType::{Delete as D, Put as P};
+    use EventType::Put as P;
     let s = |v: &str| v.to_string();
-    let want = [
-        (
-            11,
-            vec![
-                (P, k("a"), s("a11"), Some(s("a0"))),
-                (P, k("n"), s("n11"), None),
-            ],
-        ),
-        (12, vec![(P, k("a"), s("a12"), Some(s("a11")))]),
-        (
-            13,
-            vec![
-                (D, k("b"), s(""), Some(s("b0"))),
-                (P, k("m"), s("m13"), None),
-            ],
-        ),
-        (
-            14,
-            vec![
-                (P, k("x"), s("x14"), None),
-                (P, k("y"), s("y14"), None),
-                (D, k("n"), s(""), Some(s("n11"))),
-            ],
-        ),
-    ];
+    let want = revisions_11_to_14();
     for (rev, evs) in &want {
         let r = next(&mut with_prev).await.unwrap().unwrap();
         assert_eq!((r.revision(), events(&r)), (*rev, evs.clone()));
@@ -219,29 +195,63 @@ async fn one_response_per_revision_with_synthesized_prev_kv() {
         ]
     );
     // Reads at older revisions inside the window see the older state.
-    let at = |rev| {
-        let cache = h.cache.clone();
-        async move {
-            cache
-                .get(
-                    PREFIX,
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_serializable()
-                            .with_revision(rev),
-                    ),
-                )
-                .await
-                .unwrap()
-                .kvs()
-                .iter()
-                .map(|kv| kv.key_str().unwrap().to_owned())
-                .collect::<Vec<_>>()
-        }
-    };
-    assert_eq!(at(12).await, [k("a"), k("b"), k("n")]);
-    assert_eq!(at(13).await, [k("a"), k("m"), k("n")]);
+    assert_eq!(keys_at(&h.cache, 12).await, [k("a"), k("b"), k("n")]);
+    assert_eq!(keys_at(&h.cache, 13).await, [k("a"), k("m"), k("n")]);
+}
+
+/// An event as [`events`] lists it: type, key, value, previous value.
+type Ev = (EventType, String, String, Option<String>);
+
+/// What `one_response_per_revision_with_synthesized_prev_kv` writes at revisions 11 to
+/// 14, as a watch with prev_kv sees it.
+fn revisions_11_to_14() -> [(i64, Vec<Ev>); 4] {
+    use EventType::{Delete as D, Put as P};
+    let s = |v: &str| v.to_string();
+    [
+        (
+            11,
+            vec![
+                (P, k("a"), s("a11"), Some(s("a0"))),
+                (P, k("n"), s("n11"), None),
+            ],
+        ),
+        (12, vec![(P, k("a"), s("a12"), Some(s("a11")))]),
+        (
+            13,
+            vec![
+                (D, k("b"), s(""), Some(s("b0"))),
+                (P, k("m"), s("m13"), None),
+            ],
+        ),
+        (
+            14,
+            vec![
+                (P, k("x"), s("x14"), None),
+                (P, k("y"), s("y14"), None),
+                (D, k("n"), s(""), Some(s("n11"))),
+            ],
+        ),
+    ]
+}
+
+/// The keys a serializable prefix read at `rev` sees.
+async fn keys_at(cache: &Cache, rev: i64) -> Vec<String> {
+    cache
+        .get(
+            PREFIX,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_serializable()
+                    .with_revision(rev),
+            ),
+        )
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A replay from the middle of the window gives the same responses, then goes live.

@@ -348,13 +348,30 @@ async fn bad_input_is_refused_without_side_effects() {
     let mut s = h.cache.watch(PREFIX, prefix_opts()).await.unwrap();
     created(&mut s).await;
 
-    let invalid = |e: Error, what: &str| {
-        assert!(matches!(e, Error::InvalidRange { .. }), "{what}: {e:?}");
-        e.to_string()
-    };
-    let out =
-        |e: Error, what: &str| assert!(matches!(e, Error::OutOfRange { .. }), "{what}: {e:?}");
+    refuses_bad_watches(&h).await;
+    refuses_bad_gets(&h).await;
+    assert_eq!(h.up.fallbacks(), 0, "bad reads never reach etcd");
 
+    // Everyone else is unaffected.
+    h.watch.events(vec![put("/app/a", "a11", 2, 11, 2)]);
+    assert_eq!(next_rev(&mut s).await, 11);
+    let r = h.cache.get(k("a"), None).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), b"a11");
+}
+
+/// A refusal of bad input: `InvalidRange`, and its text.
+fn invalid(e: Error, what: &str) -> String {
+    assert!(matches!(e, Error::InvalidRange { .. }), "{what}: {e:?}");
+    e.to_string()
+}
+
+/// A refusal of a range outside the cache's prefix.
+fn out(e: Error, what: &str) {
+    assert!(matches!(e, Error::OutOfRange { .. }), "{what}: {e:?}");
+}
+
+/// Watches a cache must refuse, each with its reason; none takes a slot.
+async fn refuses_bad_watches(h: &Harness) {
     let msg = invalid(h.cache.watch("", None).await.unwrap_err(), "empty key");
     assert!(msg.contains("empty key"), "{msg}");
     let msg = invalid(
@@ -413,7 +430,10 @@ async fn bad_input_is_refused_without_side_effects() {
         "a prefix wider than the cache's",
     );
     assert_eq!(h.cache.watcher_count(), 1, "refused watches take no slot");
+}
 
+/// Reads a cache must refuse, each with its reason.
+async fn refuses_bad_gets(h: &Harness) {
     invalid(h.cache.get("", None).await.unwrap_err(), "get empty key");
     let msg = invalid(
         h.cache
@@ -458,13 +478,6 @@ async fn bad_input_is_refused_without_side_effects() {
             .unwrap_err(),
         "get from-key",
     );
-    assert_eq!(h.up.fallbacks(), 0, "bad reads never reach etcd");
-
-    // Everyone else is unaffected.
-    h.watch.events(vec![put("/app/a", "a11", 2, 11, 2)]);
-    assert_eq!(next_rev(&mut s).await, 11);
-    let r = h.cache.get(k("a"), None).await.unwrap();
-    assert_eq!(r.kvs()[0].value(), b"a11");
 }
 
 /// Invalid configurations are refused before anything starts.

@@ -95,34 +95,7 @@ impl Model {
                     s.name
                 ));
             }
-            s.progress_pending -= 1;
-            stats.stream_progress += 1;
-            if rev > truth.etcd_rev {
-                return Err(format!(
-                    "s{}: progress at {rev}, beyond etcd's {}",
-                    s.name, truth.etcd_rev
-                ));
-            }
-            for w in s.watches.values_mut() {
-                if !w.created || w.compacted_at_creation.is_some() {
-                    continue;
-                }
-                w.settle_start(None);
-                if rev < w.start {
-                    return Err(format!(
-                        "s{}: stream progress at {rev}, below the start {} of {}",
-                        s.name, w.start, w.label
-                    ));
-                }
-                if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
-                    return Err(format!(
-                        "s{}: stream progress at {rev}, but {} has not been delivered {m} (covered to {})",
-                        s.name, w.label, w.covered
-                    ));
-                }
-                w.covered = w.covered.max(rev);
-            }
-            line = format!("s{}: stream progress at {rev}", s.name);
+            line = stream_progress(truth, stats, s, rev)?;
         } else if let Some(at) = s.canceling.iter().position(|(i, _)| *i == id) {
             // A canceled watch: its `created` if it was not read, then its `canceled`;
             // nothing else (etcd sends nothing of it after the cancel).
@@ -165,52 +138,7 @@ impl Model {
                     }
                     line = format!("{}: canceled", w.label);
                 } else {
-                    if resp.cancel_reason().is_empty() {
-                        return Err(format!("{}: compacted without a reason", w.label));
-                    }
-                    if let Some(floor) = w.compacted_at_creation {
-                        if c != floor {
-                            return Err(format!(
-                                "{}: compacted at creation with {c}, the floor was {floor}",
-                                w.label
-                            ));
-                        }
-                        stats.compacted_at_creation += 1;
-                    } else {
-                        // The revision up to which the cache could know the watch
-                        // was served: before its next owed revision, and before the
-                        // first re-list gap after what it was delivered.
-                        let next = truth.next_match(w, w.covered);
-                        let gap = truth
-                            .gaps
-                            .iter()
-                            .find(|(_, at)| *at > w.covered)
-                            .map(|(before, _)| (*before).max(w.covered));
-                        let known = match (next, gap) {
-                            (Some(m), Some(g)) => (m - 1).min(g),
-                            (Some(m), None) => m - 1,
-                            (None, Some(g)) => g,
-                            (None, None) => i64::MAX / 2,
-                        };
-                        if known + 1 >= c {
-                            return Err(format!(
-                                "{}: canceled as compacted at {c}, but everything it is owed after {} (next: {next:?}) is still in the window (floor {}, history {:?})",
-                                w.label, w.covered, truth.floor, truth.hist
-                            ));
-                        }
-                        if c > truth.floor {
-                            return Err(format!(
-                                "{}: compact revision {c} above the window's floor {}",
-                                w.label, truth.floor
-                            ));
-                        }
-                        if gap.is_some_and(|g| g < next.map_or(i64::MAX, |m| m - 1)) {
-                            stats.compacted_relist += 1;
-                        } else {
-                            stats.compacted_evicted += 1;
-                        }
-                    }
-                    line = format!("{}: compacted at {c} (covered {})", w.label, w.covered);
+                    line = compacted(truth, stats, w, &resp, c)?;
                 }
                 s.watches.remove(&id);
                 log.borrow_mut().push(format!("#{step:<3} {line}"));
@@ -221,75 +149,9 @@ impl Model {
                     w.label
                 ));
             } else if resp.is_progress_notify() {
-                if !w.progress_notify {
-                    return Err(format!("{}: progress it did not ask for", w.label));
-                }
-                stats.watch_progress += 1;
-                if rev > truth.etcd_rev {
-                    return Err(format!(
-                        "{}: progress at {rev}, beyond etcd's {}",
-                        w.label, truth.etcd_rev
-                    ));
-                }
-                w.settle_start(None);
-                if rev < w.start {
-                    return Err(format!(
-                        "{}: progress at {rev}, below its start {}",
-                        w.label, w.start
-                    ));
-                }
-                if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
-                    return Err(format!(
-                        "{}: progress at {rev}, but {m} has not been delivered (covered to {})",
-                        w.label, w.covered
-                    ));
-                }
-                w.covered = w.covered.max(rev);
-                line = format!("{}: progress at {rev}", w.label);
+                line = watch_progress(truth, stats, w, rev)?;
             } else {
-                let evs = resp.events();
-                let Some(first) = evs.first() else {
-                    return Err(format!("{}: a response of no kind: {resp:?}", w.label));
-                };
-                let r = first.revision();
-                if evs.iter().any(|e| e.revision() != r) {
-                    return Err(format!(
-                        "{}: one response, several revisions: {}",
-                        w.label,
-                        show(evs)
-                    ));
-                }
-                if rev != prev.max(r) {
-                    return Err(format!(
-                        "{}: events of {r} with header {rev} (stream at {prev})",
-                        w.label
-                    ));
-                }
-                w.settle_start(Some(r));
-                if r <= w.covered {
-                    return Err(format!(
-                        "{}: revision {r} after {} (a duplicate or out of order)",
-                        w.label, w.covered
-                    ));
-                }
-                if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m < r) {
-                    return Err(format!(
-                        "{}: revision {r} delivered, but {m} (matching) was skipped",
-                        w.label
-                    ));
-                }
-                let want = truth.expected(w, r);
-                if evs != &want[..] {
-                    return Err(format!(
-                        "{}: events of {r}: got {}, want {}",
-                        w.label,
-                        show(evs),
-                        show(&want)
-                    ));
-                }
-                stats.events += evs.len() as u64;
-                w.covered = r;
-                line = format!("{}: events of {r} ({})", w.label, evs.len());
+                line = events(truth, stats, w, &resp, rev, prev)?;
             }
         }
         log.borrow_mut().push(format!("#{step:<3} {line}"));
@@ -380,4 +242,190 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// A stream-wide progress response at `rev`: every created watch of the stream has been
+/// sent everything it is owed up to `rev`.
+fn stream_progress(
+    truth: &Truth,
+    stats: &mut Stats,
+    s: &mut Stream,
+    rev: i64,
+) -> Result<String, String> {
+    s.progress_pending -= 1;
+    stats.stream_progress += 1;
+    if rev > truth.etcd_rev {
+        return Err(format!(
+            "s{}: progress at {rev}, beyond etcd's {}",
+            s.name, truth.etcd_rev
+        ));
+    }
+    for w in s.watches.values_mut() {
+        if !w.created || w.compacted_at_creation.is_some() {
+            continue;
+        }
+        w.settle_start(None);
+        if rev < w.start {
+            return Err(format!(
+                "s{}: stream progress at {rev}, below the start {} of {}",
+                s.name, w.start, w.label
+            ));
+        }
+        if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
+            return Err(format!(
+                "s{}: stream progress at {rev}, but {} has not been delivered {m} (covered to {})",
+                s.name, w.label, w.covered
+            ));
+        }
+        w.covered = w.covered.max(rev);
+    }
+    Ok(format!("s{}: stream progress at {rev}", s.name))
+}
+
+/// A watch canceled as compacted at `c`: at creation below the window (with the floor),
+/// or only once what it is owed next has left the window.
+fn compacted(
+    truth: &Truth,
+    stats: &mut Stats,
+    w: &Watch,
+    resp: &WatchResponse,
+    c: i64,
+) -> Result<String, String> {
+    if resp.cancel_reason().is_empty() {
+        return Err(format!("{}: compacted without a reason", w.label));
+    }
+    if let Some(floor) = w.compacted_at_creation {
+        if c != floor {
+            return Err(format!(
+                "{}: compacted at creation with {c}, the floor was {floor}",
+                w.label
+            ));
+        }
+        stats.compacted_at_creation += 1;
+    } else {
+        // The revision up to which the cache could know the watch
+        // was served: before its next owed revision, and before the
+        // first re-list gap after what it was delivered.
+        let next = truth.next_match(w, w.covered);
+        let gap = truth
+            .gaps
+            .iter()
+            .find(|(_, at)| *at > w.covered)
+            .map(|(before, _)| (*before).max(w.covered));
+        let known = match (next, gap) {
+            (Some(m), Some(g)) => (m - 1).min(g),
+            (Some(m), None) => m - 1,
+            (None, Some(g)) => g,
+            (None, None) => i64::MAX / 2,
+        };
+        if known + 1 >= c {
+            return Err(format!(
+                "{}: canceled as compacted at {c}, but everything it is owed after {} (next: {next:?}) is still in the window (floor {}, history {:?})",
+                w.label, w.covered, truth.floor, truth.hist
+            ));
+        }
+        if c > truth.floor {
+            return Err(format!(
+                "{}: compact revision {c} above the window's floor {}",
+                w.label, truth.floor
+            ));
+        }
+        if gap.is_some_and(|g| g < next.map_or(i64::MAX, |m| m - 1)) {
+            stats.compacted_relist += 1;
+        } else {
+            stats.compacted_evicted += 1;
+        }
+    }
+    Ok(format!(
+        "{}: compacted at {c} (covered {})",
+        w.label, w.covered
+    ))
+}
+
+/// A watch's own progress response at `rev`: asked for, and nothing owed up to it.
+fn watch_progress(
+    truth: &Truth,
+    stats: &mut Stats,
+    w: &mut Watch,
+    rev: i64,
+) -> Result<String, String> {
+    if !w.progress_notify {
+        return Err(format!("{}: progress it did not ask for", w.label));
+    }
+    stats.watch_progress += 1;
+    if rev > truth.etcd_rev {
+        return Err(format!(
+            "{}: progress at {rev}, beyond etcd's {}",
+            w.label, truth.etcd_rev
+        ));
+    }
+    w.settle_start(None);
+    if rev < w.start {
+        return Err(format!(
+            "{}: progress at {rev}, below its start {}",
+            w.label, w.start
+        ));
+    }
+    if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m <= rev) {
+        return Err(format!(
+            "{}: progress at {rev}, but {m} has not been delivered (covered to {})",
+            w.label, w.covered
+        ));
+    }
+    w.covered = w.covered.max(rev);
+    Ok(format!("{}: progress at {rev}", w.label))
+}
+
+/// A watch's events: one revision, the next one it is owed, exactly the truth's events.
+fn events(
+    truth: &Truth,
+    stats: &mut Stats,
+    w: &mut Watch,
+    resp: &WatchResponse,
+    rev: i64,
+    prev: i64,
+) -> Result<String, String> {
+    let evs = resp.events();
+    let Some(first) = evs.first() else {
+        return Err(format!("{}: a response of no kind: {resp:?}", w.label));
+    };
+    let r = first.revision();
+    if evs.iter().any(|e| e.revision() != r) {
+        return Err(format!(
+            "{}: one response, several revisions: {}",
+            w.label,
+            show(evs)
+        ));
+    }
+    if rev != prev.max(r) {
+        return Err(format!(
+            "{}: events of {r} with header {rev} (stream at {prev})",
+            w.label
+        ));
+    }
+    w.settle_start(Some(r));
+    if r <= w.covered {
+        return Err(format!(
+            "{}: revision {r} after {} (a duplicate or out of order)",
+            w.label, w.covered
+        ));
+    }
+    if let Some(m) = truth.next_match(w, w.covered).filter(|&m| m < r) {
+        return Err(format!(
+            "{}: revision {r} delivered, but {m} (matching) was skipped",
+            w.label
+        ));
+    }
+    let want = truth.expected(w, r);
+    if evs != &want[..] {
+        return Err(format!(
+            "{}: events of {r}: got {}, want {}",
+            w.label,
+            show(evs),
+            show(&want)
+        ));
+    }
+    stats.events += evs.len() as u64;
+    w.covered = r;
+    Ok(format!("{}: events of {r} ({})", w.label, evs.len()))
 }

@@ -114,8 +114,8 @@ impl Model {
         };
         let compacted_at_creation = (start_opt != 0 && start_opt < t.floor).then_some(t.floor);
         let created_rev = if start_opt == 0 { position } else { t.applied };
-        let watch = |label: String| Watch {
-            label,
+        let template = Watch {
+            label: String::new(),
             range: range.clone(),
             prev_kv,
             no_put,
@@ -144,65 +144,18 @@ impl Model {
             }
         );
         match existing {
-            None => {
-                let stream = bounded("watch", self.cache.watch(key, Some(opts)))
-                    .await?
-                    .map_err(|e| format!("watch {desc} refused: {e}"))?;
-                let name = self.next_stream;
-                self.next_stream += 1;
-                let id = chosen;
-                let slow = self.rng.random_bool(0.4);
-                let mut s = Stream {
-                    name,
-                    stream,
-                    watches: BTreeMap::new(),
-                    canceling: Vec::new(),
-                    // The first auto id (0) was given to this watch.
-                    next_id: if chosen == 0 { 1 } else { 0 },
-                    reported: 0,
-                    progress_pending: 0,
-                    slow,
-                };
-                s.watches.insert(id, watch(format!("s{name}/w{id}")));
-                self.note(format!(
-                    "open stream s{name}{} with watch {id}: {desc}",
-                    if slow { " (slow)" } else { "" }
-                ));
-                self.streams.push(s);
-            }
+            None => self.open_stream(key, opts, template, chosen, &desc).await?,
             Some(si) => {
-                let s = &mut self.streams[si];
-                // As etcd: an auto id is the lowest above every id given on the stream
-                // so far (never one reused), skipping ids in use.
-                let id = if chosen != 0 {
-                    chosen
-                } else {
-                    while s.watches.contains_key(&s.next_id) {
-                        s.next_id += 1;
-                    }
-                    s.next_id += 1;
-                    s.next_id - 1
+                let template = Watch {
+                    opening: start_opt == 0 && connected,
+                    ..template
                 };
-                let in_use = s.watches.contains_key(&id);
-                let name = s.name;
-                let result = bounded("watch", s.stream.watch(key, Some(opts))).await?;
-                match (result, in_use) {
-                    (Err(Error::WatchIdInUse { watch_id }), true) if watch_id == id => {
-                        self.note(format!("add to s{name}: id {id} in use, refused: {desc}"));
-                        return Ok(());
-                    }
-                    (Ok(()), false) => {}
-                    (r, _) => {
-                        return Err(format!(
-                            "adding watch {id} to s{name} (in use: {in_use}): {desc}: {r:?}"
-                        ))
-                    }
+                if !self
+                    .add_to_stream(si, key, opts, template, chosen, &desc)
+                    .await?
+                {
+                    return Ok(());
                 }
-                let s = &mut self.streams[si];
-                let mut w = watch(format!("s{name}/w{id}"));
-                w.opening = start_opt == 0 && connected;
-                s.watches.insert(id, w);
-                self.note(format!("add to s{name} watch {id}: {desc}"));
             }
         }
         self.stats.watches += 1;
@@ -210,6 +163,90 @@ impl Model {
             return Err("the cache moved while a watch was registered".into());
         }
         Ok(())
+    }
+
+    /// Opens a new stream with its first watch, `template` (given its label here).
+    async fn open_stream(
+        &mut self,
+        key: String,
+        opts: WatchOptions,
+        template: Watch,
+        chosen: i64,
+        desc: &str,
+    ) -> Check {
+        let stream = bounded("watch", self.cache.watch(key, Some(opts)))
+            .await?
+            .map_err(|e| format!("watch {desc} refused: {e}"))?;
+        let name = self.next_stream;
+        self.next_stream += 1;
+        let id = chosen;
+        let slow = self.rng.random_bool(0.4);
+        let mut s = Stream {
+            name,
+            stream,
+            watches: BTreeMap::new(),
+            canceling: Vec::new(),
+            // The first auto id (0) was given to this watch.
+            next_id: if chosen == 0 { 1 } else { 0 },
+            reported: 0,
+            progress_pending: 0,
+            slow,
+        };
+        let label = format!("s{name}/w{id}");
+        s.watches.insert(id, Watch { label, ..template });
+        self.note(format!(
+            "open stream s{name}{} with watch {id}: {desc}",
+            if slow { " (slow)" } else { "" }
+        ));
+        self.streams.push(s);
+        Ok(())
+    }
+
+    /// Adds watch `template` to open stream `si` under `chosen` (0: the stream's next
+    /// automatic id, as etcd gives it); `Ok(false)`: refused, as it must be, for an id
+    /// in use.
+    async fn add_to_stream(
+        &mut self,
+        si: usize,
+        key: String,
+        opts: WatchOptions,
+        template: Watch,
+        chosen: i64,
+        desc: &str,
+    ) -> Result<bool, String> {
+        let s = &mut self.streams[si];
+        // As etcd: an auto id is the lowest above every id given on the stream
+        // so far (never one reused), skipping ids in use.
+        let id = if chosen != 0 {
+            chosen
+        } else {
+            while s.watches.contains_key(&s.next_id) {
+                s.next_id += 1;
+            }
+            s.next_id += 1;
+            s.next_id - 1
+        };
+        let in_use = s.watches.contains_key(&id);
+        let name = s.name;
+        let result = bounded("watch", s.stream.watch(key, Some(opts))).await?;
+        match (result, in_use) {
+            (Err(Error::WatchIdInUse { watch_id }), true) if watch_id == id => {
+                self.note(format!("add to s{name}: id {id} in use, refused: {desc}"));
+                return Ok(false);
+            }
+            (Ok(()), false) => {}
+            (r, _) => {
+                return Err(format!(
+                    "adding watch {id} to s{name} (in use: {in_use}): {desc}: {r:?}"
+                ))
+            }
+        }
+        let label = format!("s{name}/w{id}");
+        self.streams[si]
+            .watches
+            .insert(id, Watch { label, ..template });
+        self.note(format!("add to s{name} watch {id}: {desc}"));
+        Ok(true)
     }
 
     /// The next response of stream `si` if one is ready. Polled three times: a stream

@@ -370,134 +370,144 @@ impl<'c> World<'c> {
 
     fn apply(&mut self, m: Move) -> Result<(), String> {
         match m {
-            Move::Produce => {
-                match self.case.steps[self.pc] {
-                    Step::Append(r) => {
-                        self.history
-                            .write()
-                            .push(self.case.batches[&r].clone(), false);
-                        let cap = self.case.scan + 1;
-                        self.since_bound = self.since_bound.map(|n| (n + 1).min(cap));
-                    }
-                    Step::Dispatch(r) => {
-                        let mut dispatcher = self.subs.lock();
-                        dispatcher.dispatch(&self.case.batches[&r]);
-                        dispatcher.take_wakers(&mut Vec::new());
-                    }
-                    Step::Publish(r) => self.published = r,
-                }
-                self.pc += 1;
+            Move::Produce => self.produce(),
+            Move::Register => self.register()?,
+            Move::Consume => match self.phase {
+                Phase::Look => self.look()?,
+                Phase::Scan => self.scan(),
+            },
+        }
+        Ok(())
+    }
+
+    /// The writer's next step: append, dispatch or publish.
+    fn produce(&mut self) {
+        match self.case.steps[self.pc] {
+            Step::Append(r) => {
+                self.history
+                    .write()
+                    .push(self.case.batches[&r].clone(), false);
+                let cap = self.case.scan + 1;
+                self.since_bound = self.since_bound.map(|n| (n + 1).min(cap));
             }
-            Move::Register => {
-                let slot = self.subs.acquire(None).expect("a slot");
-                let published = self.published;
-                let registered = self
-                    .subs
-                    .register_as(
-                        self.subs.reserve_id(),
-                        filter(),
-                        self.case.start,
-                        0,
-                        &self.history,
-                        || published,
-                        &slot,
-                    )
-                    .map_err(|e| format!("registration failed: {e}"))?;
-                match registered {
-                    Registered::Live {
-                        id,
-                        mailbox,
-                        position,
-                    } => {
-                        self.owed_from = if self.case.start == 0 {
-                            position + 1
-                        } else {
-                            self.case.start
-                        };
-                        self.last_seen = self.owed_from - 1;
-                        self.sub = Some(Sub {
-                            id,
-                            mailbox,
-                            _slot: slot,
-                        });
-                    }
-                    Registered::Compacted { floor } => {
-                        if self.case.start >= floor {
-                            return Err(format!(
-                                "registered compacted at {floor} from start {}",
-                                self.case.start
-                            ));
-                        }
-                        self.done = true;
-                    }
-                }
+            Step::Dispatch(r) => {
+                let mut dispatcher = self.subs.lock();
+                dispatcher.dispatch(&self.case.batches[&r]);
+                dispatcher.take_wakers(&mut Vec::new());
             }
-            Move::Consume => {
-                let s = self.sub.as_ref().expect("registered");
-                match self.phase {
-                    Phase::Look => {
-                        let published = self.published;
-                        let noop = futures_util::task::noop_waker_ref();
-                        match s.mailbox.poll_queue(noop, &|| published) {
-                            None => self.phase = Phase::Scan,
-                            Some(Polled::Delivery(d)) => {
-                                let owed = self.next_owed();
-                                if Some(d.revision) != owed {
-                                    return Err(format!(
-                                        "delivered {} after {}, but {owed:?} was owed next",
-                                        d.revision, self.last_seen
-                                    ));
-                                }
-                                if d.events.len() != 1 || d.events[0].key() != b"a" {
-                                    return Err(format!(
-                                        "delivery of {} is not its matching event: {:?}",
-                                        d.revision, d.events
-                                    ));
-                                }
-                                self.last_seen = d.revision;
-                            }
-                            Some(Polled::Ended(End::Compacted(c))) => {
-                                let owed = self.next_owed();
-                                let floor = self.history.read().floor();
-                                // The one compaction that may come while what is owed is
-                                // still in the window: the writer appended more than a
-                                // whole scan between two scans of an unfinished
-                                // catch-up, evicting batches no scan had read.
-                                let outrun = self.since_bound.is_some_and(|n| n > self.case.scan);
-                                if !(owed.is_some_and(|m| m < c) || outrun) || c > floor {
-                                    return Err(format!(
-                                        "compacted at {c} (floor {floor}) after {}, but {owed:?} was owed next",
-                                        self.last_seen
-                                    ));
-                                }
-                                self.done = true;
-                            }
-                            Some(other) => {
-                                return Err(format!("a look with something to do gave {other:?}"))
-                            }
-                        }
-                    }
-                    Phase::Scan => {
-                        let more = s.mailbox.catch_up(
-                            &self.history.read(),
-                            self.subs.lag(),
-                            self.case.scan,
-                        );
-                        let compacted = s.mailbox.state.lock().end.is_some();
-                        if more {
-                            self.since_bound = Some(0);
-                        } else {
-                            // Kept when this scan compacted it: the look judges it.
-                            if !compacted {
-                                self.since_bound = None;
-                            }
-                            self.phase = Phase::Look;
-                        }
-                    }
+            Step::Publish(r) => self.published = r,
+        }
+        self.pc += 1;
+    }
+
+    /// The subscriber registers from the case's start.
+    fn register(&mut self) -> Result<(), String> {
+        let slot = self.subs.acquire(None).expect("a slot");
+        let published = self.published;
+        let registered = self
+            .subs
+            .register_as(
+                self.subs.reserve_id(),
+                filter(),
+                self.case.start,
+                0,
+                &self.history,
+                || published,
+                &slot,
+            )
+            .map_err(|e| format!("registration failed: {e}"))?;
+        match registered {
+            Registered::Live {
+                id,
+                mailbox,
+                position,
+            } => {
+                self.owed_from = if self.case.start == 0 {
+                    position + 1
+                } else {
+                    self.case.start
+                };
+                self.last_seen = self.owed_from - 1;
+                self.sub = Some(Sub {
+                    id,
+                    mailbox,
+                    _slot: slot,
+                });
+            }
+            Registered::Compacted { floor } => {
+                if self.case.start >= floor {
+                    return Err(format!(
+                        "registered compacted at {floor} from start {}",
+                        self.case.start
+                    ));
                 }
+                self.done = true;
             }
         }
         Ok(())
+    }
+
+    /// The subscriber looks at its queue: a delivery must be the one owed next, a
+    /// compaction only one the window forced.
+    fn look(&mut self) -> Result<(), String> {
+        let s = self.sub.as_ref().expect("registered");
+        let published = self.published;
+        let noop = futures_util::task::noop_waker_ref();
+        match s.mailbox.poll_queue(noop, &|| published) {
+            None => self.phase = Phase::Scan,
+            Some(Polled::Delivery(d)) => {
+                let owed = self.next_owed();
+                if Some(d.revision) != owed {
+                    return Err(format!(
+                        "delivered {} after {}, but {owed:?} was owed next",
+                        d.revision, self.last_seen
+                    ));
+                }
+                if d.events.len() != 1 || d.events[0].key() != b"a" {
+                    return Err(format!(
+                        "delivery of {} is not its matching event: {:?}",
+                        d.revision, d.events
+                    ));
+                }
+                self.last_seen = d.revision;
+            }
+            Some(Polled::Ended(End::Compacted(c))) => {
+                let owed = self.next_owed();
+                let floor = self.history.read().floor();
+                // The one compaction that may come while what is owed is
+                // still in the window: the writer appended more than a
+                // whole scan between two scans of an unfinished
+                // catch-up, evicting batches no scan had read.
+                let outrun = self.since_bound.is_some_and(|n| n > self.case.scan);
+                if !(owed.is_some_and(|m| m < c) || outrun) || c > floor {
+                    return Err(format!(
+                        "compacted at {c} (floor {floor}) after {}, but {owed:?} was owed next",
+                        self.last_seen
+                    ));
+                }
+                self.done = true;
+            }
+            Some(other) => return Err(format!("a look with something to do gave {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// The subscriber scans the history to catch up.
+    fn scan(&mut self) {
+        let s = self.sub.as_ref().expect("registered");
+        let more = s
+            .mailbox
+            .catch_up(&self.history.read(), self.subs.lag(), self.case.scan);
+        let compacted = s.mailbox.state.lock().end.is_some();
+        if more {
+            self.since_bound = Some(0);
+        } else {
+            // Kept when this scan compacted it: the look judges it.
+            if !compacted {
+                self.since_bound = None;
+            }
+            self.phase = Phase::Look;
+        }
     }
 
     /// Checks that hold in every state.
