@@ -51,7 +51,7 @@ impl std::fmt::Debug for Cache {
         f.debug_struct("Cache")
             .field(
                 "prefix",
-                &String::from_utf8_lossy(&self.shared.config.prefix),
+                &String::from_utf8_lossy(&self.shared.config().prefix),
             )
             .field("stats", &self.stats())
             .finish()
@@ -84,9 +84,9 @@ impl Cache {
     /// Starts the cache on any upstream (the etcd client, or the fake one in tests).
     pub(crate) fn start(config: Config, upstream: Arc<dyn Upstream>) -> Result<Cache> {
         config.validate()?;
-        let (shared, publisher) = Shared::new(config, upstream);
+        let (shared, publisher, history) = Shared::new(config, upstream);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let follower = crate::follower::run(shared.clone(), publisher, shutdown_rx);
+        let follower = crate::follower::run(shared.clone(), publisher, history, shutdown_rx);
         let task = tokio::spawn(follower);
         Ok(Cache {
             handle: Arc::new(Handle {
@@ -112,7 +112,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub async fn wait_ready(&self) -> Result<()> {
-        self.shared.view.wait_ready().await
+        self.shared.view().wait_ready().await
     }
 
     /// [`wait_ready`](Self::wait_ready) with a time limit.
@@ -162,7 +162,7 @@ impl Cache {
     /// # }
     /// ```
     pub fn status(&self) -> CacheStatus {
-        self.shared.view.status().state
+        self.shared.view().status().state
     }
 
     /// The status now, then every change of it (see [`StatusStream`]): a health
@@ -180,7 +180,7 @@ impl Cache {
     /// # }
     /// ```
     pub fn status_stream(&self) -> StatusStream {
-        self.shared.view.status_stream()
+        self.shared.view().status_stream()
     }
 
     /// The etcd server version of each member, as last probed (`unreachable:<url>`
@@ -194,7 +194,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn server_versions(&self) -> Vec<String> {
-        self.shared.counters.versions()
+        self.shared.counters().versions()
     }
 
     /// True while the cache can vouch for its data: loaded and following etcd.
@@ -207,7 +207,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn is_ready(&self) -> bool {
-        self.shared.view.is_ready()
+        self.shared.view().is_ready()
     }
 
     /// Newest revision applied (0 before the first snapshot).
@@ -218,7 +218,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn revision(&self) -> i64 {
-        self.shared.view.revision()
+        self.shared.view().revision()
     }
 
     /// Whether etcd has compacted `revision`: `Some(etcd's compact revision)` when etcd
@@ -267,7 +267,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub async fn check_compaction(&self, revision: i64) -> Result<crate::CompactionCheck> {
-        let status = self.shared.view.status();
+        let status = self.shared.view().status();
         if status.closed() {
             return Err(status.closed_error());
         }
@@ -421,7 +421,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn watcher_count(&self) -> usize {
-        self.shared.subscribers.watchers()
+        self.shared.subscribers().watchers()
     }
 
     /// Watches currently lagging.
@@ -432,7 +432,7 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn lagging_count(&self) -> usize {
-        self.shared.subscribers.lagging()
+        self.shared.subscribers().lagging()
     }
 
     /// `(oldest replayable start revision, newest revision covered)`.
@@ -444,13 +444,13 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn history_span(&self) -> (i64, i64) {
-        let h = self.shared.history.read();
+        let h = self.shared.history().read();
         (h.floor(), h.head())
     }
 
     /// How long a consistent read may wait (`CacheBuilder::consistent_read_timeout`).
     pub(crate) fn consistent_read_timeout(&self) -> Duration {
-        self.shared.config.consistent_read_timeout
+        self.shared.config().consistent_read_timeout
     }
 
     /// The key prefix the cache holds.
@@ -461,14 +461,14 @@ impl Cache {
     /// # Ok(()) }
     /// ```
     pub fn prefix(&self) -> &[u8] {
-        &self.shared.config.prefix
+        &self.shared.config().prefix
     }
 
     /// Checks that the keys under `prefix` are inside the cache's range, as a read or a
     /// watch of them is checked ([`Error::OutOfRange`] otherwise).
     pub(crate) fn check_prefix(&self, prefix: &[u8]) -> Result<()> {
         crate::key_range::KeyRange::new(prefix, &crate::key_range::RangeSpec::Prefix)?
-            .check_within(&self.shared.range)
+            .check_within(self.shared.range())
     }
 
     #[cfg(test)]
@@ -482,7 +482,7 @@ impl Cache {
     #[cfg(feature = "unstable-test-hooks")]
     #[doc(hidden)]
     pub fn corrupt_store_for_test(&self, kv: crate::KeyValue) {
-        self.shared.hooks.corrupt(kv);
+        self.shared.hooks().corrupt(kv);
     }
 
     /// Stops the follower task and ends every stream after what it was already
@@ -501,7 +501,7 @@ impl Cache {
             Some(task) => {
                 let _ = task.await;
             }
-            None => self.shared.view.wait_closed().await,
+            None => self.shared.view().wait_closed().await,
         }
     }
 }

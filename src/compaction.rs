@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::history::History;
+use crate::history::SharedHistory;
 use crate::key_range::KeyRange;
 use crate::upstream::Upstream;
 
@@ -219,7 +219,7 @@ impl Compaction {
 /// The compact revision a refusal below etcd's compaction at `floor` reports: the lowest
 /// revision both etcd and the cache's window serve (the window's floor where that is
 /// higher, for a revision below both).
-pub(crate) fn reported(floor: i64, history: &RwLock<History>) -> i64 {
+pub(crate) fn reported(floor: i64, history: &SharedHistory) -> i64 {
     floor.max(history.read().floor())
 }
 

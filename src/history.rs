@@ -10,6 +10,7 @@
 //! progress notifications, which prove that no event happened in between. A watch can
 //! start at any revision `>= floor`; below it the answer is `Compacted { floor }`.
 
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
@@ -63,8 +64,49 @@ impl Batch {
     }
 }
 
-/// The ring itself. Guarded by a `RwLock` in the shared state; the follower task
-/// is its only writer.
+/// The history as the cache's parts share it: anyone holding it reads it; only its
+/// one [`HistoryWriter`], which the cache gives its follower, writes it.
+#[derive(Debug)]
+pub(crate) struct SharedHistory(RwLock<History>);
+
+impl SharedHistory {
+    /// `history`, shared, and its one writer.
+    pub(crate) fn new(history: History) -> (Arc<Self>, HistoryWriter) {
+        let shared = Arc::new(SharedHistory(RwLock::new(history)));
+        (shared.clone(), HistoryWriter(shared))
+    }
+
+    /// Reads it (the writer waits meanwhile: hold it briefly).
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, History> {
+        self.0.read()
+    }
+}
+
+#[cfg(test)]
+impl SharedHistory {
+    /// A shared history the test writes itself (the crate's code writes only through
+    /// the follower's [`HistoryWriter`]).
+    pub(crate) fn for_test(history: History) -> Self {
+        SharedHistory(RwLock::new(history))
+    }
+
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, History> {
+        self.0.write()
+    }
+}
+
+/// The one writer of a [`SharedHistory`] (see [`SharedHistory::new`]).
+#[derive(Debug)]
+pub(crate) struct HistoryWriter(Arc<SharedHistory>);
+
+impl HistoryWriter {
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, History> {
+        self.0 .0.write()
+    }
+}
+
+/// The ring itself, shared as a [`SharedHistory`]; the follower task is its only
+/// writer.
 #[derive(Debug)]
 pub(crate) struct History {
     batches: VecDeque<Arc<Batch>>,

@@ -10,12 +10,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use parking_lot::RwLock;
 
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::Result;
-use crate::history::{Batch, History};
+use crate::history::{Batch, History, HistoryWriter, SharedHistory};
 use crate::key_range::KeyRange;
 pub use crate::key_range::RangeSpec as Spec;
 use crate::kv::{Event, EventType, KeyValue};
@@ -158,7 +157,8 @@ impl BenchIndex {
 
 /// The revision-ordered ring of batches.
 pub struct BenchHistory {
-    history: RwLock<History>,
+    history: Arc<SharedHistory>,
+    writer: HistoryWriter,
 }
 
 impl BenchHistory {
@@ -166,13 +166,12 @@ impl BenchHistory {
     pub fn new(capacity: usize, revision: i64) -> Self {
         let mut history = History::new(capacity, usize::MAX);
         history.reset(revision);
-        BenchHistory {
-            history: RwLock::new(history),
-        }
+        let (history, writer) = SharedHistory::new(history);
+        BenchHistory { history, writer }
     }
 
     pub fn push(&mut self, batch: &BenchBatch) {
-        self.history.write().push(batch.0.clone(), false);
+        self.writer.write().push(batch.0.clone(), false);
     }
 
     pub fn floor(&self) -> i64 {

@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::history::History;
+use crate::history::{History, HistoryWriter, SharedHistory};
 use crate::key_range::KeyRange;
 use crate::metrics::Metrics;
 use crate::progress::ProgressRequestor;
@@ -22,29 +22,28 @@ use crate::subscribers::Subscribers;
 use crate::upstream::barrier::RevisionBarrier;
 use crate::upstream::{Header, Upstream};
 use crate::view::{Publisher, Viewer};
-use crate::watch::response::response_header;
 
 /// State shared by the handles, the follower and the streams.
 pub(crate) struct Shared {
-    pub(crate) config: Config,
+    config: Config,
     /// The cache's key range (derived from the prefix).
-    pub(crate) range: KeyRange,
+    range: KeyRange,
     /// Written by the follower only. Lock order: the index, then the history.
-    pub(crate) history: RwLock<History>,
-    pub(crate) subscribers: Subscribers,
+    history: Arc<SharedHistory>,
+    subscribers: Subscribers,
     /// The published view (snapshot and status); only the follower's
     /// [`Publisher`] changes it.
-    pub(crate) view: Viewer,
-    pub(crate) progress: Arc<ProgressRequestor>,
+    view: Viewer,
+    progress: Arc<ProgressRequestor>,
     /// Shared linearizable revision probes (consistent reads, watches from now).
-    pub(crate) barrier: Arc<RevisionBarrier>,
+    barrier: Arc<RevisionBarrier>,
     /// What the cache knows of etcd's compaction, and its shared checks.
-    pub(crate) compaction: Arc<crate::compaction::Compaction>,
-    pub(crate) upstream: Arc<dyn Upstream>,
-    pub(crate) counters: Counters,
-    pub(crate) metrics: Metrics,
+    compaction: Arc<crate::compaction::Compaction>,
+    upstream: Arc<dyn Upstream>,
+    counters: Counters,
+    metrics: Metrics,
     /// Test hooks (feature `unstable-test-hooks`); inert otherwise.
-    pub(crate) hooks: Hooks,
+    hooks: Hooks,
 }
 
 /// Writes a test asks the follower to make behind etcd's back.
@@ -67,15 +66,89 @@ impl Hooks {
 }
 
 impl Shared {
-    /// The shared state, and the publisher of its view for the follower.
-    pub(crate) fn new(config: Config, upstream: Arc<dyn Upstream>) -> (Arc<Self>, Publisher) {
+    // Readers' access: every part of the shared state is read through these (the
+    // fields are private; what changes them is the follower's own).
+
+    /// The configuration.
+    #[inline]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The cache's key range (derived from the prefix).
+    #[inline]
+    pub(crate) fn range(&self) -> &KeyRange {
+        &self.range
+    }
+
+    /// The history: readers only (the follower holds its writer). Lock order: the index, then the history.
+    #[inline]
+    pub(crate) fn history(&self) -> &SharedHistory {
+        &self.history
+    }
+
+    /// The subscriber registry.
+    #[inline]
+    pub(crate) fn subscribers(&self) -> &Subscribers {
+        &self.subscribers
+    }
+
+    /// The published view (snapshot and status); only the follower's [`Publisher`] changes it.
+    #[inline]
+    pub(crate) fn view(&self) -> &Viewer {
+        &self.view
+    }
+
+    /// The progress requestor.
+    #[inline]
+    pub(crate) fn progress(&self) -> &Arc<ProgressRequestor> {
+        &self.progress
+    }
+
+    /// What the cache knows of etcd's compaction, and its shared checks.
+    #[inline]
+    pub(crate) fn compaction(&self) -> &Arc<crate::compaction::Compaction> {
+        &self.compaction
+    }
+
+    /// The seam to etcd.
+    #[inline]
+    pub(crate) fn upstream(&self) -> &Arc<dyn Upstream> {
+        &self.upstream
+    }
+
+    /// The cache's counters.
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The cache's metrics.
+    #[inline]
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Test hooks (feature `unstable-test-hooks`); inert otherwise.
+    #[inline]
+    pub(crate) fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// The shared state, and what only the follower may hold: the publisher of its
+    /// view and the writer of its history.
+    pub(crate) fn new(
+        config: Config,
+        upstream: Arc<dyn Upstream>,
+    ) -> (Arc<Self>, Publisher, HistoryWriter) {
         let (publisher, view) = crate::view::channel();
+        let (history, history_writer) = SharedHistory::new(
+            History::new(config.history_window, config.history_bytes)
+                .keeping_while_lagging(config.keep_history_while_lagging),
+        );
         let shared = Arc::new(Shared {
             range: KeyRange::for_prefix(&config.prefix),
-            history: RwLock::new(
-                History::new(config.history_window, config.history_bytes)
-                    .keeping_while_lagging(config.keep_history_while_lagging),
-            ),
+            history,
             subscribers: Subscribers::new(config.max_watchers, config.subscriber_buffer),
             view,
             progress: Arc::default(),
@@ -87,7 +160,7 @@ impl Shared {
             hooks: Hooks::default(),
             config,
         });
-        (shared, publisher)
+        (shared, publisher, history_writer)
     }
 
     /// The cluster's current revision: one linearizable round trip shared with
@@ -130,7 +203,7 @@ impl Shared {
             raft_term,
             revision,
         };
-        response_header(&header, revision)
+        header.at(revision)
     }
 
     /// Waits until the applied revision is at least `rev`, asking for progress upstream

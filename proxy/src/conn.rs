@@ -37,7 +37,6 @@ use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
 use crate::authority::AuthorityFix;
-use crate::watch::cached::ConnScope;
 
 /// How long to pause accepting after an accept error (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -383,6 +382,22 @@ async fn accept(
                 }
             }
         });
+    }
+}
+
+/// The watch budget of one client connection (`--max-watches-per-connection`), made on
+/// the connection's first Watch stream and shared by all of them.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ConnScope(Arc<std::sync::OnceLock<etcd_cache::WatchScope>>);
+
+impl ConnScope {
+    /// The connection's scope of `cache`'s watches, made on first use with `limit`.
+    pub(crate) fn get_or_init(
+        &self,
+        cache: &etcd_cache::Cache,
+        limit: usize,
+    ) -> &etcd_cache::WatchScope {
+        self.0.get_or_init(|| cache.scope(limit))
     }
 }
 

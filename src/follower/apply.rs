@@ -10,6 +10,7 @@ use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
 use crate::history::Batch;
+use crate::history::HistoryWriter;
 use crate::kv::{EventType, KeyValue};
 use crate::shared::Shared;
 use crate::status::CacheStatus;
@@ -26,6 +27,8 @@ use crate::view::Publisher;
 pub(super) struct Writer {
     shared: Arc<Shared>,
     publisher: Publisher,
+    /// The history's one writer.
+    history: HistoryWriter,
     store: Store,
     /// Newest revision applied (as published).
     applied: i64,
@@ -50,10 +53,11 @@ struct Burst {
 }
 
 impl Writer {
-    pub(super) fn new(shared: Arc<Shared>, publisher: Publisher) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, publisher: Publisher, history: HistoryWriter) -> Self {
         Writer {
             shared,
             publisher,
+            history,
             store: Store::default(),
             applied: 0,
             wakers: Vec::new(),
@@ -79,10 +83,10 @@ impl Writer {
     /// (An absent key proves nothing: it may have been created and deleted in the gap.)
     pub(super) fn install(&mut self, map: KvMap, revision: i64) {
         self.flush();
-        let first = !self.shared.view.status().loaded;
+        let first = !self.shared.view().status().loaded;
         let revision = revision.max(self.applied);
         let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
+        let mut index = shared.subscribers().lock();
         if !first {
             let store = &self.store;
             let (ended, kept) = index.cull_after_gap(revision, |filter| {
@@ -103,7 +107,7 @@ impl Writer {
         } else {
             self.store.replace(map);
         }
-        shared.history.write().reset(revision);
+        self.history.write().reset(revision);
         self.publish(&mut index, revision);
         drop(index);
         self.publisher.set_loaded();
@@ -116,7 +120,7 @@ impl Writer {
         self.flush();
         debug_assert_eq!(revision, self.applied);
         let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
+        let mut index = shared.subscribers().lock();
         self.store.replace(map);
         self.publish(&mut index, revision);
     }
@@ -125,7 +129,7 @@ impl Writer {
     pub(super) fn corrupt(&mut self, kvs: Vec<KeyValue>) {
         self.flush();
         let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
+        let mut index = shared.subscribers().lock();
         for kv in kvs {
             self.store.apply(EventType::Put, kv);
         }
@@ -185,29 +189,28 @@ impl Writer {
     pub(super) fn flush(&mut self) {
         if self.burst.batches.is_empty() {
             if self.burst.received > 0 {
-                self.shared.metrics.applied(self.burst.received, 0, 0);
+                self.shared.metrics().applied(self.burst.received, 0, 0);
                 self.burst.received = 0;
             }
             return;
         }
         let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
+        let mut index = shared.subscribers().lock();
         let batches = std::mem::take(&mut self.burst.batches);
         {
             // While a subscriber lags, the history may keep more than its capacity
             // (`keep_history_while_lagging`). A subscriber may start lagging anywhere in
             // this burst's dispatch, so nothing is evicted for the capacity until the
             // dispatch has shown whether one lags.
-            let mut history = shared.history.write();
+            let mut history = self.history.write();
             for batch in &batches {
                 history.push(batch.clone(), true);
             }
         }
         let stats = index.dispatch_all(&batches);
-        shared
-            .history
+        self.history
             .write()
-            .evict(shared.subscribers.lagging() > 0);
+            .evict(shared.subscribers().lagging() > 0);
         let last = self.burst.stored;
         if stats.lagged > 0 {
             debug!(
@@ -217,11 +220,13 @@ impl Writer {
             );
         }
         shared
-            .metrics
+            .metrics()
             .applied(self.burst.received, batches.len(), stats.delivered);
         self.burst.received = 0;
         if stats.lagged > 0 {
-            shared.metrics.lagging(shared.subscribers.lagging(), true);
+            shared
+                .metrics()
+                .lagging(shared.subscribers().lagging(), true);
         }
         self.publish(&mut index, last);
         index.take_wakers(&mut self.wakers);
@@ -240,8 +245,8 @@ impl Writer {
             return;
         }
         let shared = self.shared.clone();
-        let mut index = shared.subscribers.lock();
-        shared.history.write().advance(revision);
+        let mut index = shared.subscribers().lock();
+        self.history.write().advance(revision);
         self.publish(&mut index, revision);
     }
 
@@ -262,16 +267,18 @@ impl Writer {
         #[cfg(feature = "metrics")]
         {
             let shared = &self.shared;
-            let history = shared.history.read();
-            shared.metrics.published(
+            let history = shared.history().read();
+            shared.metrics().published(
                 revision,
                 snapshot.map.len(),
                 snapshot.bytes,
                 (history.len(), history.bytes()),
-                shared.counters.cluster_revision(),
+                shared.counters().cluster_revision(),
             );
-            shared.metrics.watchers(shared.subscribers.watchers());
-            shared.metrics.lagging(shared.subscribers.lagging(), false);
+            shared.metrics().watchers(shared.subscribers().watchers());
+            shared
+                .metrics()
+                .lagging(shared.subscribers().lagging(), false);
         }
         self.publisher.publish(snapshot);
     }
@@ -283,13 +290,15 @@ impl Drop for Writer {
             let error = Arc::new(Error::Internal {
                 reason: "the follower task panicked; the cache is closed".into(),
             });
-            self.shared.subscribers.end_all(End::Failed(error.clone()));
+            self.shared
+                .subscribers()
+                .end_all(End::Failed(error.clone()));
             self.publisher.set_state(CacheStatus::Failed { error });
         } else {
             // Never left pending at an await (the follower flushes before each), so
             // this finds nothing; but what was applied is delivered before the end.
             self.flush();
-            self.shared.subscribers.end_all(End::Closed);
+            self.shared.subscribers().end_all(End::Closed);
             self.publisher.set_state(CacheStatus::Closed);
         }
     }

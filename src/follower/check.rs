@@ -45,22 +45,22 @@ pub(super) enum Outcome {
 pub(super) async fn run(shared: Arc<Shared>, period: Duration, repair: Arc<Notify>) {
     loop {
         tokio::time::sleep(period).await;
-        if !shared.view.is_ready() {
+        if !shared.view().is_ready() {
             continue;
         }
-        let snapshot = shared.view.snapshot();
+        let snapshot = shared.view().snapshot();
         match check(&shared, &snapshot).await {
             Ok(Outcome::Match { keys }) => {
-                shared.counters.consistency_checked(false);
-                shared.metrics.consistency_checked(false);
+                shared.counters().consistency_checked(false);
+                shared.metrics().consistency_checked(false);
                 debug!(
                     revision = snapshot.revision,
                     keys, "consistency check: the cache equals etcd"
                 );
             }
             Ok(Outcome::Mismatch { differing, total }) => {
-                shared.counters.consistency_checked(true);
-                shared.metrics.consistency_checked(true);
+                shared.counters().consistency_checked(true);
+                shared.metrics().consistency_checked(true);
                 warn!(
                     revision = snapshot.revision,
                     differing_keys = total,
@@ -80,11 +80,11 @@ pub(super) async fn run(shared: Arc<Shared>, period: Duration, repair: Arc<Notif
 /// # Errors
 /// What etcd said (e.g. the revision was compacted): the check is inconclusive.
 pub(super) async fn check(shared: &Shared, snapshot: &Snapshot) -> Result<Outcome> {
-    let mut ours = snapshot.range(&shared.range).peekable();
+    let mut ours = snapshot.range(shared.range()).peekable();
     let mut differing = Vec::new();
     let mut total = 0;
     let mut keys = 0;
-    let mut start = shared.range.start.clone();
+    let mut start = shared.range().start.clone();
     let mut note = |key: &[u8], differing: &mut Vec<String>| {
         total += 1;
         if differing.len() < LOGGED_KEYS {
@@ -94,11 +94,11 @@ pub(super) async fn check(shared: &Shared, snapshot: &Snapshot) -> Result<Outcom
     loop {
         let request = RangeRequest {
             revision: snapshot.revision,
-            limit: shared.config.page_size,
+            limit: shared.config().page_size,
             keys_only: true,
-            ..RangeRequest::new(KeyRange::from_parts(start.clone(), shared.range.end()))
+            ..RangeRequest::new(KeyRange::from_parts(start.clone(), shared.range().end()))
         };
-        let page = shared.upstream.range(request).await?.result;
+        let page = shared.upstream().range(request).await?.result;
         for theirs in &page.kvs {
             keys += 1;
             // Ours below their key are keys etcd does not have.
@@ -135,21 +135,21 @@ pub(super) async fn check(shared: &Shared, snapshot: &Snapshot) -> Result<Outcom
 /// checks the lowest revision that is not known compacted and that the cache could
 /// still answer from its window. Runs until dropped (the follower's background task).
 pub(super) async fn keep_compaction_current(shared: Arc<Shared>) {
-    let limit = shared.config.consistent_read_timeout;
+    let limit = shared.config().consistent_read_timeout;
     loop {
         tokio::time::sleep(crate::compaction::CHECK_INTERVAL).await;
-        if !shared.view.is_ready() {
+        if !shared.view().is_ready() {
             continue;
         }
         let at = shared
-            .history
+            .history()
             .read()
             .floor()
-            .max(shared.compaction.known())
+            .max(shared.compaction().known())
             .max(1);
         if let Err(e) = shared
-            .compaction
-            .check(&shared.upstream, &shared.range, at, limit)
+            .compaction()
+            .check(shared.upstream(), shared.range(), at, limit)
             .await
         {
             tracing::debug!(error = %e, "compaction check failed");

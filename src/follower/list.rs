@@ -29,23 +29,23 @@ impl<T> Drop for AbortOnDrop<T> {
 /// What etcd said (e.g. `at` was compacted), or [`Error::Transport`] when a page does
 /// not come within `upstream_idle_timeout`.
 pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> {
-    let page_size = shared.config.page_size;
+    let page_size = shared.config().page_size;
     let started = Instant::now();
     let mut map: KvMap = OrdSet::new();
     // The next page is requested before the current one is inserted, so etcd and the
     // insertion work at the same time.
     let fetch = |range: KeyRange, revision: i64| {
-        let up = shared.upstream.clone();
+        let up = shared.upstream().clone();
         AbortOnDrop(tokio::spawn(async move {
             up.list_page(range, revision, page_size).await
         }))
     };
-    let mut pending = Some(fetch(shared.range.clone(), at));
+    let mut pending = Some(fetch(shared.range().clone(), at));
     let mut revision = at;
     let mut pages = 0;
     while let Some(mut task) = pending.take() {
         let page: RangeResponse = bounded(
-            shared.config.upstream_idle_timeout,
+            shared.config().upstream_idle_timeout,
             "a page of the list",
             async {
                 (&mut task.0)
@@ -58,13 +58,13 @@ pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> 
         if revision == 0 {
             revision = page.revision;
         }
-        shared.counters.set_identity(page.header);
+        shared.counters().set_identity(page.header);
         let kvs = page.result.kvs;
         if page.result.more {
             if let Some(last) = kvs.last() {
                 let mut next = last.key().to_vec();
                 next.push(0);
-                let range = KeyRange::from_parts(next.into(), shared.range.end());
+                let range = KeyRange::from_parts(next.into(), shared.range().end());
                 pending = Some(fetch(range, revision));
             }
         }
@@ -72,8 +72,10 @@ pub(super) async fn list(shared: &Arc<Shared>, at: i64) -> Result<(KvMap, i64)> 
             map.insert(Entry(kv));
         }
     }
-    shared.metrics.listed(pages, !shared.view.status().loaded);
-    shared.counters.listed();
+    shared
+        .metrics()
+        .listed(pages, !shared.view().status().loaded);
+    shared.counters().listed();
     info!(revision, keys = map.len(), elapsed = ?started.elapsed(), "listed prefix");
     Ok((map, revision))
 }

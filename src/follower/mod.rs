@@ -31,6 +31,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
+use crate::history::HistoryWriter;
 use crate::metrics::Cause;
 use crate::progress::RequestSchedule;
 use crate::shared::Shared;
@@ -79,23 +80,24 @@ enum SessionEnd {
 pub(crate) async fn run(
     shared: Arc<Shared>,
     publisher: Publisher,
+    history: HistoryWriter,
     shutdown: watch::Receiver<bool>,
 ) {
-    let prefix = String::from_utf8_lossy(&shared.config.prefix).into_owned();
+    let prefix = String::from_utf8_lossy(&shared.config().prefix).into_owned();
     let span = info_span!("etcd_cache", prefix = %prefix);
     let repair = Arc::new(tokio::sync::Notify::new());
-    let _check = shared.config.consistency_check.map(|period| {
+    let _check = shared.config().consistency_check.map(|period| {
         AbortOnDrop(tokio::spawn(
             check::run(shared.clone(), period, repair.clone()).instrument(span.clone()),
         ))
     });
-    let _compaction = shared.config.follow_etcd_compaction.then(|| {
+    let _compaction = shared.config().follow_etcd_compaction.then(|| {
         AbortOnDrop(tokio::spawn(
             check::keep_compaction_current(shared.clone()).instrument(span.clone()),
         ))
     });
     Follower {
-        writer: Writer::new(shared.clone(), publisher),
+        writer: Writer::new(shared.clone(), publisher, history),
         versions: ServerVersions::start(shared.clone(), span.clone()),
         shared,
         need_list: true,
@@ -134,7 +136,7 @@ struct Follower {
 
 impl Follower {
     async fn run(mut self) {
-        let cfg = &self.shared.config;
+        let cfg = &self.shared.config();
         let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
         let healthy_after = HEALTHY_AFTER.max(cfg.backoff_max);
         let mut last_relist: Option<Instant> = None;
@@ -170,8 +172,8 @@ impl Follower {
                 SessionEnd::Shutdown => break,
                 SessionEnd::Repair => self.repair().await,
                 SessionEnd::Compacted(compact_revision) => {
-                    self.shared.compaction.raise(compact_revision);
-                    self.shared.metrics.disconnected(Cause::Compacted);
+                    self.shared.compaction().raise(compact_revision);
+                    self.shared.metrics().disconnected(Cause::Compacted);
                     warn!(
                         revision = self.writer.applied(),
                         compact_revision, "resume revision compacted; re-listing"
@@ -193,14 +195,16 @@ impl Follower {
                 SessionEnd::Broken(e) if e.is_permanent_upstream_failure() => {
                     error!(error = %e, "etcd refused the cache; it stops (retrying would not help)");
                     let error = Arc::new(e);
-                    self.shared.subscribers.end_all(End::Failed(error.clone()));
+                    self.shared
+                        .subscribers()
+                        .end_all(End::Failed(error.clone()));
                     self.writer.set_state(CacheStatus::Failed { error });
                     break;
                 }
                 SessionEnd::Broken(e) => {
-                    self.shared.metrics.disconnected(match e {
+                    self.shared.metrics().disconnected(match e {
                         _ if e.is_too_many_data_frames() => {
-                            warn_too_many_data_frames(self.shared.config.own_channel);
+                            warn_too_many_data_frames(self.shared.config().own_channel);
                             Cause::TooManyDataFrames
                         }
                         Error::Upstream(_) => Cause::Etcd,
@@ -279,8 +283,8 @@ impl Follower {
     }
 
     async fn connect_and_follow(&mut self, confirmed: &mut Option<Instant>) -> SessionEnd {
-        let config = &self.shared.config;
-        let upstream = self.shared.upstream.clone();
+        let config = &self.shared.config();
+        let upstream = self.shared.upstream().clone();
         // A new connection may reach other members: trust progress answers again only
         // once the versions have been probed anew (in the background).
         self.versions.recheck();
@@ -289,8 +293,8 @@ impl Follower {
             match list::list(&self.shared, 0).await {
                 Ok((map, revision)) => {
                     self.answered = true;
-                    self.shared.counters.heard();
-                    self.shared.counters.saw_cluster_revision(revision);
+                    self.shared.counters().heard();
+                    self.shared.counters().saw_cluster_revision(revision);
                     self.writer.install(map, revision);
                     self.need_list = false;
                 }
@@ -301,7 +305,7 @@ impl Follower {
         let mut watch = match bounded(
             config.upstream_idle_timeout,
             "the watch request",
-            upstream.watch(self.shared.range.clone(), start),
+            upstream.watch(self.shared.range().clone(), start),
         )
         .await
         {
@@ -318,7 +322,7 @@ impl Follower {
         {
             Ok(Some(WatchMsg::Created)) => {
                 self.answered = true;
-                self.shared.counters.set_identity(watch.header());
+                self.shared.counters().set_identity(watch.header());
             }
             Ok(Some(WatchMsg::Canceled {
                 compact_revision,
@@ -343,9 +347,9 @@ impl Follower {
             Err(e) => return SessionEnd::Broken(e),
         }
         *confirmed = Some(Instant::now());
-        self.shared.counters.connected();
-        self.shared.metrics.connected();
-        self.shared.counters.heard();
+        self.shared.counters().connected();
+        self.shared.metrics().connected();
+        self.shared.counters().heard();
         info!(
             revision = self.writer.applied(),
             start_revision = start,
@@ -358,7 +362,7 @@ impl Follower {
     }
 
     async fn follow(&mut self, watch: &mut dyn UpstreamWatch) -> SessionEnd {
-        let idle = self.shared.config.upstream_idle_timeout;
+        let idle = self.shared.config().upstream_idle_timeout;
         // A request sent on an earlier stream is not answered on this one.
         self.schedule.answered();
         let mut last_heard = Instant::now();
@@ -368,17 +372,17 @@ impl Follower {
             // Consumers are woken once per burst of upstream messages, not per revision.
             self.writer.wake_consumers();
             let next_request = self.schedule.next(
-                &shared.progress,
-                shared.counters.progress_trusted(),
-                shared.config.progress_request_interval,
+                shared.progress(),
+                shared.counters().progress_trusted(),
+                shared.config().progress_request_interval,
             );
             tokio::select! {
                 biased;
                 msg = watch.message() => {
                     last_heard = Instant::now();
-                    shared.counters.heard();
-                    shared.metrics.heard();
-                    shared.counters.set_identity(watch.header());
+                    shared.counters().heard();
+                    shared.metrics().heard();
+                    shared.counters().set_identity(watch.header());
                     if let Some(end) = self.handle(msg) {
                         return end;
                     }
@@ -395,12 +399,12 @@ impl Follower {
                 _ = tokio::time::sleep_until(last_heard + idle) => {
                     // A silent stream may be a quiet prefix or a dead connection that
                     // nothing reported (no keep-alive): one cheap unary call tells.
-                    let check = shared.upstream.current_revision(shared.range.clone());
+                    let check = shared.upstream().current_revision(shared.range().clone());
                     match tokio::time::timeout(idle.min(LIVENESS_TIMEOUT), check).await {
                         Ok(Ok(revision)) => {
                             last_heard = Instant::now();
-                            shared.counters.heard();
-                            shared.counters.saw_cluster_revision(revision);
+                            shared.counters().heard();
+                            shared.counters().saw_cluster_revision(revision);
                         }
                         Ok(Err(e)) => return SessionEnd::Broken(e),
                         Err(_) => return SessionEnd::Broken(Error::transport(format!(
@@ -410,29 +414,29 @@ impl Follower {
                     }
                 }
                 _ = async { tokio::time::sleep_until(next_request.unwrap_or_else(Instant::now)).await }, if next_request.is_some() => {
-                    if shared.progress.waiting() == 0 {
+                    if shared.progress().waiting() == 0 {
                         // The reads finished while the timer ran.
                         continue;
                     }
                     // Counted first: a read that starts waiting while it is sent needs
                     // the next one (counted after, its freshness would be cleared and
                     // it would wait a whole interval).
-                    shared.progress.record_sent();
+                    shared.progress().record_sent();
                     if let Err(e) = watch.request_progress().await {
                         return SessionEnd::Broken(e);
                     }
-                    shared.metrics.progress_requested();
+                    shared.metrics().progress_requested();
                     self.schedule.sent();
                 }
-                _ = shared.progress.wake.notified() => {
+                _ = shared.progress().wake.notified() => {
                     // A read started waiting: look again.
                 }
                 _ = trust_changes.changed() => {
                     // The trust in progress answers changed: look again.
                 }
                 _ = self.repair.notified() => return SessionEnd::Repair,
-                _ = shared.hooks.wake.notified() => {
-                    self.writer.corrupt(shared.hooks.take());
+                _ = shared.hooks().wake.notified() => {
+                    self.writer.corrupt(shared.hooks().take());
                 }
             }
         }
@@ -450,13 +454,13 @@ impl Follower {
                 revision,
                 requested,
             })) => {
-                self.shared.counters.saw_cluster_revision(revision);
+                self.shared.counters().saw_cluster_revision(revision);
                 if requested {
                     self.schedule.answered();
                 }
-                let used = !requested || self.shared.counters.progress_trusted();
+                let used = !requested || self.shared.counters().progress_trusted();
                 if requested {
-                    self.shared.metrics.progress_answered(used);
+                    self.shared.metrics().progress_answered(used);
                 }
                 if !used {
                     debug!(

@@ -40,13 +40,15 @@ pub(super) struct ServerVersions {
 impl ServerVersions {
     /// Starts probing (for [`ProgressTrust::Auto`]); the other settings fix the trust.
     pub(super) fn start(shared: Arc<Shared>, span: tracing::Span) -> Self {
-        let fixed = match shared.config.progress_trust {
+        let fixed = match shared.config().progress_trust {
             ProgressTrust::Always => Some(true),
             ProgressTrust::Never => Some(false),
             _ => None,
         };
         let trust = watch::Sender::new(fixed.unwrap_or(false));
-        shared.counters.set_progress_trusted(fixed.unwrap_or(false));
+        shared
+            .counters()
+            .set_progress_trusted(fixed.unwrap_or(false));
         let recheck = Arc::new(Notify::new());
         let task = fixed.is_none().then(|| {
             let probe = probe_loop(shared.clone(), recheck.clone(), trust.clone());
@@ -63,7 +65,7 @@ impl ServerVersions {
     /// Untrusts progress answers until a fresh probe (started now) trusts them again.
     pub(super) fn recheck(&self) {
         if self.task.is_some() {
-            self.shared.counters.set_progress_trusted(false);
+            self.shared.counters().set_progress_trusted(false);
             self.trust.send_replace(false);
             self.recheck.notify_one();
         }
@@ -89,7 +91,7 @@ async fn probe_loop(shared: Arc<Shared>, recheck: Arc<Notify>, trust: watch::Sen
     // The verdict last logged at info: a new or changed one is worth an operator's eye.
     let mut told: Option<bool> = None;
     loop {
-        let next = match tokio::time::timeout(PROBE_LIMIT, shared.upstream.versions()).await {
+        let next = match tokio::time::timeout(PROBE_LIMIT, shared.upstream().versions()).await {
             Ok(Ok(versions)) => {
                 let unknown: Vec<&String> = versions
                     .iter()
@@ -109,8 +111,8 @@ async fn probe_loop(shared: Arc<Shared>, recheck: Arc<Notify>, trust: watch::Sen
                     info!(?versions, trusted = ok, "server versions");
                     told = Some(ok);
                 }
-                shared.counters.set_versions(versions);
-                shared.counters.set_progress_trusted(ok);
+                shared.counters().set_versions(versions);
+                shared.counters().set_progress_trusted(ok);
                 trust.send_replace(ok);
                 REFRESH
             }

@@ -29,8 +29,8 @@ pub use options::{GetOptions, GetResponse};
 /// a consistent read learned).
 fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<GetResponse> {
     // etcd >= 3.7 answers keys-only reads without leases: so does the cache that follows it.
-    let drop_lease = shared.counters.keys_only_without_lease();
-    let snap = shared.view.snapshot();
+    let drop_lease = shared.counters().keys_only_without_lease();
+    let snap = shared.view().snapshot();
     let header = shared.header(snap.revision.max(known));
     let revision = request.revision;
     if revision == 0 || revision == snap.revision {
@@ -46,7 +46,7 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
             current: snap.revision,
         });
     }
-    let history = shared.history.read();
+    let history = shared.history().read();
     // Events in (revision, snap.revision] must all be held.
     if revision + 1 < history.floor() {
         // The same number a watch gets: reads and watches from it are served.
@@ -72,25 +72,25 @@ fn read_local(shared: &Shared, request: &RangeRequest, known: i64) -> Result<Get
 /// The refusal of a read below etcd's compaction at `floor`.
 fn compacted(shared: &Shared, floor: i64) -> Error {
     Error::Compacted {
-        compact_revision: crate::compaction::reported(floor, &shared.history),
+        compact_revision: crate::compaction::reported(floor, shared.history()),
     }
 }
 
 /// Answers `request` by etcd itself.
 async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetResponse> {
-    if shared.view.is_closed() {
-        return Err(shared.view.status().closed_error());
+    if shared.view().is_closed() {
+        return Err(shared.view().status().closed_error());
     }
-    shared.counters.read_from_etcd();
-    tracing::debug!(revision = shared.view.revision(), "read answered by etcd");
+    shared.counters().read_from_etcd();
+    tracing::debug!(revision = shared.view().revision(), "read answered by etcd");
     // Linearizable at etcd: a serializable read there could reach a member that has
     // not applied the revision yet.
     let request = RangeRequest {
         serializable: false,
         ..request.clone()
     };
-    let mut resp = shared.upstream.range(request.clone()).await?;
-    shared.counters.saw_cluster_revision(resp.revision);
+    let mut resp = shared.upstream().range(request.clone()).await?;
+    shared.counters().saw_cluster_revision(resp.revision);
     if !request.keys_only {
         share_held(shared, &mut resp.result.kvs);
     }
@@ -100,7 +100,7 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
     } else {
         resp.revision
     };
-    let header = crate::watch::response::response_header(&resp.header, resp.revision);
+    let header = resp.header.at(resp.revision);
     Ok(GetResponse::new(revision, header, resp.result).answered_by_etcd())
 }
 
@@ -108,7 +108,7 @@ async fn read_from_etcd(shared: &Shared, request: &RangeRequest) -> Result<GetRe
 /// key and `mod_revision`) by the cache's own: one copy in memory, and what was
 /// derived from it (a typed view's decoded object) is shared instead of made again.
 fn share_held(shared: &Shared, kvs: &mut [KeyValue]) {
-    shared.view.with_snapshot(|snapshot| {
+    shared.view().with_snapshot(|snapshot| {
         for kv in kvs.iter_mut() {
             if let Some(held) = snapshot.map.get(kv.key()) {
                 if held.0.mod_revision() == kv.mod_revision() {
@@ -125,7 +125,7 @@ async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result
     if matches!(err, Error::Closed | Error::Failed { .. }) {
         return Err(err);
     }
-    match shared.config.read_fallback {
+    match shared.config().read_fallback {
         ReadFallback::Etcd => read_from_etcd(shared, request).await,
         _ => Err(err),
     }
@@ -136,15 +136,15 @@ async fn fallback(shared: &Shared, request: &RangeRequest, err: Error) -> Result
 /// answers cannot be trusted the cache cannot prove it will get there (a quiet prefix
 /// is only advanced by events or the periodic notification), so etcd answers at once.
 async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result<GetResponse> {
-    if shared.view.revision() < need {
-        let can_wait = shared.counters.progress_trusted()
-            || shared.config.read_fallback == ReadFallback::Error;
+    if shared.view().revision() < need {
+        let can_wait = shared.counters().progress_trusted()
+            || shared.config().read_fallback == ReadFallback::Error;
         if !can_wait {
             // etcd#15220: without trustworthy progress answers the cache cannot prove
             // it is current, so etcd answers.
             return read_from_etcd(shared, request).await;
         }
-        let limit = shared.config.consistent_read_timeout;
+        let limit = shared.config().consistent_read_timeout;
         let waited = tokio::time::timeout(limit, shared.wait_for_revision(need))
             .await
             .map_err(|_| Error::timeout("the cache to reach the read's revision", limit))
@@ -160,9 +160,9 @@ async fn answer_at(shared: &Shared, request: &RangeRequest, need: i64) -> Result
 pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
     // Fast path: a serializable read of one key at the latest revision is one map
     // lookup in the current snapshot, without building a range or a span.
-    if opts.is_plain_serializable_get(key) && shared.range.contains(key) {
+    if opts.is_plain_serializable_get(key) && shared.range().contains(key) {
         let request = opts.shaping()?;
-        let answered = shared.view.with_serving_snapshot(|snap| {
+        let answered = shared.view().with_serving_snapshot(|snap| {
             GetResponse::new(
                 snap.revision,
                 shared.header(snap.revision),
@@ -189,7 +189,7 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
         span.record("served", if from_memory { "memory" } else { "etcd" });
         if consistent {
             shared
-                .metrics
+                .metrics()
                 .consistent_read(from_memory, started.elapsed());
         }
     }
@@ -198,16 +198,16 @@ pub(crate) async fn get(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> R
 
 async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<GetResponse> {
     let request = opts.request(key)?;
-    request.range.check_within(&shared.range)?;
-    let status = shared.view.status();
+    request.range.check_within(shared.range())?;
+    let status = shared.view().status();
     if status.closed() {
         return Err(status.closed_error());
     }
     if !status.loaded {
         if opts.serializable() {
             shared
-                .view
-                .wait_loaded(shared.config.consistent_read_timeout)
+                .view()
+                .wait_loaded(shared.config().consistent_read_timeout)
                 .await?;
         } else {
             return fallback(shared, &request, Error::NotReady).await;
@@ -218,21 +218,21 @@ async fn answer(shared: &Arc<Shared>, key: &[u8], opts: GetOptions) -> Result<Ge
     // etcd's (after a ReadIndex) it must be at least every revision committed before
     // the call, so it passes the same barrier as a read of the latest revision.
     // So is what the cache knows of etcd's compaction (kept current in the background).
-    if opts.serializable() && request.revision <= shared.view.revision() {
-        let known = shared.compaction.known_below(request.revision);
-        if let Some(floor) = known.filter(|_| shared.config.follow_etcd_compaction) {
+    if opts.serializable() && request.revision <= shared.view().revision() {
+        let known = shared.compaction().known_below(request.revision);
+        if let Some(floor) = known.filter(|_| shared.config().follow_etcd_compaction) {
             return Err(compacted(shared, floor));
         }
         return read_local(shared, &request, 0);
     }
-    if !opts.serializable() && !shared.view.is_ready() {
+    if !opts.serializable() && !shared.view().is_ready() {
         return fallback(shared, &request, Error::NotReady).await;
     }
     // A consistent read, or a read at a revision the cache has not applied: learn how
     // far the cluster is, and, at a past revision, whether etcd compacted it (beside
     // it, so the read waits one round trip).
     let check = async {
-        if shared.config.follow_etcd_compaction && request.revision > 0 {
+        if shared.config().follow_etcd_compaction && request.revision > 0 {
             shared.etcd_compacted(request.revision).await
         } else {
             Ok(None)

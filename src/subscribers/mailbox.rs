@@ -38,11 +38,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::filter::Filter;
 use crate::error::Error;
-use crate::history::History;
+use crate::history::{History, SharedHistory};
 use crate::shared_events::SharedEvents;
 
 /// One response's worth of events for one subscriber.
@@ -275,7 +275,7 @@ impl Mailbox {
     pub(crate) fn poll(
         &self,
         waker: &Waker,
-        history: &RwLock<History>,
+        history: &SharedHistory,
         lag: &LagCount,
         revision: impl Fn() -> i64,
     ) -> Polled {
@@ -337,7 +337,7 @@ impl Mailbox {
     /// lock released in between, so the writer waits for one scan at most. Also called
     /// right after a replaying subscriber is registered, so that its position does not
     /// wait for its consumer's first poll.
-    pub(crate) fn replay(&self, history: &RwLock<History>, lag: &LagCount) {
+    pub(crate) fn replay(&self, history: &SharedHistory, lag: &LagCount) {
         while self.catch_up(&history.read(), lag, CATCH_UP_SCAN) {}
     }
 
@@ -449,7 +449,7 @@ mod tests {
     }
 
     /// Drains a mailbox as a stream would; returns the revisions and how it ended.
-    fn drain(mb: &Mailbox, history: &RwLock<History>, lag: &LagCount) -> (Vec<i64>, Option<End>) {
+    fn drain(mb: &Mailbox, history: &SharedHistory, lag: &LagCount) -> (Vec<i64>, Option<End>) {
         let mut got = Vec::new();
         loop {
             match mb.poll(futures_util::task::noop_waker_ref(), history, lag, || 0) {
@@ -462,7 +462,7 @@ mod tests {
 
     #[test]
     fn capacity_one_lags_and_catches_up_in_order() {
-        let history = RwLock::new(History::new(100, usize::MAX));
+        let history = SharedHistory::for_test(History::new(100, usize::MAX));
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");
@@ -497,7 +497,7 @@ mod tests {
         let lag = LagCount::default();
         let f = filter(b"k");
         let mb = Mailbox::new(f.clone(), 2, 3, false, &lag);
-        let history = RwLock::new(History::new(100, usize::MAX));
+        let history = SharedHistory::for_test(History::new(100, usize::MAX));
         let waker = futures_util::task::noop_waker();
         assert!(matches!(
             mb.poll(&waker, &history, &lag, || 3),
@@ -525,7 +525,7 @@ mod tests {
         assert_eq!(wakers.len(), 1, "nothing queued, nobody woken");
     }
 
-    fn push_batch(history: &RwLock<History>, rev: i64, key: &[u8]) -> Arc<Batch> {
+    fn push_batch(history: &SharedHistory, rev: i64, key: &[u8]) -> Arc<Batch> {
         let b = Batch::new(rev, vec![put(key, rev)]);
         history.write().push(b.clone(), false);
         b
@@ -537,7 +537,7 @@ mod tests {
     /// subscriber.
     #[test]
     fn a_full_catch_up_stops_below_the_next_matching_revision() {
-        let history = RwLock::new(History::new(4, usize::MAX));
+        let history = SharedHistory::for_test(History::new(4, usize::MAX));
         history.write().reset(10);
         let lag = LagCount::default();
         let f = filter(b"a");
@@ -572,7 +572,7 @@ mod tests {
     /// does not compact a sparse subscriber that is read slowly.
     #[test]
     fn a_catch_up_longer_than_one_scan_is_finished_before_the_poll_returns() {
-        let history = RwLock::new(History::new(700, usize::MAX));
+        let history = SharedHistory::for_test(History::new(700, usize::MAX));
         history.write().reset(10);
         let lag = LagCount::default();
         let f = filter(b"a");
@@ -608,7 +608,7 @@ mod tests {
     #[test]
     fn a_replay_catches_up_at_registration_not_at_the_first_poll() {
         use crate::subscribers::{Registered, Subscribers};
-        let history = RwLock::new(History::new(4, usize::MAX));
+        let history = SharedHistory::for_test(History::new(4, usize::MAX));
         history.write().reset(10);
         let subs = Subscribers::new(16, 1);
         let f = filter(b"a");
@@ -636,7 +636,7 @@ mod tests {
 
     #[test]
     fn behind_the_window_ends_compacted_and_uncounts() {
-        let history = RwLock::new(History::new(2, usize::MAX));
+        let history = SharedHistory::for_test(History::new(2, usize::MAX));
         history.write().reset(1);
         let lag = LagCount::default();
         let f = filter(b"k");

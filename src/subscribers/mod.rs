@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
-use crate::history::{Batch, History};
+use crate::history::{Batch, SharedHistory};
 use filter::Filter;
 pub(crate) use index::SubId;
 use index::{DispatchStats, Index};
@@ -139,7 +139,7 @@ impl Subscribers {
         filter: Filter,
         start_revision: i64,
         now: i64,
-        history: &RwLock<History>,
+        history: &SharedHistory,
         revision: impl Fn() -> i64,
         slot: &Slot,
     ) -> Result<Registered> {

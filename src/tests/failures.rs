@@ -232,7 +232,7 @@ async fn the_consistency_check_finds_and_repairs_a_corrupted_store() {
 
     h.cache
         .shared()
-        .hooks
+        .hooks()
         .corrupt(crate::kv::KeyValue::new(k("a"), "wrong", 2, 9, 3, 0));
     settle().await;
     let read = |cache: Cache| async move {

@@ -68,6 +68,19 @@ pub(crate) struct Header {
     pub(crate) revision: i64,
 }
 
+impl Header {
+    /// etcd's response header for a state at `revision`, with this identity (the
+    /// revision a response is a state of, not always the one etcd answered at).
+    pub(crate) fn at(&self, revision: i64) -> etcd_client::ResponseHeader {
+        etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: self.raft_term,
+        })
+    }
+}
+
 /// An answered range: the revision etcd answered at (its header) and the result.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RangeResponse {

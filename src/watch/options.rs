@@ -160,7 +160,7 @@ impl Request {
     /// revision, negative watch id), [`Error::OutOfRange`].
     pub(crate) fn new(shared: &Shared, key: &[u8], options: &WatchOptions) -> Result<Request> {
         let range = KeyRange::new(options.key(key), &options.spec)?;
-        range.check_within(&shared.range)?;
+        range.check_within(shared.range())?;
         if options.start_revision < 0 {
             return Err(Error::invalid(format!(
                 "negative start revision {}",

@@ -37,22 +37,22 @@ pub(super) struct Prepared {
 /// (call `Cache::wait_ready` first); [`Error::Closed`] / [`Error::Failed`].
 fn prepare(shared: &Shared, request: Request, scope: Option<&Arc<Scope>>) -> Result<Prepared> {
     let started = Instant::now();
-    let status = shared.view.status();
+    let status = shared.view().status();
     if status.closed() {
         return Err(status.closed_error());
     }
     if !status.loaded {
         return Err(Error::NotReady);
     }
-    let slot = shared.subscribers.acquire(scope).inspect_err(|e| {
+    let slot = shared.subscribers().acquire(scope).inspect_err(|e| {
         if matches!(e, Error::WatchLimit { .. }) {
-            shared.metrics.watch_refused();
+            shared.metrics().watch_refused();
         }
     })?;
     Ok(Prepared {
         request,
         slot,
-        sub_id: shared.subscribers.reserve_id(),
+        sub_id: shared.subscribers().reserve_id(),
         started,
     })
 }
@@ -73,22 +73,22 @@ impl Prepared {
             start_revision,
             progress_notify,
         } = request;
-        let registered = shared.subscribers.register_as(
+        let registered = shared.subscribers().register_as(
             sub_id,
             filter,
             start_revision,
             now,
-            &shared.history,
-            || shared.view.revision(),
+            shared.history(),
+            || shared.view().revision(),
             &slot,
         )?;
-        shared.metrics.watch_opened(started.elapsed());
+        shared.metrics().watch_opened(started.elapsed());
         Ok(Registration {
             start_revision,
             progress_notify,
             registered,
             slot,
-            revision: shared.view.revision(),
+            revision: shared.view().revision(),
         })
     }
 }
@@ -115,23 +115,23 @@ pub(super) async fn register(
     };
     // From a past revision: refused as etcd refuses one it compacted. A failed check
     // leaves what is known (the window still bounds what is replayed).
-    if start_revision > 0 && shared.config.follow_etcd_compaction {
+    if start_revision > 0 && shared.config().follow_etcd_compaction {
         let floor = match shared.etcd_compacted(start_revision).await {
             Ok(floor) => floor,
             Err(e) => {
                 tracing::debug!(error = %e, "compaction check failed; the known floor is used");
-                shared.compaction.known_below(start_revision)
+                shared.compaction().known_below(start_revision)
             }
         };
         if let Some(floor) = floor {
-            shared.metrics.watch_opened(prepared.started.elapsed());
-            let floor = crate::compaction::reported(floor, &shared.history);
+            shared.metrics().watch_opened(prepared.started.elapsed());
+            let floor = crate::compaction::reported(floor, shared.history());
             return Ok(Registration {
                 start_revision,
                 progress_notify: prepared.request.progress_notify,
                 registered: Registered::Compacted { floor },
                 slot: prepared.slot,
-                revision: shared.view.revision(),
+                revision: shared.view().revision(),
             });
         }
     }
@@ -193,7 +193,7 @@ pub(super) async fn add(
 }
 
 fn wants_cluster_revision(shared: &Shared) -> bool {
-    shared.config.linearizable_watch_start && shared.view.is_ready()
+    shared.config().linearizable_watch_start && shared.view().is_ready()
 }
 
 /// The cluster's current revision for a watch "from now" (one linearizable round
@@ -207,7 +207,7 @@ async fn cluster_revision_for_watch(shared: &Shared) -> i64 {
     match shared.cluster_revision_now().await {
         Ok(rev) => rev,
         Err(e) => {
-            tracing::warn!(error = %e, revision = shared.view.revision(), "could not learn the cluster's revision for a watch from now; it starts after the cache's revision");
+            tracing::warn!(error = %e, revision = shared.view().revision(), "could not learn the cluster's revision for a watch from now; it starts after the cache's revision");
             0
         }
     }

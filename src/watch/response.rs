@@ -197,25 +197,12 @@ impl WatchResponse {
     }
 }
 
-/// The public response header for `header`, at `revision`.
-pub(crate) fn response_header(
-    header: &crate::upstream::Header,
-    revision: i64,
-) -> etcd_client::ResponseHeader {
-    etcd_client::ResponseHeader(etcd_client::proto::PbResponseHeader {
-        cluster_id: header.cluster_id,
-        member_id: header.member_id,
-        revision,
-        raft_term: header.raft_term,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn header(revision: i64) -> ResponseHeader {
-        response_header(&crate::upstream::Header::default(), revision)
+        crate::upstream::Header::default().at(revision)
     }
 
     /// Every delivery moves one through the stream's layers: 72 bytes (the header's

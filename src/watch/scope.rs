@@ -50,7 +50,7 @@ impl WatchScope {
         max_watchers: usize,
     ) -> Self {
         WatchScope {
-            scope: shared.subscribers.scope(max_watchers),
+            scope: shared.subscribers().scope(max_watchers),
             shared,
             _cache: cache,
         }
@@ -90,6 +90,6 @@ impl WatchScope {
 
 impl Drop for WatchScope {
     fn drop(&mut self) {
-        self.scope.cancel_all(&self.shared.subscribers);
+        self.scope.cancel_all(self.shared.subscribers());
     }
 }

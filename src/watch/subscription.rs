@@ -144,7 +144,7 @@ impl Subscription {
             Registered::Compacted { floor } => (0, Source::Compacted(floor), revision, revision),
         };
         let progress_timer = (progress_notify && matches!(source, Source::Live { .. }))
-            .then(|| Box::pin(tokio::time::sleep(shared.config.progress_notify_interval)));
+            .then(|| Box::pin(tokio::time::sleep(shared.config().progress_notify_interval)));
         let subscription = Subscription {
             shared,
             watch_id,
@@ -166,7 +166,7 @@ impl Subscription {
         else {
             return None;
         };
-        let revision = mailbox.idle_revision(|| self.shared.view.revision())?;
+        let revision = mailbox.idle_revision(|| self.shared.view().revision())?;
         progress_at(self.floor, ahead, revision)
     }
 
@@ -182,7 +182,7 @@ impl Subscription {
         // What catch-ups queued is counted by the polls that take deliveries, as in
         // `poll_next` (a plain load when there is nothing to count).
         let shared = &self.shared;
-        shared.metrics.replayed(shared.subscribers.lag());
+        shared.metrics().replayed(shared.subscribers().lag());
         Some((delivery.revision, delivery.events))
     }
 
@@ -201,7 +201,7 @@ impl Subscription {
         let n = mailbox.pop_up_to(max, |d| take(d.revision, d.events));
         if n > 0 {
             let shared = &self.shared;
-            shared.metrics.replayed(shared.subscribers.lag());
+            shared.metrics().replayed(shared.subscribers().lag());
         }
         n
     }
@@ -212,11 +212,11 @@ impl Subscription {
         if matches!(source, Source::Ended) {
             return;
         }
-        self.shared.metrics.watch_ended(reason);
+        self.shared.metrics().watch_ended(reason);
         tracing::debug!(watch_id = self.watch_id, ?reason, "watch ended");
         if let Source::Live { mailbox, .. } = source {
             self.shared
-                .subscribers
+                .subscribers()
                 .unsubscribe(self.sub_id, &mailbox, End::Cancelled);
         }
         if let Some(slot) = self.slot.take() {
@@ -272,11 +272,11 @@ impl Subscription {
         loop {
             let polled = mailbox.poll(
                 cx.waker(),
-                &shared.history,
-                shared.subscribers.lag(),
-                || shared.view.revision(),
+                shared.history(),
+                shared.subscribers().lag(),
+                || shared.view().revision(),
             );
-            shared.metrics.replayed(shared.subscribers.lag());
+            shared.metrics().replayed(shared.subscribers().lag());
             let item = match polled {
                 Polled::Delivery(d) => Item::Events {
                     revision: d.revision,
@@ -306,12 +306,12 @@ impl Subscription {
                     let due = progress_at(this.floor, ahead, revision).filter(|_| *progress_due);
                     if let Some(revision) = due {
                         *progress_due = false;
-                        shared.metrics.progress_response();
+                        shared.metrics().progress_response();
                         return Poll::Ready(Some(Item::Progress { revision }));
                     }
                     if let Some(timer) = this.progress_timer.as_mut() {
                         if timer.as_mut().poll(cx).is_ready() {
-                            let next = Instant::now() + shared.config.progress_notify_interval;
+                            let next = Instant::now() + shared.config().progress_notify_interval;
                             timer.as_mut().reset(next);
                             *progress_due = true;
                             continue;

@@ -5,8 +5,10 @@
 //! brace groups (`crate::{a, b::c}`) included. A path names the file of the longest
 //! module prefix that exists. Comments, string literals and a file's trailing
 //! `#[cfg(test)] mod tests` are left out (a test module may use its parent freely). A
-//! circle is a strongly connected set of two or more files; the command prints each
-//! and fails if there is any.
+//! circle is a strongly connected set of two or more files; the same graph is read again
+//! between top-level entries (a file beside `lib.rs`/`main.rs`, or a whole folder), where
+//! a circle is two parts of the tree that each use the other. The command prints each
+//! circle and fails if there is any of either kind.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -23,18 +25,30 @@ pub(crate) fn command(args: &[String]) -> i32 {
     let mut total = 0;
     for tree in TREES {
         let root = crate::root().join(tree);
-        let circles = circles(&root);
+        let (circles, folders) = circles(&root);
         for circle in &circles {
             println!("{tree}: circle of {}: {}", circle.len(), circle.join(" "));
         }
-        println!("{tree}: {} import circles", circles.len());
-        total += circles.len();
+        for circle in &folders {
+            println!(
+                "{tree}: folder-level circle of {}: {}",
+                circle.len(),
+                circle.join(" ")
+            );
+        }
+        println!(
+            "{tree}: {} import circles between files, {} between top-level files and folders",
+            circles.len(),
+            folders.len()
+        );
+        total += circles.len() + folders.len();
     }
     i32::from(total > 0)
 }
 
-/// The circles among the `.rs` files under `root`, each as its files (relative, sorted).
-pub(crate) fn circles(root: &Path) -> Vec<Vec<String>> {
+/// The circles among the `.rs` files under `root`, and among its top-level entries (a
+/// file or a folder each), each as its members (relative, sorted).
+pub(crate) fn circles(root: &Path) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
     let mut files = Vec::new();
     collect(root, &mut files);
     let modules: BTreeMap<Vec<String>, usize> = files
@@ -66,17 +80,54 @@ pub(crate) fn circles(root: &Path) -> Vec<Vec<String>> {
             to
         })
         .collect();
-    strongly_connected(&edges)
+    let file_circles = named_circles(&edges, |i| {
+        let rel = files[i].strip_prefix(root).unwrap_or(&files[i]);
+        rel.display().to_string()
+    });
+    // The same graph between top-level entries: a file beside `lib.rs`/`main.rs` is one
+    // node, a folder (everything under it) another.
+    let tops: Vec<String> = tree
+        .mods
+        .iter()
+        .zip(&files)
+        .map(|(m, f)| match m.first() {
+            None => "(root)".to_string(),
+            Some(first)
+                if f.strip_prefix(root)
+                    .is_ok_and(|r| r.components().count() > 1) =>
+            {
+                format!("{first}/")
+            }
+            Some(first) => format!("{first}.rs"),
+        })
+        .collect();
+    let names: Vec<String> = tops
+        .iter()
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let index = |t: &String| names.binary_search(t).expect("listed");
+    let mut top_edges = vec![BTreeSet::new(); names.len()];
+    for (i, to) in edges.iter().enumerate() {
+        for &t in to {
+            let (a, b) = (index(&tops[i]), index(&tops[t]));
+            if a != b && tops[i] != "(root)" && tops[t] != "(root)" {
+                top_edges[a].insert(b);
+            }
+        }
+    }
+    let folder_circles = named_circles(&top_edges, |i| names[i].clone());
+    (file_circles, folder_circles)
+}
+
+/// The strongly connected sets of two or more nodes, each named and sorted.
+fn named_circles(edges: &[BTreeSet<usize>], name: impl Fn(usize) -> String) -> Vec<Vec<String>> {
+    strongly_connected(edges)
         .into_iter()
         .filter(|c| c.len() > 1)
         .map(|c| {
-            let mut names: Vec<String> = c
-                .iter()
-                .map(|&i| {
-                    let rel = files[i].strip_prefix(root).unwrap_or(&files[i]);
-                    rel.display().to_string()
-                })
-                .collect();
+            let mut names: Vec<String> = c.iter().map(|&i| name(i)).collect();
             names.sort();
             names
         })
@@ -367,8 +418,25 @@ mod tests {
             "use super::super::a;\npub const OK: bool = true;",
         )
         .unwrap();
-        let found = circles(&dir);
+        let found = circles(&dir).0;
         fs::remove_dir_all(&dir).unwrap();
         assert_eq!(found, vec![vec!["a.rs".to_string(), "w/s.rs".to_string()]]);
+    }
+
+    /// `a.rs` uses one file of `w/` and another file of `w/` uses `a.rs`: no circle
+    /// between files, one between `a.rs` and the folder.
+    #[test]
+    fn a_circle_between_a_file_and_a_folder_is_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-folders-{}", std::process::id()));
+        fs::create_dir_all(dir.join("w")).unwrap();
+        fs::write(dir.join("lib.rs"), "mod a; mod w;").unwrap();
+        fs::write(dir.join("a.rs"), "use crate::w::x::X;").unwrap();
+        fs::write(dir.join("w/mod.rs"), "mod x; mod y;").unwrap();
+        fs::write(dir.join("w/x.rs"), "pub struct X;").unwrap();
+        fs::write(dir.join("w/y.rs"), "use crate::a;").unwrap();
+        let (files, folders) = circles(&dir);
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(files.is_empty(), "{files:?}");
+        assert_eq!(folders, vec![vec!["a.rs".to_string(), "w/".to_string()]]);
     }
 }

@@ -6,24 +6,16 @@
 //! refusals out (a [`Refusal`]); nothing else in the proxy calls the cache's watch API.
 //!
 //! The per-connection cap is a `WatchScope` shared by a connection's Watch streams (see
-//! [`ConnScope`]).
-
-use std::sync::{Arc, OnceLock};
+//! `conn.rs: ConnScope`).
 
 use futures::FutureExt;
 
 use etcd_cache::{
     Cache, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
-    WatchScope,
 };
 
 use super::responses::Refusal;
 use crate::pb::etcdserverpb::{watch_create_request::FilterType, WatchCreateRequest};
-
-/// The watch budget of one client connection (`--max-watches-per-connection`), made on
-/// the connection's first Watch stream and shared by all of them.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct ConnScope(Arc<OnceLock<WatchScope>>);
 
 /// Why the cache did not take a create.
 #[derive(Debug)]
@@ -45,11 +37,11 @@ pub(crate) struct Watches {
 
 impl Watches {
     /// An empty stream, counted against the connection's scope when there is a cap.
-    pub(crate) fn new(cache: &Cache, conn: &ConnScope, limit: usize) -> Self {
+    pub(crate) fn new(cache: &Cache, conn: &crate::conn::ConnScope, limit: usize) -> Self {
         let stream = if limit == 0 {
             cache.watch_stream()
         } else {
-            conn.0.get_or_init(|| cache.scope(limit)).watch_stream()
+            conn.get_or_init(cache, limit).watch_stream()
         };
         let (sender, responses) = stream.split();
         Watches {

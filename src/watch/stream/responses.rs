@@ -440,7 +440,7 @@ impl WatchResponseStream {
             revision = revision.min(watch.provable()?);
         }
         Some(if revision == i64::MAX {
-            self.control.shared.view.revision()
+            self.control.shared.view().revision()
         } else {
             revision
         })
@@ -463,7 +463,7 @@ impl WatchResponseStream {
                 WatchResponse::new_progress(h, watch_id)
             }
             Item::Canceled { compact_revision } => {
-                let h = self.header(self.control.shared.view.revision());
+                let h = self.header(self.control.shared.view().revision());
                 WatchResponse::new_canceled(h, watch_id, compact_revision)
             }
             Item::Failed(source) => return Some(Err(Error::Failed { source })),
@@ -481,7 +481,7 @@ impl WatchResponseStream {
                 return Poll::Ready(Some(Ok(WatchResponse::new_created(h, watch_id))));
             }
             Some(Reply::Canceled { watch_id }) => {
-                let h = self.header(self.control.shared.view.revision());
+                let h = self.header(self.control.shared.view().revision());
                 return Poll::Ready(Some(Ok(WatchResponse::new_canceled(h, watch_id, 0))));
             }
             None => {}
@@ -521,7 +521,7 @@ impl WatchResponseStream {
                     if progress.requests.is_empty() {
                         self.progress = None;
                     }
-                    shared.metrics.progress_response();
+                    shared.metrics().progress_response();
                     let h = self.header(revision);
                     return Poll::Ready(Some(Ok(WatchResponse::new_progress(h, STREAM_WATCH_ID))));
                 }
@@ -535,15 +535,15 @@ impl WatchResponseStream {
                         None => {
                             cx.waker().wake_by_ref();
                             progress.wait.insert(AnswerWait {
-                                asking: (!due).then(|| shared.progress.wait()),
-                                changed: shared.view.changed(),
+                                asking: (!due).then(|| shared.progress().wait()),
+                                changed: shared.view().changed(),
                                 deadline: (!due)
                                     .then(|| Box::pin(tokio::time::sleep_until(request.deadline))),
                             })
                         }
                     };
                     if wait.changed.as_mut().poll(cx).is_ready() {
-                        wait.changed = shared.view.changed();
+                        wait.changed = shared.view().changed();
                         cx.waker().wake_by_ref();
                     }
                     // At the deadline: what the cache can prove, unless a watch starts
@@ -563,12 +563,12 @@ impl WatchResponseStream {
         }
         let shared = &self.control.shared;
         if self.len() == 0 && self.progress.is_none() && !self.opening() {
-            if self.end_when_empty || sender_gone || shared.view.is_closed() {
+            if self.end_when_empty || sender_gone || shared.view().is_closed() {
                 return Poll::Ready(None);
             }
             let wait = self
                 .close_wait
-                .get_or_insert_with(|| Box::new(shared.view.changed()));
+                .get_or_insert_with(|| Box::new(shared.view().changed()));
             if Pin::as_mut(wait).poll(cx).is_ready() {
                 self.close_wait = None;
                 cx.waker().wake_by_ref();

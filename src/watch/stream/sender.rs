@@ -209,7 +209,7 @@ impl WatchRequestSender {
     /// None today; the `Result` mirrors etcd-client.
     pub async fn request_progress(&mut self) -> Result<()> {
         let shared = &self.control.shared;
-        let deadline = Instant::now() + shared.config.consistent_read_timeout;
+        let deadline = Instant::now() + shared.config().consistent_read_timeout;
         // Without the cluster's revision the answer is what the cache can prove.
         let at_least = shared.cluster_revision_now().await.unwrap_or(0);
         self.control

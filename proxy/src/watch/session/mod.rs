@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::ahead::{AheadChecks, Checked, CHECK_TIMEOUT};
-use super::cached::{self, ConnScope, NotTaken, Watches};
+use super::cached::{self, NotTaken, Watches};
 use super::entries::{Entries, Phase};
 use super::forwarded::Forwarded;
 use super::id_map::IdMap;
@@ -128,7 +128,7 @@ impl Session {
     /// `metadata` the client's (passed to etcd).
     pub(super) fn new(
         state: Arc<State>,
-        scope: &ConnScope,
+        scope: &crate::conn::ConnScope,
         tx: mpsc::Sender<Result<WireResponse, Status>>,
         metadata: tonic::metadata::MetadataMap,
         require_leader: bool,

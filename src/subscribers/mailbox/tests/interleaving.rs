@@ -73,9 +73,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
-use crate::history::{Batch, History};
+use crate::history::{Batch, History, SharedHistory};
 use crate::key_range::{KeyRange, RangeSpec};
 use crate::kv::{Event, EventType, KeyValue};
 use crate::subscribers::filter::Filter;
@@ -185,7 +185,7 @@ struct Sub {
 /// The state of one interleaving so far.
 struct World<'c> {
     case: &'c Case,
-    history: RwLock<History>,
+    history: SharedHistory,
     subs: Subscribers,
     sub: Option<Sub>,
     /// Producer steps done.
@@ -243,7 +243,7 @@ impl<'c> World<'c> {
         history.reset(BASE);
         World {
             case,
-            history: RwLock::new(history),
+            history: SharedHistory::for_test(history),
             subs: Subscribers::new(16, case.cap),
             sub: None,
             pc: 0,
@@ -291,7 +291,7 @@ impl<'c> World<'c> {
         });
         World {
             case: self.case,
-            history: RwLock::new(history),
+            history: SharedHistory::for_test(history),
             subs,
             sub,
             pc: self.pc,
