@@ -406,20 +406,30 @@ mod tests {
         );
     }
 
+    /// The circles of a tree made of `files` (path, source) in a temporary folder.
+    fn circles_of(name: &str, files: &[(&str, &str)]) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        for (path, source) in files {
+            let path = dir.join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, source).unwrap();
+        }
+        let found = circles(&dir);
+        fs::remove_dir_all(&dir).unwrap();
+        found
+    }
+
     #[test]
     fn a_circle_through_an_inline_path_is_found() {
-        let dir = std::env::temp_dir().join(format!("xtask-cycles-{}", std::process::id()));
-        fs::create_dir_all(dir.join("w")).unwrap();
-        fs::write(dir.join("lib.rs"), "mod a; mod w;").unwrap();
-        fs::write(dir.join("a.rs"), "fn f() -> bool { crate::w::s::OK }").unwrap();
-        fs::write(dir.join("w/mod.rs"), "mod s;").unwrap();
-        fs::write(
-            dir.join("w/s.rs"),
-            "use super::super::a;\npub const OK: bool = true;",
-        )
-        .unwrap();
-        let found = circles(&dir).0;
-        fs::remove_dir_all(&dir).unwrap();
+        let (found, _) = circles_of(
+            "cycles",
+            &[
+                ("lib.rs", "mod a; mod w;"),
+                ("a.rs", "fn f() -> bool { crate::w::s::OK }"),
+                ("w/mod.rs", "mod s;"),
+                ("w/s.rs", "use super::super::a;\npub const OK: bool = true;"),
+            ],
+        );
         assert_eq!(found, vec![vec!["a.rs".to_string(), "w/s.rs".to_string()]]);
     }
 
@@ -427,15 +437,16 @@ mod tests {
     /// between files, one between `a.rs` and the folder.
     #[test]
     fn a_circle_between_a_file_and_a_folder_is_found() {
-        let dir = std::env::temp_dir().join(format!("xtask-folders-{}", std::process::id()));
-        fs::create_dir_all(dir.join("w")).unwrap();
-        fs::write(dir.join("lib.rs"), "mod a; mod w;").unwrap();
-        fs::write(dir.join("a.rs"), "use crate::w::x::X;").unwrap();
-        fs::write(dir.join("w/mod.rs"), "mod x; mod y;").unwrap();
-        fs::write(dir.join("w/x.rs"), "pub struct X;").unwrap();
-        fs::write(dir.join("w/y.rs"), "use crate::a;").unwrap();
-        let (files, folders) = circles(&dir);
-        fs::remove_dir_all(&dir).unwrap();
+        let (files, folders) = circles_of(
+            "folders",
+            &[
+                ("lib.rs", "mod a; mod w;"),
+                ("a.rs", "use crate::w::x::X;"),
+                ("w/mod.rs", "mod x; mod y;"),
+                ("w/x.rs", "pub struct X;"),
+                ("w/y.rs", "use crate::a;"),
+            ],
+        );
         assert!(files.is_empty(), "{files:?}");
         assert_eq!(folders, vec![vec!["a.rs".to_string(), "w/".to_string()]]);
     }
