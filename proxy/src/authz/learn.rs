@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
+use super::AuthState;
 use crate::pb::etcdserverpb::{auth_client::AuthClient, AuthStatusRequest, RangeRequest};
 use crate::status::is_auth_refusal;
-use crate::upstream::{AuthState, Upstream};
+use crate::upstream::Upstream;
 
 use super::{
     Authz, IDLE_AFTER, POLLS_IN_FLIGHT, RECHECK_WITHOUT_REVISION, WATCH_RECHECK_WITHOUT_REVISION,
@@ -47,7 +48,7 @@ impl Authz {
         // One receiver is the cache slot's; the others are Watch streams', whose cached
         // watches are checked again when the revision moves.
         let streams = self.epoch.receiver_count() > 1;
-        let active = self.upstream.auth_state() == AuthState::On && (kept || streams);
+        let active = self.state() == AuthState::On && (kept || streams);
         let status = if active && !self.no_auth_status.load(Ordering::Acquire) {
             self.auth_status().await?
         } else {
@@ -60,11 +61,11 @@ impl Authz {
         let mut learns = self.learns.lock();
         if learns.1 > asked {
             // A learn asked later has answered already.
-            return Ok(self.upstream.auth_state() == AuthState::On);
+            return Ok(self.state() == AuthState::On);
         }
         learns.1 = asked;
-        let was = self.upstream.auth_state();
-        self.upstream.set_auth_enabled(on);
+        let was = self.state();
+        self.set_state(on);
         // The last revision seen stays while it is not asked: a move in between is seen
         // when it is asked again.
         let old = match revision {

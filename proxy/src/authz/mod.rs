@@ -54,7 +54,7 @@ mod learn;
 mod scripted;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -68,7 +68,7 @@ use tonic::{Code, Status};
 
 use crate::pb::etcdserverpb::RangeRequest;
 use crate::status::is_auth_refusal;
-use crate::upstream::{AuthState, Upstream, TOKEN};
+use crate::upstream::{Upstream, TOKEN};
 
 use decisions::{jwt_expiry, Decision, Decisions, Verdict, DECISION_OVERHEAD};
 pub(crate) use identity::check_upstream_identity;
@@ -112,6 +112,8 @@ pub(crate) struct Authz {
     decisions: Mutex<Decisions>,
     asking: Mutex<Asking>,
     ask_limit: usize,
+    /// etcd's auth state as last learned (an [`AuthState`]).
+    state: AtomicU8,
     /// etcd's auth revision (`AuthStatus`), 0 when unknown.
     revision: AtomicU64,
     /// etcd has no `AuthStatus` (3.4), or refuses it to the proxy.
@@ -125,6 +127,16 @@ pub(crate) struct Authz {
     /// answer older than one applied already is dropped, so a stale "auth off" never
     /// follows a newer "on".
     learns: Mutex<(u64, u64)>,
+}
+
+/// etcd's auth state as the proxy knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AuthState {
+    /// Not learned yet (before the first answer, or etcd is a learner that cannot tell):
+    /// every caller is asked about as with auth on.
+    Unknown = 0,
+    Off = 1,
+    On = 2,
 }
 
 impl Authz {
@@ -149,6 +161,7 @@ impl Authz {
                 bytes: 0,
             }),
             ask_limit: ask_bytes,
+            state: AtomicU8::new(AuthState::Unknown as u8),
             revision: AtomicU64::new(0),
             no_auth_status: AtomicBool::new(false),
             max_age: (token_ttl / 2).max(Duration::from_millis(100)),
@@ -166,7 +179,22 @@ impl Authz {
     /// Whether etcd's auth may be on: it is, or the proxy does not know yet. Callers are
     /// asked about unless etcd's auth is known to be off.
     pub(crate) fn enabled(&self) -> bool {
-        self.upstream.auth_state() != AuthState::Off
+        self.state() != AuthState::Off
+    }
+
+    /// etcd's auth state, as last learned.
+    pub(crate) fn state(&self) -> AuthState {
+        match self.state.load(Ordering::Acquire) {
+            1 => AuthState::Off,
+            2 => AuthState::On,
+            _ => AuthState::Unknown,
+        }
+    }
+
+    /// Records what the proxy learned of etcd's auth state.
+    fn set_state(&self, on: bool) {
+        let state = if on { AuthState::On } else { AuthState::Off };
+        self.state.store(state as u8, Ordering::Release);
     }
 
     /// Forgets every decision (etcd's auth state moved) and tells the Watch streams.

@@ -96,8 +96,8 @@ async fn scripted_members(n: usize) -> (Arc<Authz>, mpsc::UnboundedReceiver<Seen
     let config =
         crate::config::Config::parse_from(["etcd-cache-proxy", "--endpoints", &urls.join(",")]);
     let upstream = Upstream::new(&config).unwrap();
-    upstream.set_auth_enabled(true);
     let authz = Authz::new(upstream, Duration::from_secs(300), 1 << 20, 1 << 20);
+    authz.set_state(true);
     (authz, seen)
 }
 
@@ -187,7 +187,7 @@ async fn an_older_learn_answering_last_is_dropped() {
     old_probe.answer(true);
     older.await.unwrap().unwrap();
     assert_eq!(
-        authz.upstream().auth_state(),
+        authz.state(),
         AuthState::On,
         "an older answer turned auth off after a newer one"
     );

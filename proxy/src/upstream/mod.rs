@@ -12,8 +12,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use parking_lot::{Mutex, RwLock};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::Channel;
@@ -56,8 +54,6 @@ pub(crate) struct Upstream {
     auth_lock: tokio::sync::Mutex<()>,
     /// cluster_id, member_id and raft_term from etcd's last Status answer.
     identity: Mutex<ResponseHeader>,
-    /// etcd's auth state as the proxy last learned it (see `authz/`): [`AuthState`].
-    auth_state: AtomicU8,
     /// Whether the proxy presents a client certificate to etcd (`--cert` with https://).
     presents_certificate: bool,
     /// The CN of that certificate: etcd (with `--client-cert-auth`) takes it as the user
@@ -71,16 +67,6 @@ pub(crate) struct Upstream {
 
 /// How long RangeStream is answered with a Range after etcd said it has none.
 const RANGE_STREAM_RETRY: Duration = Duration::from_secs(60);
-
-/// etcd's auth state as the proxy knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AuthState {
-    /// Not learned yet (before the first answer, or etcd is a learner that cannot tell):
-    /// every caller is asked about as with auth on.
-    Unknown = 0,
-    Off = 1,
-    On = 2,
-}
 
 /// The metadata of a client's call that is passed on to etcd (its token and
 /// `hasleader`), nothing else.
@@ -116,7 +102,6 @@ impl Upstream {
             token: RwLock::new(None),
             auth_lock: tokio::sync::Mutex::new(()),
             identity: Mutex::new(ResponseHeader::default()),
-            auth_state: AtomicU8::new(AuthState::Unknown as u8),
             presents_certificate,
             cert_identity,
             no_range_stream_until: Mutex::new(None),
@@ -311,21 +296,6 @@ impl Upstream {
         KvClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
-    }
-
-    /// etcd's auth state, as last learned.
-    pub(crate) fn auth_state(&self) -> AuthState {
-        match self.auth_state.load(Ordering::Acquire) {
-            1 => AuthState::Off,
-            2 => AuthState::On,
-            _ => AuthState::Unknown,
-        }
-    }
-
-    /// Records what the proxy learned of etcd's auth state.
-    pub(crate) fn set_auth_enabled(&self, on: bool) {
-        let state = if on { AuthState::On } else { AuthState::Off };
-        self.auth_state.store(state as u8, Ordering::Release);
     }
 
     /// The --user name, if any.
