@@ -66,20 +66,26 @@ pub enum Error {
     #[error("invalid request: {reason}")]
     InvalidRange {
         /// What is wrong with the request.
-        reason: String,
+        reason: InvalidReason,
     },
 
     /// The key range is well-formed but not inside the prefix that the cache holds.
-    #[error("key range [{start:?}, {end:?}) is outside the cache's prefix range [{prefix_start:?}, {prefix_end:?})")]
+    #[error(
+        "key range [{:?}, {:?}) is outside the cache's prefix range [{:?}, {:?})",
+        lossy(.start),
+        lossy(.end),
+        lossy(.prefix_start),
+        lossy(.prefix_end)
+    )]
     OutOfRange {
-        /// Start of the requested range (lossy UTF-8).
-        start: String,
-        /// End of the requested range (lossy UTF-8; empty for a single key, "\0" for "to the end").
-        end: String,
+        /// Start of the requested range (its bytes; `Display` shows them as lossy UTF-8).
+        start: Vec<u8>,
+        /// End of the requested range (empty for a single key, `"\0"` for "to the end").
+        end: Vec<u8>,
         /// Start of the cache's range.
-        prefix_start: String,
-        /// End of the cache's range ("\0" means "to the end of the keyspace").
-        prefix_end: String,
+        prefix_start: Vec<u8>,
+        /// End of the cache's range (`"\0"` means "to the end of the keyspace").
+        prefix_end: Vec<u8>,
     },
 
     /// Too many watches are open, on the cache or on a [`WatchScope`].
@@ -223,16 +229,72 @@ impl From<etcd_client::Error> for Error {
     }
 }
 
+/// What is wrong with a request refused as [`Error::InvalidRange`]: the problem, with
+/// the value at fault. `Display` is the sentence [`Error::InvalidRange`] shows.
+///
+/// ```
+/// use etcd_cache::{Error, InvalidReason, WatchOptions};
+///
+/// # async fn demo(cache: etcd_cache::Cache) {
+/// let refused = cache
+///     .watch("/app/a", Some(WatchOptions::new().with_start_revision(-1)))
+///     .await
+///     .unwrap_err();
+/// assert!(matches!(
+///     refused,
+///     Error::InvalidRange { reason: InvalidReason::NegativeStartRevision(-1) }
+/// ));
+/// # }
+/// let reason = InvalidReason::NegativeLimit(-5);
+/// assert_eq!(reason.to_string(), "negative limit -5");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidReason {
+    /// A single-key request with an empty key.
+    #[error("empty key (use with_prefix or with_all_keys to select many keys)")]
+    EmptyKey,
+    /// A range end with an empty key.
+    #[error("empty key with a range end")]
+    EmptyKeyWithRangeEnd,
+    /// An empty range end (a single key has none).
+    #[error("empty range end (omit with_range to select one key)")]
+    EmptyRangeEnd,
+    /// A range end at or before its key.
+    #[error("range end {:?} is not after the key {:?}", lossy(.end), lossy(.key))]
+    EndNotAfterKey {
+        /// The key (the range's start).
+        key: Vec<u8>,
+        /// The range end.
+        end: Vec<u8>,
+    },
+    /// A watch from a negative revision.
+    #[error("negative start revision {0}")]
+    NegativeStartRevision(i64),
+    /// A negative watch id (0 picks one).
+    #[error("negative watch id {0} (0 picks one)")]
+    NegativeWatchId(i64),
+    /// A read at a negative revision.
+    #[error("negative revision {0}")]
+    NegativeRevision(i64),
+    /// A read with a negative limit.
+    #[error("negative limit {0}")]
+    NegativeLimit(i64),
+}
+
+/// Key bytes as a person reads them (lossy UTF-8).
+fn lossy(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(bytes)
+}
+
 impl Error {
     pub(crate) fn timeout(what: &'static str, waited: std::time::Duration) -> Self {
         tracing::debug!(what, ?waited, "timed out");
         Error::Timeout
     }
 
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
-        Error::InvalidRange {
-            reason: reason.into(),
-        }
+    pub(crate) fn invalid(reason: InvalidReason) -> Self {
+        Error::InvalidRange { reason }
     }
 
     pub(crate) fn transport(reason: impl Into<String>) -> Self {

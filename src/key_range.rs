@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidReason, Result};
 
 /// The end that means "to the end of the keyspace".
 pub(crate) const END_OF_KEYSPACE: &[u8] = b"\0";
@@ -62,9 +62,7 @@ impl KeyRange {
         let (start, end): (Vec<u8>, Vec<u8>) = match spec {
             RangeSpec::Single => {
                 if key.is_empty() {
-                    return Err(Error::invalid(
-                        "empty key (use with_prefix or with_all_keys to select many keys)",
-                    ));
+                    return Err(Error::invalid(InvalidReason::EmptyKey));
                 }
                 (key.to_vec(), Vec::new())
             }
@@ -86,19 +84,16 @@ impl KeyRange {
             }
             RangeSpec::Range(end) => {
                 if key.is_empty() {
-                    return Err(Error::invalid("empty key with a range end"));
+                    return Err(Error::invalid(InvalidReason::EmptyKeyWithRangeEnd));
                 }
                 if end.is_empty() {
-                    return Err(Error::invalid(
-                        "empty range end (omit with_range to select one key)",
-                    ));
+                    return Err(Error::invalid(InvalidReason::EmptyRangeEnd));
                 }
                 if end.as_slice() != END_OF_KEYSPACE && end.as_slice() <= key {
-                    return Err(Error::invalid(format!(
-                        "range end {:?} is not after the key {:?}",
-                        String::from_utf8_lossy(end),
-                        String::from_utf8_lossy(key)
-                    )));
+                    return Err(Error::invalid(InvalidReason::EndNotAfterKey {
+                        key: key.to_vec(),
+                        end: end.clone(),
+                    }));
                 }
                 (key.to_vec(), end.clone())
             }
@@ -176,12 +171,11 @@ impl KeyRange {
 
     /// The error for a range that is not inside `outer`.
     pub(crate) fn out_of(&self, outer: &KeyRange) -> Error {
-        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         Error::OutOfRange {
-            start: s(&self.start),
-            end: s(self.end()),
-            prefix_start: s(&outer.start),
-            prefix_end: s(outer.end()),
+            start: self.start.to_vec(),
+            end: self.end().to_vec(),
+            prefix_start: outer.start.to_vec(),
+            prefix_end: outer.end().to_vec(),
         }
     }
 

@@ -233,7 +233,7 @@ pub use config::{
     DEFAULT_PROGRESS_REQUEST_INTERVAL, DEFAULT_SUBSCRIBER_BUFFER, DEFAULT_UPSTREAM_IDLE_TIMEOUT,
     MAX_DURATION,
 };
-pub use error::{Error, Result};
+pub use error::{Error, InvalidReason, Result};
 pub use kv::{Event, EventType, KeyValue};
 pub use list_watch::{ListItem, ListWatch, ListWatchEvent};
 pub use range_request::{SortOrder, SortTarget};

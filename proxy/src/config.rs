@@ -255,21 +255,19 @@ impl Config {
     /// # Errors
     /// The file cannot be read, or is given without `--user` or with a password in
     /// `--user name:password`.
-    pub(crate) fn load_password_file(&mut self) -> Result<(), String> {
+    pub(crate) fn load_password_file(&mut self) -> Result<(), ConfigError> {
         let Some(path) = &self.password_file else {
             return Ok(());
         };
         match &self.user {
-            None => return Err("--password-file without --user: whose password is it?".into()),
-            Some(u) if u.contains(':') => {
-                return Err(
-                    "--password-file with --user name:password: give the password once".into(),
-                )
-            }
+            None => return Err(ConfigError::PasswordFileWithoutUser),
+            Some(u) if u.contains(':') => return Err(ConfigError::PasswordTwice),
             Some(_) => {}
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--password-file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::PasswordFile {
+            path: path.clone(),
+            source,
+        })?;
         let line = text.lines().next().unwrap_or_default();
         self.password = Some(line.to_string());
         Ok(())
@@ -314,36 +312,23 @@ impl Config {
     /// endpoint of another scheme, TLS flags toward etcd with `http://` endpoints
     /// (which would carry tokens and passwords in clear), or a `--tls-min-version` above
     /// `--tls-max-version`.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         // As grpc-proxy: an empty --tls-max-version is the highest there is.
         if self.tls_min_version > self.tls_max_version {
-            return Err(format!(
-                "--tls-min-version {} is greater than --tls-max-version {}",
-                self.tls_min_version, self.tls_max_version
-            ));
+            return Err(ConfigError::TlsVersions {
+                min: self.tls_min_version,
+                max: self.tls_max_version,
+            });
         }
         // As etcd grpc-proxy checks them (`checkArgs`), with the reason.
         match (&self.resolver_prefix, self.resolver_ttl) {
             (Some(p), 0) if !p.is_empty() => {
-                return Err(format!(
-                    "--resolver-prefix {p:?} needs --resolver-ttl (seconds, at least 1): \
-                     the registration's lease"
-                ))
+                return Err(ConfigError::ResolverWithoutTtl(p.clone()))
             }
-            (None, ttl) if ttl > 0 => {
-                return Err(format!(
-                    "--resolver-ttl {ttl} without --resolver-prefix: nothing to register"
-                ))
-            }
-            (Some(p), _) if p.is_empty() => {
-                return Err("--resolver-prefix is empty: give the prefix to register under".into())
-            }
+            (None, ttl) if ttl > 0 => return Err(ConfigError::TtlWithoutResolver(ttl)),
+            (Some(p), _) if p.is_empty() => return Err(ConfigError::EmptyResolverPrefix),
             (Some(_), _) if self.advertise_client_url.is_none() => {
-                return Err(
-                    "--resolver-prefix needs --advertise-client-url: the URL registered for \
-                     clients to reach this proxy"
-                        .into(),
-                )
+                return Err(ConfigError::ResolverWithoutAdvertise)
             }
             _ => {}
         }
@@ -352,25 +337,19 @@ impl Config {
             .iter()
             .find(|u| !u.starts_with("http://") && !u.starts_with("https://"))
         {
-            return Err(format!(
-                "--endpoints: {bad:?} is neither http:// nor https://"
-            ));
+            return Err(ConfigError::EndpointScheme(bad.clone()));
         }
         let tls = urls.iter().filter(|u| u.starts_with("https://")).count();
         if tls != 0 && tls != urls.len() {
-            return Err(format!(
-                "--endpoints mixes http:// and https:// ({urls:?}): give every endpoint the same scheme"
-            ));
+            return Err(ConfigError::MixedSchemes(urls));
         }
         // etcd's Go client (and so grpc-proxy) ignores them: the proxy would carry its
         // clients' tokens and passwords to etcd in clear while its operator asked for TLS.
         if tls == 0 && !self.given_tls_flags().is_empty() {
-            return Err(format!(
-                "{} given, but every endpoint is http:// ({urls:?}): the connection to etcd \
-                 would be plain text, tokens and passwords included; give https:// endpoints \
-                 (or host:port, which the TLS flags make https://), or drop the TLS flags",
-                self.given_tls_flags().join(", ")
-            ));
+            return Err(ConfigError::TlsFlagsInClear {
+                flags: self.given_tls_flags().join(", "),
+                urls,
+            });
         }
         Ok(())
     }
@@ -386,6 +365,44 @@ impl Config {
         .filter_map(|(name, given)| given.then_some(name))
         .collect()
     }
+}
+
+/// A configuration that cannot work, found before anything is dialed: the flags at
+/// fault and what to change.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    #[error("--password-file without --user: whose password is it?")]
+    PasswordFileWithoutUser,
+    #[error("--password-file with --user name:password: give the password once")]
+    PasswordTwice,
+    #[error("--password-file {}", path.display())]
+    PasswordFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--tls-min-version {min} is greater than --tls-max-version {max}")]
+    TlsVersions { min: TlsVersion, max: TlsVersion },
+    #[error(
+        "--resolver-prefix {0:?} needs --resolver-ttl (seconds, at least 1): the registration's lease"
+    )]
+    ResolverWithoutTtl(String),
+    #[error("--resolver-ttl {0} without --resolver-prefix: nothing to register")]
+    TtlWithoutResolver(u64),
+    #[error("--resolver-prefix is empty: give the prefix to register under")]
+    EmptyResolverPrefix,
+    #[error(
+        "--resolver-prefix needs --advertise-client-url: the URL registered for clients to reach this proxy"
+    )]
+    ResolverWithoutAdvertise,
+    #[error("--endpoints: {0:?} is neither http:// nor https://")]
+    EndpointScheme(String),
+    #[error("--endpoints mixes http:// and https:// ({0:?}): give every endpoint the same scheme")]
+    MixedSchemes(Vec<String>),
+    #[error(
+        "{flags} given, but every endpoint is http:// ({urls:?}): the connection to etcd would be plain text, tokens and passwords included; give https:// endpoints (or host:port, which the TLS flags make https://), or drop the TLS flags"
+    )]
+    TlsFlagsInClear { flags: String, urls: Vec<String> },
 }
 
 /// A TLS version served to clients (`--tls-min-version`, `--tls-max-version`), ordered.
@@ -475,7 +492,7 @@ mod tests {
     fn tls_follows_the_endpoint_scheme_as_etcds_clients() {
         let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
         let c = parse(&["--endpoints", "http://127.0.0.1:2379", "--cacert", "ca.pem"]);
-        let err = c.check().unwrap_err();
+        let err = c.check().unwrap_err().to_string();
         assert!(
             !c.upstream_tls() && err.contains("--cacert given") && err.contains("http://"),
             "{err}"
@@ -484,7 +501,11 @@ mod tests {
         assert_eq!(c.endpoint_urls(), ["https://127.0.0.1:2379"]);
         assert!(c.upstream_tls() && c.check().is_ok());
         let c = parse(&["--endpoints", "https://a:1,http://b:2"]);
-        assert!(c.check().unwrap_err().contains("mixes"), "{:?}", c.check());
+        assert!(
+            c.check().unwrap_err().to_string().contains("mixes"),
+            "{:?}",
+            c.check()
+        );
         let c = parse(&["--endpoints", "unix://x"]);
         assert!(c.check().is_err());
     }
@@ -495,7 +516,7 @@ mod tests {
     fn registration_flags_go_together() {
         let parse = |args: &[&str]| Config::parse_from([&["etcd-cache-proxy"], args].concat());
         let url = ["--advertise-client-url", "http://127.0.0.1:23790"];
-        let err = |args: &[&str]| parse(args).check().unwrap_err();
+        let err = |args: &[&str]| parse(args).check().unwrap_err().to_string();
         assert!(err(&["--resolver-prefix", "/p"]).contains("needs --resolver-ttl"));
         assert!(err(&["--resolver-ttl", "5"]).contains("without --resolver-prefix"));
         assert!(err(&["--resolver-prefix", "/p", "--resolver-ttl", "5"])
@@ -616,7 +637,7 @@ mod tests {
             assert!(e.contains(flag) && e.contains("TLS1.2, TLS1.3"), "{e}");
         }
         let c = parse(&["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"]).unwrap();
-        let e = c.check().unwrap_err();
+        let e = c.check().unwrap_err().to_string();
         assert!(
             e.contains("--tls-min-version TLS1.3") && e.contains("--tls-max-version TLS1.2"),
             "{e}"
@@ -656,11 +677,13 @@ mod tests {
         assert!(c
             .load_password_file()
             .unwrap_err()
+            .to_string()
             .contains("without --user"));
         let mut c = parse(&["--user", "cacher:pw", "--password-file", &f]).unwrap();
         assert!(c
             .load_password_file()
             .unwrap_err()
+            .to_string()
             .contains("give the password once"));
         assert!(parse(&["--user", "c", "--password", "x", "--password-file", &f]).is_err());
         let missing = dir.path().join("none").display().to_string();
@@ -668,6 +691,7 @@ mod tests {
         assert!(c
             .load_password_file()
             .unwrap_err()
+            .to_string()
             .contains("--password-file"));
     }
 }

@@ -21,8 +21,17 @@ pub(crate) enum Error {
     },
     #[error("no --endpoints given")]
     NoEndpoints,
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("the metrics recorder")]
+    Metrics(#[source] std::io::Error),
+    #[error("etcd's TLS certificate is refused: {reason} ({hint})")]
+    UpstreamCertificate {
+        /// What the TLS handshake said.
+        reason: String,
+        /// What to change.
+        hint: &'static str,
+    },
     #[error("TLS configuration")]
     Tls(#[source] tonic::transport::Error),
     #[error("the TLS served to clients: {0}")]

@@ -53,7 +53,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     config.load_password_file().map_err(Error::Config)?;
     // First: the recorder must be in place before the cache and the services register
     // their metrics. It is served on the gRPC port (`http_front.rs`) and at --metrics-addr.
-    let recorder = crate::metrics::install().map_err(|e| Error::Config(format!("metrics: {e}")))?;
+    let recorder = crate::metrics::install().map_err(Error::Metrics)?;
     let metrics = match config.metrics_addr {
         Some(addr) => Some(
             crate::metrics::listen(addr, recorder.clone())
@@ -407,10 +407,10 @@ async fn follow(
                 } else {
                     "check --cacert and --upstream-server-name"
                 };
-                return Err(Error::Config(format!(
-                    "etcd's TLS certificate is refused: {} ({hint})",
-                    e.message()
-                )));
+                return Err(Error::UpstreamCertificate {
+                    reason: e.message().to_string(),
+                    hint,
+                });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");

@@ -1,6 +1,6 @@
 //! [`GetOptions`] and [`GetResponse`], as `etcd_client`'s.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidReason, Result};
 use crate::key_range::{KeyRange, RangeSpec};
 use crate::kv::KeyValue;
 use crate::range_request::{RangeRequest, RangeResult, SortOrder, SortTarget};
@@ -145,13 +145,12 @@ impl GetOptions {
     /// answer. Allocates nothing.
     pub(crate) fn shaping(&self) -> Result<RangeRequest> {
         if self.revision < 0 {
-            return Err(Error::invalid(format!(
-                "negative revision {}",
-                self.revision
+            return Err(Error::invalid(InvalidReason::NegativeRevision(
+                self.revision,
             )));
         }
         if self.limit < 0 {
-            return Err(Error::invalid(format!("negative limit {}", self.limit)));
+            return Err(Error::invalid(InvalidReason::NegativeLimit(self.limit)));
         }
         Ok(RangeRequest {
             range: KeyRange::from_parts(bytes::Bytes::new(), b""),

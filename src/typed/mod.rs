@@ -379,9 +379,9 @@ impl<T: Send + Sync + 'static> TypedView<T> {
 /// The error for `key` (or a view's prefix) outside `prefix`.
 fn out_of_range(key: &[u8], prefix: &[u8]) -> Error {
     Error::OutOfRange {
-        start: String::from_utf8_lossy(key).into_owned(),
-        end: String::new(),
-        prefix_start: String::from_utf8_lossy(prefix).into_owned(),
-        prefix_end: String::from_utf8_lossy(&crate::key_range::prefix_end(prefix)).into_owned(),
+        start: key.to_vec(),
+        end: Vec::new(),
+        prefix_start: prefix.to_vec(),
+        prefix_end: crate::key_range::prefix_end(prefix),
     }
 }

@@ -3,7 +3,7 @@
 
 use etcd_client::WatchFilterType;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidReason, Result};
 use crate::key_range::{KeyRange, RangeSpec};
 use crate::shared::Shared;
 use crate::subscribers::filter::Filter;
@@ -162,15 +162,13 @@ impl Request {
         let range = KeyRange::new(options.key(key), &options.spec)?;
         range.check_within(shared.range())?;
         if options.start_revision < 0 {
-            return Err(Error::invalid(format!(
-                "negative start revision {}",
-                options.start_revision
+            return Err(Error::invalid(InvalidReason::NegativeStartRevision(
+                options.start_revision,
             )));
         }
         if options.watch_id < 0 {
-            return Err(Error::invalid(format!(
-                "negative watch id {} (0 picks one)",
-                options.watch_id
+            return Err(Error::invalid(InvalidReason::NegativeWatchId(
+                options.watch_id,
             )));
         }
         Ok(Request {
