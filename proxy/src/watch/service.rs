@@ -38,6 +38,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// What a queued request costs besides its encoded bytes: its place in the queue.
 const QUEUED_SIZE: usize = std::mem::size_of::<Queued>();
+/// And a request's box.
+const BOXED_SIZE: usize = std::mem::size_of::<WatchRequest>();
 
 /// etcd's Watch service, from the cache.
 pub(crate) struct WatchService {
@@ -112,8 +114,9 @@ fn read_requests(
             // The client ended its side: nothing more comes.
             let Some(item) = next else { return };
             let failed = item.is_err();
-            let item = item.map(owned);
-            let size = QUEUED_SIZE + item.as_ref().map_or(0, Message::encoded_len);
+            let item = item.map(|r| Box::new(owned(r)));
+            let size = QUEUED_SIZE
+                + item.as_ref().map_or(0, |r| BOXED_SIZE + r.encoded_len());
             let (item, share, over) = match budget.take(size) {
                 Ok(share) => (item, share, None),
                 Err(over) => (Err(too_many_requests(over)), budget.nothing(), Some(over)),

@@ -48,13 +48,15 @@ const LEADER_CHECK: Duration = Duration::from_millis(500);
 const LEADER_LOST_AFTER: Duration = Duration::from_secs(3);
 
 /// A client's request as the reader queued it, with its share of the queue's bytes
-/// (held until the request is handled); a receive error is the last one.
-pub(super) type Queued = (Result<WatchRequest, Status>, crate::conn::Share);
+/// (held until the request is handled); a receive error is the last one. Boxed: the
+/// channel's blocks hold 32 slots each, and a stream keeps its first block for life
+/// (8 KiB per stream with the request inline, under 1 KiB boxed).
+pub(super) type Queued = (Result<Box<WatchRequest>, Status>, crate::conn::Share);
 
 /// What woke the session.
 enum Step {
     Shutdown,
-    Request(Option<Result<WatchRequest, Status>>),
+    Request(Option<Result<Box<WatchRequest>, Status>>),
     Reply(Option<etcd_cache::WatchResponse>),
     Forwarded(Result<WatchResponse, Status>),
     LeaderCheck(tokio::time::Instant),
@@ -202,7 +204,7 @@ impl Session {
                     return;
                 }
                 Step::Request(Some(Ok(req))) => {
-                    if self.handle(req).await.is_err() {
+                    if self.handle(*req).await.is_err() {
                         return;
                     }
                 }
