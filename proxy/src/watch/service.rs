@@ -115,8 +115,7 @@ fn read_requests(
             let Some(item) = next else { return };
             let failed = item.is_err();
             let item = item.map(|r| Box::new(owned(r)));
-            let size = QUEUED_SIZE
-                + item.as_ref().map_or(0, |r| BOXED_SIZE + r.encoded_len());
+            let size = QUEUED_SIZE + item.as_ref().map_or(0, |r| BOXED_SIZE + r.encoded_len());
             let (item, share, over) = match budget.take(size) {
                 Ok(share) => (item, share, None),
                 Err(over) => (Err(too_many_requests(over)), budget.nothing(), Some(over)),
