@@ -136,7 +136,7 @@ struct Follower {
 
 impl Follower {
     async fn run(mut self) {
-        let cfg = &self.shared.config();
+        let cfg = self.shared.config();
         let mut backoff = Backoff::new(cfg.backoff_initial, cfg.backoff_max);
         let healthy_after = HEALTHY_AFTER.max(cfg.backoff_max);
         let mut last_relist: Option<Instant> = None;
@@ -283,7 +283,7 @@ impl Follower {
     }
 
     async fn connect_and_follow(&mut self, confirmed: &mut Option<Instant>) -> SessionEnd {
-        let config = &self.shared.config();
+        let config = self.shared.config();
         let upstream = self.shared.upstream().clone();
         // A new connection may reach other members: trust progress answers again only
         // once the versions have been probed anew (in the background).

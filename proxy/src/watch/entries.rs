@@ -50,6 +50,21 @@ pub(super) enum Phase {
     Rejoining,
 }
 
+impl Phase {
+    /// Whether a client's cancel goes to the cache: the watch is cached, or its create is
+    /// waiting for its `created` (revoked or not); not a watch the proxy canceled once
+    /// created (its `canceled` is on its way), nor one away (etcd's).
+    pub(super) fn client_may_cancel(&self) -> bool {
+        matches!(
+            self,
+            Phase::Creating
+                | Phase::Cached
+                | Phase::Rejoining
+                | Phase::Revoked { created: false, .. }
+        )
+    }
+}
+
 /// One watch: its create as etcd would take it (etcd's keyspace, its id), the revision
 /// it needs next (every revision below it has been sent to the client, as events or as
 /// progress; 0 until a watch from now is created), and its phase.
@@ -373,9 +388,23 @@ mod tests {
             !c.revoke(9, Status::permission_denied("no")),
             "no such watch"
         );
-        assert!(c.phase(2).is_some_and(|_| c.by_id[&2].counted()));
+        assert!(
+            c.by_id[&2].counted(),
+            "counted from its created to its canceled"
+        );
         assert!(!c.by_id[&1].counted());
+        let may_cancel = |c: &Entries, id| c.phase(id).is_some_and(Phase::client_may_cancel);
+        assert!(
+            may_cancel(&c, 1),
+            "revoked before its created: the client's cancel goes"
+        );
+        assert!(
+            !may_cancel(&c, 2),
+            "revoked once created: the proxy's cancel is on its way"
+        );
+        assert!(!may_cancel(&c, 3), "away: etcd's");
         assert!(c.created(1, 11), "counted from its created");
+        assert!(!may_cancel(&c, 1));
         assert!(!c.created(1, 11), "once");
         assert!(c.fell_behind(2).is_none(), "a revoked watch does not move");
         assert!(c.to_recheck().is_empty(), "nothing left to check");

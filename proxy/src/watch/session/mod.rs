@@ -408,14 +408,10 @@ impl Session {
             }
             return Ok(());
         }
-        let pending = self
-            .pending_creates
-            .iter()
-            .any(|p| p.id == id && !p.canceled);
-        // A watch the proxy canceled itself (a revoked permission): that `canceled` is
-        // on its way.
-        let cached = matches!(self.entries.phase(id), Some(Phase::Cached));
-        if !(pending || cached) || self.watches.is_none() {
+        // A watch the proxy canceled itself once created (a revoked permission): that
+        // `canceled` is on its way.
+        let cancelable = self.entries.phase(id).is_some_and(Phase::client_may_cancel);
+        if !cancelable || self.watches.is_none() {
             return Ok(());
         }
         if self.order.must_wait(Side::Cache) {
