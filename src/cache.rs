@@ -413,6 +413,19 @@ impl Cache {
         self.shared.stats()
     }
 
+    /// Whether etcd's answers to a stream-level `RequestProgress` are trusted: every
+    /// member runs a release without etcd#15220 and etcd#17507 (3.4.31+, 3.5.13+, 3.6+).
+    /// The same as [`CacheStats::progress_trusted`], without gathering the rest.
+    ///
+    /// ```no_run
+    /// # async fn f(cache: etcd_cache::Cache) -> etcd_cache::Result<()> {
+    /// println!("progress answers trusted: {}", cache.progress_trusted());
+    /// # Ok(()) }
+    /// ```
+    pub fn progress_trusted(&self) -> bool {
+        self.shared.counters().progress_trusted()
+    }
+
     /// Open watches.
     ///
     /// ```no_run

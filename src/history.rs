@@ -14,8 +14,8 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
+use crate::events::SharedEvents;
 use crate::kv::Event;
-use crate::shared_events::SharedEvents;
 
 /// Every event of one revision, stored once and shared by every subscriber.
 #[derive(Debug)]

@@ -36,7 +36,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
-use crate::authority::AuthorityFix;
+use crate::authority_header::AuthorityFix;
 
 /// How long to pause accepting after an accept error (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -195,7 +195,7 @@ enum Io {
 pub(crate) struct Conn {
     io: Io,
     /// Its read side as h2 sees it: an `:authority` with a scheme made acceptable
-    /// (`authority/`).
+    /// (`authority_header/`).
     authority: AuthorityFix,
     info: ConnInfo,
     /// Counts it in `etcd_cache_proxy_connections` until it is closed.

@@ -1,5 +1,5 @@
 //! Why the proxy could not start or keep serving. Runtime errors of calls are gRPC
-//! statuses (see `status.rs`).
+//! statuses (see `etcd_errors.rs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 //! [`HttpFrontLayer`], outermost of the layers, answers every request that is not gRPC
 //! (its content-type is not `application/grpc…`): those two paths, and 404 for any
 //! other. gRPC requests pass on to the services untouched. The read side of a connection
-//! that is not HTTP/2 passes the `:authority` shim unchanged (`authority/`).
+//! that is not HTTP/2 passes the `:authority` shim unchanged (`authority_header/`).
 //!
 //! grpc-proxy's `/metrics` is etcd's metrics fetched from one of its endpoints, and its
 //! own at `/proxy/metrics`; here both paths serve the proxy's own (with the cache's):

@@ -3,45 +3,42 @@
 //! Watches and ranges inside the cached prefix are answered from memory (one upstream
 //! watch for every client); everything else is forwarded to etcd. See `docs/PROXY.md`.
 //!
-//! One file per etcd service, each a thin adapter over the cache or a forwarding
-//! client: `kv`, `watch` (a folder: the per-stream session, the cache-served and the
-//! etcd-forwarded sides, the progress machine, the responses; its `mod.rs` maps them),
-//! `lease`, `cluster`, `maintenance`, `auth`, `election`, `lock`. Shared pieces: `config`
-//! (flags), `upstream` (the seam to etcd: a client's call carries the client's token
-//! only), `authz` (what the cache serves goes only to callers etcd allows), `cache_slot`
-//! (the cache, built for etcd's auth state), `forward_macros` (`forward!`, a unary
-//! method passed to etcd as it is, and `call_upstream!`), `namespace`, `state`, `conn`
-//! (per-connection info), `authority` (below h2 on each connection: an `:authority` with
-//! a scheme made acceptable), `layers` (tower layers), `metrics` (the proxy's metrics and
-//! the `--metrics-addr` endpoint), `http_front` (HTTP/1.1 `/proxy/health` and `/metrics`
-//! on the gRPC port), `auto_sync` (`--endpoints-auto-sync-interval`), `status` (etcd's errors), `error` (start-up errors),
+//! One file per etcd service under `services/`, each a thin adapter over the cache or a
+//! forwarding client (`kv`, `lease`, `cluster`, `maintenance`, `auth`, `election`,
+//! `lock`), and one folder for Watch: `watch` (the per-stream session, the cache-served
+//! and the etcd-forwarded sides, the progress machine, the messages sent; its `mod.rs`
+//! maps them). Shared pieces: `config` (flags), `upstream` (the seam to etcd: a client's
+//! call carries the client's token only), `authz` (what the cache serves goes only to
+//! callers etcd allows, and everything the proxy knows of etcd's auth), `cache_slot` (the
+//! cache, built for etcd's auth state), `forward_macros` (`forward!`, a unary method
+//! passed to etcd as it is, and `call_upstream!`), `namespace`, `state`, `conn`
+//! (per-connection info), `authority_header` (below h2 on each connection: an
+//! `:authority` with a scheme made acceptable), `layers` (tower layers), `metrics` (the
+//! proxy's metrics and the `--metrics-addr` endpoint), `http_front` (HTTP/1.1
+//! `/proxy/health` and `/metrics` on the gRPC port), `auto_sync`
+//! (`--endpoints-auto-sync-interval`), `etcd_errors` (etcd's errors and refusal texts),
+//! `error` (start-up errors),
 //! `pb` (the generated code), `server` (start-up and shutdown).
 
-mod auth;
-mod authority;
+mod authority_header;
 mod authz;
 mod auto_sync;
 mod cache_slot;
-mod cluster;
 mod config;
 mod conn;
-mod election;
 mod error;
+mod etcd_errors;
 mod forward_macros;
 mod http_front;
-mod kv;
 mod layers;
-mod lease;
-mod lock;
-mod maintenance;
 mod metrics;
 mod namespace;
 mod pb;
 mod register;
 mod server;
 mod server_tls;
+mod services;
 mod state;
-mod status;
 mod upstream;
 mod watch;
 

@@ -164,7 +164,7 @@ pub(crate) enum Served {
     Etcd,
 }
 
-/// The `reason` label of a refused watch create (`watch::responses::Refusal::kind`).
+/// The `reason` label of a refused watch create (`watch::refusal::Refusal::kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RefusalKind {
     /// `--max-watches-per-connection`.

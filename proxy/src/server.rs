@@ -13,20 +13,13 @@ use tokio::sync::watch;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
-use crate::auth::AuthService;
 use crate::authz::Authz;
 use crate::cache_slot::CacheSlot;
-use crate::cluster::ClusterService;
 use crate::config::Config;
 use crate::conn;
-use crate::election::ElectionService;
 use crate::error::{Error, Result};
 use crate::http_front::HttpFrontLayer;
-use crate::kv::KvService;
 use crate::layers::{CallsLayer, InFlight};
-use crate::lease::LeaseService;
-use crate::lock::LockService;
-use crate::maintenance::MaintenanceService;
 use crate::namespace::Namespace;
 use crate::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
@@ -35,6 +28,13 @@ use crate::pb::etcdserverpb::{
 use crate::pb::v3electionpb::election_server::ElectionServer;
 use crate::pb::v3lockpb::lock_server::LockServer;
 use crate::register::Registration;
+use crate::services::auth::AuthService;
+use crate::services::cluster::ClusterService;
+use crate::services::election::ElectionService;
+use crate::services::kv::KvService;
+use crate::services::lease::LeaseService;
+use crate::services::lock::LockService;
+use crate::services::maintenance::MaintenanceService;
 use crate::state::{Limits, State};
 use crate::upstream::{self, Upstream};
 use crate::watch::{WatchServer, WatchService};

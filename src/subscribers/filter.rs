@@ -1,10 +1,10 @@
 //! What one subscriber receives: which keys, with or without previous key-values,
 //! and which event types.
 
+use crate::events::SharedEvents;
 use crate::history::Batch;
 use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType};
-use crate::shared_events::SharedEvents;
 
 /// A subscriber's filter. Subscribers with equal filters share one group in the index,
 /// so a batch's payload is selected once per group.

@@ -25,12 +25,13 @@ use std::task::Waker;
 
 use hashbrown::HashTable;
 use indexmap::IndexMap;
+use parking_lot::MutexGuard;
 use slab::Slab;
 
 use super::filter::Filter;
-use super::mailbox::{LagCount, Mailbox};
+use super::mailbox::{End, LagCount, Mailbox};
+use crate::events::SharedEvents;
 use crate::history::Batch;
-use crate::shared_events::SharedEvents;
 
 /// Identifies one subscriber, unique within a cache.
 pub(crate) type SubId = u64;
@@ -378,6 +379,67 @@ impl Index {
         self.groups
             .iter()
             .flat_map(|(_, g)| g.members.iter().map(|(id, m)| (id, m.filter(), m)))
+    }
+}
+
+/// The index locked by the follower: dispatch, wakers, culling after a gap.
+pub(crate) struct LockedIndex<'a> {
+    index: MutexGuard<'a, Index>,
+    lag: &'a LagCount,
+}
+
+impl<'a> LockedIndex<'a> {
+    pub(super) fn new(index: MutexGuard<'a, Index>, lag: &'a LagCount) -> Self {
+        LockedIndex { index, lag }
+    }
+}
+
+impl LockedIndex<'_> {
+    /// Pushes `batch` to every matching subscriber (tests: the follower dispatches a
+    /// burst at a time, with [`dispatch_all`](Self::dispatch_all)).
+    #[cfg(test)]
+    pub(crate) fn dispatch(&mut self, batch: &Batch) -> DispatchStats {
+        self.index.dispatch(batch, self.lag)
+    }
+
+    /// Pushes `batches` (one burst, in revision order) to every matching subscriber,
+    /// each subscriber's share under one lock of its mailbox.
+    pub(crate) fn dispatch_all(&mut self, batches: &[Arc<Batch>]) -> DispatchStats {
+        self.index.dispatch_all(batches, self.lag)
+    }
+
+    /// Moves out the wakers of consumers that got deliveries. Wake them after the lock
+    /// is released.
+    pub(crate) fn take_wakers(&mut self, into: &mut Vec<Waker>) {
+        self.index.take_wakers(into);
+    }
+
+    /// After a re-list at `revision`: ends, as compacted, every subscriber positioned
+    /// before `revision` unless `unchanged` proves it missed nothing (its position then
+    /// moves to `revision`). Returns `(ended, kept)`.
+    pub(crate) fn cull_after_gap(
+        &mut self,
+        revision: i64,
+        unchanged: impl Fn(&Filter) -> bool,
+    ) -> (usize, usize) {
+        let mut gone = Vec::new();
+        let mut kept = 0usize;
+        for (id, filter, mailbox) in self.index.all() {
+            if mailbox.last_rev() >= revision {
+                continue;
+            }
+            if unchanged(filter) && mailbox.skip_to(revision) {
+                kept += 1;
+            } else {
+                gone.push((id, mailbox.clone()));
+            }
+        }
+        for (id, mailbox) in &gone {
+            if let Some(mailbox) = self.index.remove(*id, mailbox.filter()) {
+                mailbox.end(End::Compacted(revision + 1), self.lag);
+            }
+        }
+        (gone.len(), kept)
     }
 }
 

@@ -42,8 +42,8 @@ use parking_lot::Mutex;
 
 use super::filter::Filter;
 use crate::error::Error;
+use crate::events::SharedEvents;
 use crate::history::{History, SharedHistory};
-use crate::shared_events::SharedEvents;
 
 /// One response's worth of events for one subscriber.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //! compaction gap, watch slots and scopes. It owns the subscriber index, the watch
 //! counters and the lag count.
 //!
-//! - [`index`]: which subscribers a batch goes to;
+//! - [`index`]: which subscribers a batch goes to, and the index as the follower locks it;
 //! - [`mailbox`]: one subscriber's bounded queue, its lagging state and catch-up;
 //! - [`filter`]: what one subscriber receives.
 //!
@@ -24,15 +24,14 @@ pub(crate) mod mailbox;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Waker;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::history::{Batch, SharedHistory};
+use crate::history::SharedHistory;
 use filter::Filter;
-pub(crate) use index::SubId;
-use index::{DispatchStats, Index};
+use index::Index;
+pub(crate) use index::{LockedIndex, SubId};
 use mailbox::{End, LagCount, Mailbox, CATCH_UP_SCAN};
 
 /// The registry. Lock order: the index, then the history, then a mailbox.
@@ -203,65 +202,7 @@ impl Subscribers {
 
     /// The index, locked for the follower's flush of one burst of upstream messages.
     pub(crate) fn lock(&self) -> LockedIndex<'_> {
-        LockedIndex {
-            index: self.index.lock(),
-            lag: &self.lag,
-        }
-    }
-}
-
-/// The index locked by the follower: dispatch, wakers, culling after a gap.
-pub(crate) struct LockedIndex<'a> {
-    index: MutexGuard<'a, Index>,
-    lag: &'a LagCount,
-}
-
-impl LockedIndex<'_> {
-    /// Pushes `batch` to every matching subscriber (tests: the follower dispatches a
-    /// burst at a time, with [`dispatch_all`](Self::dispatch_all)).
-    #[cfg(test)]
-    pub(crate) fn dispatch(&mut self, batch: &Batch) -> DispatchStats {
-        self.index.dispatch(batch, self.lag)
-    }
-
-    /// Pushes `batches` (one burst, in revision order) to every matching subscriber,
-    /// each subscriber's share under one lock of its mailbox.
-    pub(crate) fn dispatch_all(&mut self, batches: &[Arc<Batch>]) -> DispatchStats {
-        self.index.dispatch_all(batches, self.lag)
-    }
-
-    /// Moves out the wakers of consumers that got deliveries. Wake them after the lock
-    /// is released.
-    pub(crate) fn take_wakers(&mut self, into: &mut Vec<Waker>) {
-        self.index.take_wakers(into);
-    }
-
-    /// After a re-list at `revision`: ends, as compacted, every subscriber positioned
-    /// before `revision` unless `unchanged` proves it missed nothing (its position then
-    /// moves to `revision`). Returns `(ended, kept)`.
-    pub(crate) fn cull_after_gap(
-        &mut self,
-        revision: i64,
-        unchanged: impl Fn(&Filter) -> bool,
-    ) -> (usize, usize) {
-        let mut gone = Vec::new();
-        let mut kept = 0usize;
-        for (id, filter, mailbox) in self.index.all() {
-            if mailbox.last_rev() >= revision {
-                continue;
-            }
-            if unchanged(filter) && mailbox.skip_to(revision) {
-                kept += 1;
-            } else {
-                gone.push((id, mailbox.clone()));
-            }
-        }
-        for (id, mailbox) in &gone {
-            if let Some(mailbox) = self.index.remove(*id, mailbox.filter()) {
-                mailbox.end(End::Compacted(revision + 1), self.lag);
-            }
-        }
-        (gone.len(), kept)
+        LockedIndex::new(self.index.lock(), &self.lag)
     }
 }
 

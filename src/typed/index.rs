@@ -16,7 +16,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::error::{Error, Result};
 use crate::list_watch::{ListWatch, ListWatchEvent, Step};
-use crate::typed::decoder::{Source, TypedKv, TypedList};
+use crate::typed::source::{Source, TypedKv, TypedList};
 
 /// Index keys of an object.
 type KeysOf<T> = Box<dyn Fn(&T) -> Vec<String> + Send + Sync>;
@@ -158,7 +158,7 @@ impl<T: Send + Sync + 'static> Indexes<T> {
         let (tx, state) = watch::channel(Arc::new(State::empty(specs.len())));
         let nudge = Arc::new(Nudge::default());
         let task = rt.spawn(follow(
-            crate::typed::decoder::list_watch(&source),
+            crate::typed::source::list_watch(&source),
             specs.clone(),
             tx,
             nudge.clone(),

@@ -7,7 +7,7 @@
 //! whichever reader or watcher meets it first, whatever the number of subscribers.
 //!
 //! - `codec.rs`: the [`Codec`] trait, JSON and protobuf codecs, [`DecodeError`].
-//! - `decoder.rs`: what every part of a view shares (the cache, the prefix, the codec
+//! - `source.rs`: what every part of a view shares (the cache, the prefix, the codec
 //!   and the decode through the key-value's memo), [`TypedKv`], [`TypedList`].
 //! - `watch.rs`: [`TypedWatchStream`], a cache watch whose events carry objects.
 //! - `index.rs`: the indexes a view keeps (a task that follows the view with a
@@ -16,8 +16,8 @@
 //! This file holds the builder and the view; the files above never import it.
 
 pub(crate) mod codec;
-pub(crate) mod decoder;
 pub(crate) mod index;
+pub(crate) mod source;
 pub(crate) mod watch;
 
 use std::fmt;
@@ -29,14 +29,14 @@ use crate::kv::KeyValue;
 use crate::list_watch::ListWatch;
 use crate::read::GetOptions;
 use crate::watch::WatchOptions;
-use decoder::Source;
+use source::Source;
 
 #[cfg(feature = "json")]
 pub use codec::JsonCodec;
 #[cfg(feature = "prost")]
 pub use codec::ProstCodec;
 pub use codec::{decode_with, BoxError, Codec, DecodeError, FnCodec};
-pub use decoder::{Decoded, TypedKv, TypedList};
+pub use source::{Decoded, TypedKv, TypedList};
 pub use watch::{TypedEvent, TypedWatchResponse, TypedWatchStream};
 
 impl Cache {
@@ -284,7 +284,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     /// The view's objects at one revision, then every change after it, as one stream
     /// (see [`ListWatch`]).
     pub fn list_watch(&self) -> ListWatch<TypedKv<T>> {
-        decoder::list_watch(&self.source)
+        source::list_watch(&self.source)
     }
 
     /// The list-watch of the view's objects under `prefix` only (a part of the view):
@@ -302,7 +302,7 @@ impl<T: Send + Sync + 'static> TypedView<T> {
     pub fn list_watch_prefix(&self, prefix: impl Into<Vec<u8>>) -> Result<ListWatch<TypedKv<T>>> {
         let prefix = prefix.into();
         self.check_key(&prefix)?;
-        Ok(decoder::list_watch_under(&self.source, prefix))
+        Ok(source::list_watch_under(&self.source, prefix))
     }
 
     /// The objects whose index `name` holds `key`, at one revision, consistent as a

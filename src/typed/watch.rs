@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::kv::{EventType, KeyValue};
 use crate::typed::codec::DecodeError;
-use crate::typed::decoder::{Decoded, Source, TypedKv};
+use crate::typed::source::{Decoded, Source, TypedKv};
 use crate::watch::{WatchResponse, WatchStream};
 
 /// The stream of [`TypedView::watch`](crate::TypedView::watch): a [`WatchStream`] of the cache whose events

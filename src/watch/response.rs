@@ -1,7 +1,7 @@
 //! [`WatchResponse`], as `etcd_client::WatchResponse`.
 
+use crate::events::SharedEvents;
 use crate::kv::Event;
-use crate::shared_events::SharedEvents;
 
 /// The header of a response: etcd-client's type, with the cache's revision and the
 /// upstream's cluster id, member id and raft term (0 until the cache has heard them).

@@ -11,9 +11,9 @@ use tokio::time::{Instant, Sleep};
 
 use super::register::Registration;
 use crate::error::Error;
+use crate::events::SharedEvents;
 use crate::metrics::EndReason;
 use crate::shared::Shared;
-use crate::shared_events::SharedEvents;
 use crate::subscribers::mailbox::{End, Mailbox, Polled};
 use crate::subscribers::{Registered, Slot, SubId};
 

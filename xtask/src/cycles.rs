@@ -134,7 +134,8 @@ fn named_circles(edges: &[BTreeSet<usize>], name: impl Fn(usize) -> String) -> V
         .collect()
 }
 
-fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every `.rs` file under `dir`, recursively, in sorted order, into `out`.
+pub(crate) fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };

@@ -8,7 +8,8 @@ use std::process::Command;
 use crate::{etcd_dir, root, run, target_dir};
 
 pub(crate) const HELP: &str = "\
-cargo xtask kubernetes [--etcd 3.6|3.7] [--no-watch-cache] [--kcm] [--no-build]
+cargo xtask kubernetes [--etcd 3.6|3.7] [--no-watch-cache] [--kcm]
+        [--fault proxy-kill|etcd-restart] [--no-build]
         A real Kubernetes control plane through etcd-cache-proxy and directly on etcd,
         compared: builds the debug proxy and (cached, target/kubernetes-go/bin) kube-apiserver
         and kubectl v1.37.2 from the Go module proxy (proxy/tests/kubernetes/build.sh), then
@@ -20,10 +21,12 @@ cargo xtask kubernetes [--etcd 3.6|3.7] [--no-watch-cache] [--kcm] [--no-build]
         or a difference between the two. --no-watch-cache: kube-apiserver without its watch
         cache (--watch-cache=false), so kubectl's watches and lists reach the proxy itself.
         --kcm: kube-controller-manager too (built and run beside kube-apiserver).
+        --fault proxy-kill: after round 1, the proxy killed with -9 and started again;
+        --fault etcd-restart: etcd killed with -9 and started again on its data dir.
         --no-build: use the binaries already built.
 ";
 
-/// `cargo xtask kubernetes [--etcd V] [--no-watch-cache] [--kcm] [--no-build]`.
+/// `cargo xtask kubernetes [--etcd V] [--no-watch-cache] [--kcm] [--fault F] [--no-build]`.
 pub fn command(args: &[String]) -> i32 {
     let mut etcd = "3.6".to_string();
     let mut build = true;
@@ -44,6 +47,17 @@ pub fn command(args: &[String]) -> i32 {
             },
             "--no-build" => build = false,
             "--no-watch-cache" | "--kcm" => flags.push(a.clone()),
+            "--fault" => match it.next().map(String::as_str) {
+                Some(f @ ("proxy-kill" | "etcd-restart")) => {
+                    flags.extend(["--fault".to_string(), f.to_string()]);
+                }
+                _ => {
+                    eprintln!(
+                        "xtask kubernetes: --fault needs proxy-kill or etcd-restart\n\n{HELP}"
+                    );
+                    return 2;
+                }
+            },
             other => {
                 eprintln!("xtask kubernetes: unknown argument `{other}`\n\n{HELP}");
                 return 2;

@@ -17,6 +17,7 @@ mod msrv;
 mod prereqs;
 mod robustness;
 mod side_by_side;
+mod sizes;
 mod test_cmd;
 
 use std::env;
@@ -33,10 +34,12 @@ Commands:
   test [--full-matrix | --no-matrix] [--jobs N] [cargo-args] [-- test-args]
         Runs every test. First `cargo xtask etcd-bins` (below), then, with ETCD_VERSION=3.4
         (Debian's etcd; or the ETCD_VERSION you set):
-          `cargo test --workspace --all-targets` (unit, integration against real etcd
-          processes; benches and examples are built), `cargo test --workspace --doc`,
-          `cargo xtask cycles`, `cargo xtask doc-refs`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
-          --all-features -- -D warnings`, `cargo test --lib --features metrics`, a
+          `cargo test --workspace --features etcd-cache/metrics --tests` (unit, with
+          the metrics feature's, and integration against real etcd processes; the
+          examples built and run by tests/examples.rs; benches are checked by clippy),
+          `cargo test --workspace --doc`,
+          `cargo xtask cycles`, `cargo xtask sizes`, `cargo xtask doc-refs`, `cargo fmt --all -- --check`, `cargo clippy --workspace --all-targets
+          --all-features -- -D warnings`, a
           no-feature `cargo check`, `cargo doc` of both crates (RUSTDOCFLAGS=-D warnings); `cargo package -p etcd-cache --locked` (builds the
           packaged crate; `--allow-dirty` added, with a note, only when git reports
           uncommitted changes); `cargo xtask msrv`;
@@ -99,6 +102,11 @@ Commands:
         path (crate::, super::, self::, a child module's name; inline paths and brace
         groups too, not only `use` lines); fails if there is one. `test` runs it with the
         lints.
+  sizes
+        Checks the house's bounds in src/ and proxy/src/: no file over 800 lines, no
+        function over 120 (from its `fn` to its closing brace, literals and comments
+        blanked); prints what is over and the largest of each; fails if one is over.
+        `test` runs it with the lints.
   doc-refs
         Checks that every `file.rs: Item` or `file.rs: Type::item` the docs cite (docs/*.md,
         README.md, CONTRIBUTING.md, proxy/tests/*/README.md) names a file and an item that
@@ -153,6 +161,7 @@ fn main() {
         "kubernetes" => kubernetes::command(&rest),
         "msrv" => msrv::command(&rest),
         "cycles" => cycles::command(&rest),
+        "sizes" => sizes::command(&rest),
         "doc-refs" => doc_refs::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),

@@ -3,7 +3,7 @@
 
 use tonic::Status;
 
-use crate::status::is_auth_refusal;
+use crate::etcd_errors::is_auth_refusal;
 use crate::upstream::Upstream;
 
 /// Refuses to start when the proxy's own etcd identity (`--user`, or the CN of `--cert`,

@@ -11,8 +11,8 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
 use super::AuthState;
+use crate::etcd_errors::is_auth_refusal;
 use crate::pb::etcdserverpb::{auth_client::AuthClient, AuthStatusRequest, RangeRequest};
-use crate::status::is_auth_refusal;
 use crate::upstream::Upstream;
 
 use super::{

@@ -66,8 +66,8 @@ use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
+use crate::etcd_errors::is_auth_refusal;
 use crate::pb::etcdserverpb::RangeRequest;
-use crate::status::is_auth_refusal;
 use crate::upstream::{Upstream, TOKEN};
 
 use decisions::{jwt_expiry, Decision, Decisions, Verdict, DECISION_OVERHEAD};

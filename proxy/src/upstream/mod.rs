@@ -226,7 +226,7 @@ impl Upstream {
     {
         f(self.request(from, msg))
             .await
-            .map_err(crate::status::as_etcd_client_sees)
+            .map_err(crate::etcd_errors::as_etcd_client_sees)
     }
 
     /// Calls etcd for the proxy's own work with its token; when etcd says the token is

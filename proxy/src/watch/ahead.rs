@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use super::id_map::IdMap;
+
 /// Asks etcd's revision (`None` if it could not be learned).
 pub(crate) type Ask = Arc<dyn Fn() -> BoxFuture<'static, Option<i64>> + Send + Sync>;
 
@@ -30,6 +32,64 @@ pub(crate) const WAITING_LIMIT: usize = 4096;
 /// How long the question may take before the requests it covers are taken as any
 /// other (their answer then waits for the sides, as before this check).
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A stream's watches from a revision the proxy had not reached when they were created,
+/// and the progress requests that wait for etcd's revision because of them.
+#[derive(Default)]
+pub(crate) struct Ahead {
+    /// Their start revisions, by id (pruned once reached, or once the id names no watch).
+    starts: IdMap<i64>,
+    /// The requests waiting for etcd's revision (made on first use).
+    checks: Option<AheadChecks>,
+}
+
+impl Ahead {
+    /// A create (of either side) was taken under `id`, from `start`, while the proxy
+    /// was at `revision`.
+    pub(crate) fn created(&mut self, id: i64, start: i64, revision: i64) {
+        if start > revision {
+            self.starts.insert(id, start);
+        } else {
+            self.starts.remove(&id);
+        }
+    }
+
+    /// The highest start of a watch of the stream from beyond `revision` (the proxy's
+    /// now), if there is one. Forgets the starts reached and those of ids that name no
+    /// watch (`in_use`).
+    pub(crate) fn highest(&mut self, revision: i64, in_use: impl Fn(i64) -> bool) -> Option<i64> {
+        if self.starts.is_empty() {
+            return None;
+        }
+        self.starts
+            .retain(|&id, &mut start| start > revision && in_use(id));
+        self.starts.values().copied().max()
+    }
+
+    /// A progress request with a watch from `start`: etcd's revision is asked (`ask`
+    /// makes the question on first use). False if too many wait already.
+    pub(crate) fn check(&mut self, start: i64, ask: impl FnOnce() -> Ask) -> bool {
+        self.checks
+            .get_or_insert_with(|| AheadChecks::new(ask()))
+            .add(start)
+    }
+
+    /// Whether a question is in flight.
+    pub(crate) fn busy(&self) -> bool {
+        self.checks.as_ref().is_some_and(AheadChecks::busy)
+    }
+
+    /// See [`AheadChecks::next`]; pending forever when nothing is asked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn next(&mut self) -> Checked {
+        match self.checks.as_mut() {
+            Some(checks) => checks.next().await,
+            None => futures::future::pending().await,
+        }
+    }
+}
 
 /// The stream's progress requests that wait for etcd's revision, each with the highest
 /// start of a watch of the stream the proxy had not reached when it came.

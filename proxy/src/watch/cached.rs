@@ -14,7 +14,7 @@ use etcd_cache::{
     Cache, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse, WatchResponseStream,
 };
 
-use super::responses::Refusal;
+use super::refusal::Refusal;
 use crate::pb::etcdserverpb::{watch_create_request::FilterType, WatchCreateRequest};
 
 /// Why the cache did not take a create.
@@ -33,6 +33,9 @@ pub(crate) struct Watches {
     responses: WatchResponseStream,
     /// The per-connection cap (0: none).
     limit: usize,
+    /// A create with id 0 (the cache's next free id) was made: the cache gives ids as
+    /// etcd does, never one twice, so 0 is not given again.
+    zero_used: bool,
 }
 
 impl Watches {
@@ -49,7 +52,20 @@ impl Watches {
             sender,
             responses,
             limit,
+            zero_used: false,
         }
+    }
+
+    /// Whether etcd's answers to `RequestProgress` are trusted (etcd#15220: earlier
+    /// versions answer before a new watch has caught up).
+    pub(crate) fn progress_trusted(&self) -> bool {
+        self.cache.progress_trusted()
+    }
+
+    /// Whether a create with id 0 gets id 0 (no create with id 0 was made on this
+    /// stream yet): a watch the client knows as 0 can come to the cache under its id.
+    pub(crate) fn gives_zero(&self) -> bool {
+        !self.zero_used
     }
 
     /// The revisions the cache can replay (`Cache::history_span`).
@@ -78,6 +94,7 @@ impl Watches {
         range_end: &[u8],
         watch_id: i64,
     ) -> Result<(), NotTaken> {
+        self.zero_used |= watch_id == 0;
         let mut opts = WatchOptions::new()
             .with_start_revision(request.start_revision)
             .with_watch_id(watch_id);

@@ -5,9 +5,9 @@
 //! canceled while etcd may still hold its revisions: the session moves it to etcd under
 //! its id, from its next revision (`session/moves.rs: catch_up`), and etcd, not the
 //! cache, decides whether that revision is compacted. Once etcd has brought it into the
-//! newer half of the cache's window, it returns to the cache from its next revision
-//! (`session/moves.rs: rejoin`), so that a burst does not leave etcd with one watch per
-//! client for good.
+//! newer half of the cache's window (or just ahead of it), it returns to the cache from
+//! its next revision (`session/moves.rs: rejoin`), so that a burst does not leave etcd
+//! with one watch per client for good.
 //!
 //! The phases, and what moves a watch between them (each a method below):
 //!
@@ -29,7 +29,7 @@ use tonic::Status;
 
 use super::id_map::IdMap;
 
-use crate::pb::etcdserverpb::WatchCreateRequest;
+use crate::pb::etcdserverpb::{watch_create_request::FilterType, WatchCreateRequest};
 
 /// Where a watch is in its life.
 #[derive(Debug)]
@@ -65,14 +65,83 @@ impl Phase {
     }
 }
 
-/// One watch: its create as etcd would take it (etcd's keyspace, its id), the revision
-/// it needs next (every revision below it has been sent to the client, as events or as
-/// progress; 0 until a watch from now is created), and its phase.
+/// One watch: its create as etcd would take it (etcd's keyspace; its id is the map's
+/// key), the revision it needs next (every revision below it has been sent to the
+/// client, as events or as progress; 0 until a watch from now is created), and its
+/// phase.
 #[derive(Debug)]
 pub(super) struct Entry {
-    create: WatchCreateRequest,
+    create: Kept,
     next: i64,
     phase: Phase,
+}
+
+/// A create as an entry keeps it: what a create from another revision needs, its key
+/// and range end in one allocation (the whole `WatchCreateRequest`, about 110 bytes
+/// inline and a share of the stream's receive buffer, is kept by no open watch).
+#[derive(Debug)]
+struct Kept {
+    /// The key, then the range end.
+    range: Box<[u8]>,
+    key_len: u32,
+    flags: u8,
+}
+
+const PROGRESS_NOTIFY: u8 = 1;
+const PREV_KV: u8 = 1 << 1;
+const NO_PUT: u8 = 1 << 2;
+const NO_DELETE: u8 = 1 << 3;
+const FRAGMENT: u8 = 1 << 4;
+
+impl Kept {
+    fn new(create: &WatchCreateRequest) -> Self {
+        let mut range = Vec::with_capacity(create.key.len() + create.range_end.len());
+        range.extend_from_slice(&create.key);
+        range.extend_from_slice(&create.range_end);
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let filter = |f: FilterType| create.filters.contains(&(f as i32));
+        Kept {
+            range: range.into_boxed_slice(),
+            // A key is part of one gRPC message, whose length prefix is 32 bits.
+            key_len: u32::try_from(create.key.len()).expect("a key under 4 GiB"),
+            flags: flag(create.progress_notify, PROGRESS_NOTIFY)
+                | flag(create.prev_kv, PREV_KV)
+                | flag(filter(FilterType::Noput), NO_PUT)
+                | flag(filter(FilterType::Nodelete), NO_DELETE)
+                | flag(create.fragment, FRAGMENT),
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.range[..self.key_len as usize]
+    }
+
+    fn range_end(&self) -> &[u8] {
+        &self.range[self.key_len as usize..]
+    }
+
+    /// The create of watch `watch_id` from `start_revision`. Filters other than etcd's
+    /// two were never kept: etcd ignores them.
+    fn create(&self, watch_id: i64, start_revision: i64) -> WatchCreateRequest {
+        let on = |bit: u8| self.flags & bit != 0;
+        let mut filters = Vec::new();
+        if on(NO_PUT) {
+            filters.push(FilterType::Noput as i32);
+        }
+        if on(NO_DELETE) {
+            filters.push(FilterType::Nodelete as i32);
+        }
+        WatchCreateRequest {
+            key: Bytes::copy_from_slice(self.key()),
+            range_end: Bytes::copy_from_slice(self.range_end()),
+            start_revision,
+            progress_notify: on(PROGRESS_NOTIFY),
+            filters,
+            prev_kv: on(PREV_KV),
+            watch_id,
+            fragment: on(FRAGMENT),
+        }
+    }
 }
 
 impl Entry {
@@ -93,12 +162,9 @@ impl Entry {
         }
     }
 
-    /// Its create from its next revision.
-    fn resume_create(&self) -> WatchCreateRequest {
-        WatchCreateRequest {
-            start_revision: self.next,
-            ..self.create.clone()
-        }
+    /// Its create (as watch `watch_id`) from its next revision.
+    fn resume_create(&self, watch_id: i64) -> WatchCreateRequest {
+        self.create.create(watch_id, self.next)
     }
 }
 
@@ -106,6 +172,8 @@ impl Entry {
 #[derive(Default)]
 pub(super) struct Entries {
     by_id: IdMap<Entry>,
+    /// How many are away (served by etcd for now).
+    away: usize,
 }
 
 impl Entries {
@@ -127,15 +195,25 @@ impl Entries {
     }
 
     fn insert(&mut self, create: WatchCreateRequest, phase: Phase) {
-        let next = create.start_revision;
-        self.by_id.insert(
-            create.watch_id,
-            Entry {
-                create,
-                next,
-                phase,
-            },
-        );
+        self.away += usize::from(matches!(phase, Phase::Away));
+        let entry = Entry {
+            create: Kept::new(&create),
+            next: create.start_revision,
+            phase,
+        };
+        if let Some(old) = self.by_id.insert(create.watch_id, entry) {
+            self.away -= usize::from(matches!(old.phase, Phase::Away));
+        }
+    }
+
+    /// Whether a watch is away (served by etcd for now).
+    pub(super) fn has_away(&self) -> bool {
+        self.away > 0
+    }
+
+    /// How many watches are away.
+    pub(super) fn away_count(&self) -> usize {
+        self.away
     }
 
     pub(super) fn phase(&self, watch_id: i64) -> Option<&Phase> {
@@ -153,7 +231,9 @@ impl Entries {
     /// The entry ends (the client canceled it, the cache's `canceled` came, or etcd
     /// ended it while away).
     pub(super) fn remove(&mut self, watch_id: i64) -> Option<Entry> {
-        self.by_id.remove(&watch_id)
+        let e = self.by_id.remove(&watch_id)?;
+        self.away -= usize::from(matches!(e.phase, Phase::Away));
+        Some(e)
     }
 
     /// The cache's `created` came (at `created_revision`): a watch being created or
@@ -207,7 +287,10 @@ impl Entries {
         for (id, e) in &self.by_id {
             if matches!(e.phase, Phase::Cached | Phase::Creating) {
                 by_range
-                    .entry((e.create.key.clone(), e.create.range_end.clone()))
+                    .entry((
+                        Bytes::copy_from_slice(e.create.key()),
+                        Bytes::copy_from_slice(e.create.range_end()),
+                    ))
                     .or_default()
                     .push(*id);
             }
@@ -247,35 +330,46 @@ impl Entries {
     fn goes_away(&mut self, watch_id: i64, from: fn(&Phase) -> bool) -> Option<WatchCreateRequest> {
         let e = self.by_id.get_mut(&watch_id).filter(|e| from(&e.phase))?;
         e.phase = Phase::Away;
-        Some(e.resume_create())
+        self.away += 1;
+        Some(e.resume_create(watch_id))
     }
 
     /// etcd sent a watch away everything up to `through` (its events, or its progress).
     /// Its create from the next revision, if that revision is in the newer half of the
-    /// cache's window `[floor, head]`: it goes back to the cache (rejoining; see
-    /// [`created`](Self::created)).
+    /// cache's window `[floor, head]`, or ahead of the head by less than half the window:
+    /// it goes back to the cache (rejoining; see [`created`](Self::created)). etcd's
+    /// answer to a watch usually comes before the cache has applied the same revision
+    /// (both come from etcd; the cache's goes through its follower), so a watch whose
+    /// writes have stopped would otherwise stay with etcd for good; a cache that has
+    /// stopped following (its head still) is not given watches etcd is far ahead of.
+    /// `zero_free`: a create with id 0 gets id 0 on the cache's side (see
+    /// `cached.rs: Watches::gives_zero`).
     pub(super) fn returning(
         &mut self,
         watch_id: i64,
         through: i64,
         (floor, head): (i64, i64),
+        zero_free: bool,
     ) -> Option<WatchCreateRequest> {
         let e = self.by_id.get_mut(&watch_id)?;
         if !matches!(e.phase, Phase::Away) {
             return None;
         }
         e.next = e.next.max(through + 1);
-        // The cache reads id 0 as "any id" (as etcd does): a watch the client knows as 0
-        // cannot be given back under its id, so it stays with etcd.
-        if watch_id == 0 {
+        // The cache reads id 0 as "its next free id" (as etcd does): a watch the client
+        // knows as 0 is given back under its id only while that is 0 (the first watch of
+        // most clients' streams: clientv3 opens one per watch context), else it stays
+        // with etcd.
+        if watch_id == 0 && !zero_free {
             return None;
         }
-        let newer_half = floor + (head - floor) / 2;
-        if e.next < newer_half.max(floor + 1) || e.next > head + 1 {
+        let half = (head - floor) / 2;
+        if e.next < (floor + half).max(floor + 1) || e.next > head + 1 + half {
             return None;
         }
         e.phase = Phase::Rejoining;
-        Some(e.resume_create())
+        self.away -= 1;
+        Some(e.resume_create(watch_id))
     }
 }
 
@@ -303,6 +397,45 @@ mod tests {
             start_revision,
             ..Default::default()
         }
+    }
+
+    /// What an entry keeps of a create gives back the same create from another
+    /// revision: key, range end, flags and etcd's filters (an unknown filter, which
+    /// etcd ignores, is not kept).
+    #[test]
+    fn a_kept_create_is_the_create_from_another_revision() {
+        let create = WatchCreateRequest {
+            key: b"/a/k".to_vec().into(),
+            range_end: b"/a/l".to_vec().into(),
+            start_revision: 4,
+            progress_notify: true,
+            filters: vec![FilterType::Nodelete as i32, 7],
+            prev_kv: true,
+            watch_id: 9,
+            fragment: true,
+        };
+        let again = Kept::new(&create).create(9, 12);
+        assert_eq!(
+            again,
+            WatchCreateRequest {
+                start_revision: 12,
+                filters: vec![FilterType::Nodelete as i32],
+                ..create.clone()
+            }
+        );
+        let plain = WatchCreateRequest {
+            key: b"k".to_vec().into(),
+            watch_id: 3,
+            ..Default::default()
+        };
+        assert_eq!(Kept::new(&plain).create(3, 0), plain);
+    }
+
+    /// One entry per open watch, in a map keyed by its id: its size is per-watch memory
+    /// (the key and range end are one allocation beside it).
+    #[test]
+    fn an_entry_takes_48_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
     }
 
     /// A cached watch that falls behind resumes after the last revision it was sent.
@@ -340,32 +473,77 @@ mod tests {
         });
         c.created(7, 100);
         assert_eq!(c.fell_behind(7).map(|w| w.start_revision), Some(101));
-        assert!(c.returning(8, 5_000, (1_000, 3_000)).is_none(), "not away");
+        assert!(
+            c.returning(8, 5_000, (1_000, 3_000), true).is_none(),
+            "not away"
+        );
         // Window [1000, 3000]: the newer half starts at 2000.
         assert!(
-            c.returning(7, 1_500, (1_000, 3_000)).is_none(),
+            c.returning(7, 1_500, (1_000, 3_000), true).is_none(),
             "older half"
         );
-        let back = c.returning(7, 2_400, (1_000, 3_000)).expect("newer half");
+        let back = c
+            .returning(7, 2_400, (1_000, 3_000), true)
+            .expect("newer half");
         assert_eq!(
             (back.start_revision, back.watch_id, back.prev_kv),
             (2_401, 7, true)
         );
-        assert!(c.returning(7, 2_500, (1_000, 3_000)).is_none(), "back once");
+        assert!(
+            c.returning(7, 2_500, (1_000, 3_000), true).is_none(),
+            "back once"
+        );
         // Not taken back: away again, from where it was.
         assert_eq!(c.stays_away(7).map(|w| w.start_revision), Some(2_401));
-        let back = c.returning(7, 2_450, (1_000, 3_000)).expect("newer half");
+        let back = c
+            .returning(7, 2_450, (1_000, 3_000), true)
+            .expect("newer half");
         assert_eq!(back.start_revision, 2_451);
         // Taken back: cached, from its next revision.
         assert!(c.created(7, 2_900), "counted again");
         assert_eq!(c.fell_behind(7).map(|w| w.start_revision), Some(2_451));
         assert!(c.remove(7).is_some());
-        assert!(c.returning(7, 2_900, (1_000, 3_000)).is_none());
-        // Id 0 stays with etcd (the cache would read it as "any id").
+        assert!(c.returning(7, 2_900, (1_000, 3_000), true).is_none());
+        // Id 0 stays with etcd once the cache's stream gave 0 (it reads 0 as its next
+        // free id), and returns while that is still 0.
         c.creating(create(0, 0));
         c.created(0, 100);
         assert!(c.fell_behind(0).is_some());
-        assert!(c.returning(0, 2_400, (1_000, 3_000)).is_none());
+        assert!(c.returning(0, 2_400, (1_000, 3_000), false).is_none());
+        let back = c
+            .returning(0, 2_401, (1_000, 3_000), true)
+            .expect("0 is free");
+        assert_eq!((back.watch_id, back.start_revision), (0, 2_402));
+    }
+
+    /// etcd's answer to a watch away usually comes before the cache has applied the same
+    /// revision: a watch just ahead of the cache's head (by less than half the window)
+    /// goes back too, so that one whose writes stop does not stay with etcd; one far
+    /// ahead (a cache that stopped following) stays with etcd.
+    #[test]
+    fn a_watch_just_ahead_of_the_cache_returns_and_one_far_ahead_stays() {
+        let mut c = Entries::default();
+        c.away(create(5, 101));
+        c.away(create(6, 101));
+        // Window [1000, 3000]: up to 1000 ahead of the head.
+        assert!(
+            c.returning(6, 4_001, (1_000, 3_000), true).is_none(),
+            "far ahead"
+        );
+        assert!(matches!(c.phase(6), Some(Phase::Away)));
+        let back = c
+            .returning(5, 3_999, (1_000, 3_000), true)
+            .expect("just ahead");
+        assert_eq!(back.start_revision, 4_000, "from after what etcd sent");
+        assert!(matches!(c.phase(5), Some(Phase::Rejoining)));
+        assert!(c.has_away(), "6 is");
+        assert!(c.remove(6).is_some());
+        assert!(!c.has_away());
+        // Back to etcd (the cache did not take it), then ended.
+        c.away(back);
+        assert!(c.has_away());
+        assert!(c.remove(5).is_some());
+        assert!(!c.has_away());
     }
 
     /// A revocation cancels a watch being created or cached, once; one revoked before

@@ -32,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status, Streaming};
 
+use crate::etcd_errors;
 use crate::forward_macros::call_upstream;
 use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
@@ -40,10 +41,9 @@ use crate::pb::etcdserverpb::{
 };
 use crate::pb::mvccpb::event::EventType;
 use crate::pb::mvccpb::KeyValue;
-use crate::status;
 
-use super::id_map::{IdMap, IdSet};
-use super::responses::INVALID_WATCH_ID;
+use super::id_map::IdMap;
+use super::messages::INVALID_WATCH_ID;
 use crate::upstream::Upstream;
 
 /// The id on etcd's stream of the watch the client knows as 0.
@@ -63,6 +63,36 @@ const FILL_ATTEMPTS: usize = FILL_PAUSES.len();
 /// answers nothing).
 const FILL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// One live forwarded watch.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    /// It asked for prev_kv (see [`Forwarded::fill_prev_kv`]).
+    prev_kv: bool,
+    /// Its start revision, while etcd has not been heard to reach it (see the module
+    /// docs): no progress below it goes to the client.
+    ahead: Option<i64>,
+}
+
+/// A create sent to etcd and not answered yet.
+#[derive(Debug, Clone, Copy)]
+struct Creating {
+    id: i64,
+    /// It resumes a watch the client has already had `created` for (a cached watch
+    /// caught up from etcd): its `created` is not the client's.
+    resuming: bool,
+}
+
+/// What the last response given to the session was (asked once per response).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Last {
+    #[default]
+    Other,
+    /// etcd's reply to a cancel of the client's.
+    CancelReply,
+    /// etcd's `created` (or its refusal) of a resumed watch.
+    ResumedReply,
+}
+
 /// The forwarded watches of one client stream.
 pub(crate) struct Forwarded {
     upstream: Arc<Upstream>,
@@ -70,29 +100,27 @@ pub(crate) struct Forwarded {
     metadata: MetadataMap,
     tx: Option<mpsc::Sender<WatchRequest>>,
     rx: Option<Streaming<WatchResponse>>,
-    ids: IdSet,
-    /// The ones that asked for prev_kv.
-    prev_kv: IdSet,
-    /// The start revisions of the ones from a start revision etcd has not been heard to
-    /// reach (see the module docs): no progress below it goes to the client.
-    ahead: IdMap<i64>,
-    /// Ids of creates etcd has not answered yet, in order (etcd answers in order; a
-    /// refused create is answered with id -1).
-    creating: VecDeque<i64>,
+    /// The live forwarded watches, one entry each, by the client's id.
+    watches: IdMap<Watch>,
+    /// How many of them are [`Watch::ahead`] (a response is checked only while one is).
+    ahead: usize,
+    /// The creates etcd has not answered yet, in order (etcd answers in order; a refused
+    /// create is answered with id -1).
+    creating: VecDeque<Creating>,
     /// Cancels sent whose `canceled` has not come, by id (their ids are free already).
     canceling: IdMap<usize>,
-    /// The last response was the reply to a cancel.
-    cancel_reply: bool,
     /// Cancels etcd will never answer: their watch's create was refused.
     dead_cancels: usize,
     /// The proxy's own cancels (a watch returning to the cache), by id: etcd's reply is
     /// not the client's.
     retiring: IdMap<usize>,
-    /// Ids of creates that resume a watch the client has already had `created` for
-    /// (a cached watch caught up from etcd): their `created` is not the client's.
-    resuming: IdSet,
-    /// The last response was the `created` of a resumed watch.
-    resumed_reply: bool,
+    /// What the last response [`next`](Self::next) gave was, for the session.
+    last: Last,
+    /// The live watches when the oldest stream-level progress request not answered yet
+    /// was sent (empty when the session had none away then: it needs none): etcd's next
+    /// answer covers them, whichever request it answers (etcd answers one once every
+    /// watch of the stream is synced, or drops it, in order).
+    progress_covers: Option<Vec<i64>>,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
 }
@@ -104,26 +132,24 @@ impl Forwarded {
             metadata,
             tx: None,
             rx: None,
-            ids: IdSet::default(),
-            prev_kv: IdSet::default(),
-            ahead: IdMap::default(),
+            watches: IdMap::default(),
+            ahead: 0,
             creating: VecDeque::new(),
             canceling: IdMap::default(),
-            cancel_reply: false,
             dead_cancels: 0,
             retiring: IdMap::default(),
-            resuming: IdSet::default(),
-            resumed_reply: false,
+            last: Last::Other,
+            progress_covers: None,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.watches.is_empty()
     }
 
     pub(crate) fn contains(&self, watch_id: i64) -> bool {
-        self.ids.contains(&watch_id)
+        self.watches.contains_key(&watch_id)
     }
 
     /// Sends `c` (in etcd's keyspace, with the id the session gave it) to etcd and
@@ -136,9 +162,9 @@ impl Forwarded {
         let taken = match c.watch_id {
             0 => self.uses_zero(ZERO),
             ZERO => self.uses_zero(0),
-            id => self.ids.contains(&id),
+            id => self.contains(id),
         };
-        if taken || self.ids.contains(&c.watch_id) {
+        if taken || self.contains(c.watch_id) {
             return Ok(None);
         }
         // The proxy splits responses itself, at its own limit.
@@ -147,20 +173,15 @@ impl Forwarded {
         if id == 0 {
             c.watch_id = ZERO;
         }
-        self.ids.insert(id);
-        if c.prev_kv {
-            self.prev_kv.insert(id);
-        }
-        if c.start_revision > 0 {
-            // Until a response of it at or past its start (its `created`, for a start
-            // etcd has reached).
-            self.ahead.insert(id, c.start_revision);
-        }
+        self.live(id, c.prev_kv, c.start_revision);
         if let Err(e) = self.send(RequestUnion::CreateRequest(c)).await {
             self.forget(id);
             return Err(e);
         }
-        self.creating.push_back(id);
+        self.creating.push_back(Creating {
+            id,
+            resuming: false,
+        });
         Ok(Some(id))
     }
 
@@ -170,8 +191,10 @@ impl Forwarded {
     /// client's.
     pub(crate) async fn resume(&mut self, c: WatchCreateRequest) -> Result<Option<i64>, Status> {
         let id = self.create(c).await?;
-        if let Some(id) = id {
-            self.resuming.insert(id);
+        if id.is_some() {
+            if let Some(sent) = self.creating.back_mut() {
+                sent.resuming = true;
+            }
         }
         Ok(id)
     }
@@ -179,12 +202,12 @@ impl Forwarded {
     /// Whether the last response [`next`](Self::next) gave was etcd's `created` (or its
     /// refusal) of a resumed watch (asked once per response).
     pub(crate) fn took_resumed(&mut self) -> bool {
-        std::mem::take(&mut self.resumed_reply)
+        self.took_last(Last::ResumedReply)
     }
 
     /// Cancels a forwarded watch (etcd answers `canceled`). False if it is not one.
     pub(crate) async fn cancel(&mut self, watch_id: i64) -> Result<bool, Status> {
-        if !self.ids.contains(&watch_id) {
+        if !self.contains(watch_id) {
             return Ok(false);
         }
         // As etcd: the id is free once the cancel is read (a create after it may take
@@ -210,20 +233,40 @@ impl Forwarded {
             .await
     }
 
+    /// Watch `id` is live, with prev_kv if asked; ahead until a response of it at or past
+    /// its `start` (its `created`, for a start etcd has reached). [`forget`](Self::forget)
+    /// undoes it.
+    fn live(&mut self, id: i64, prev_kv: bool, start: i64) {
+        let ahead = (start > 0).then_some(start);
+        self.ahead += usize::from(ahead.is_some());
+        self.watches.insert(id, Watch { prev_kv, ahead });
+    }
+
     /// Forgets live watch `watch_id`; false if it was not one.
     fn forget(&mut self, watch_id: i64) -> bool {
-        self.prev_kv.remove(&watch_id);
-        self.ahead.remove(&watch_id);
-        self.ids.remove(&watch_id)
+        match self.watches.remove(&watch_id) {
+            Some(w) => {
+                self.ahead -= usize::from(w.ahead.is_some());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the last response given was `what` (asked once per response).
+    fn took_last(&mut self, what: Last) -> bool {
+        if self.last == what {
+            self.last = Last::Other;
+            return true;
+        }
+        false
     }
 
     /// Whether client id `id` (0 or [`ZERO`], which share etcd's id [`ZERO`]) names a
     /// watch of this stream that etcd may still answer for: live, being canceled, or
     /// being retired.
     fn uses_zero(&self, id: i64) -> bool {
-        self.ids.contains(&id)
-            || self.canceling.contains_key(&id)
-            || self.retiring.contains_key(&id)
+        self.contains(id) || self.canceling.contains_key(&id) || self.retiring.contains_key(&id)
     }
 
     /// Takes one pending cancel of `watch_id`, if there is one.
@@ -239,13 +282,28 @@ impl Forwarded {
     /// Whether the last response [`next`](Self::next) gave was etcd's reply to a cancel
     /// (asked once per response).
     pub(crate) fn took_cancel(&mut self) -> bool {
-        std::mem::take(&mut self.cancel_reply)
+        self.took_last(Last::CancelReply)
     }
 
     /// Asks etcd for a stream-level progress response (watch id -1).
-    pub(crate) async fn request_progress(&mut self) -> Result<(), Status> {
+    /// `covers`: the session wants to know which watches its answer covers (some are
+    /// away from the cache), so the live ones are noted (no allocation otherwise).
+    pub(crate) async fn request_progress(&mut self, covers: bool) -> Result<(), Status> {
+        if self.progress_covers.is_none() {
+            let live = self.watches.keys().copied();
+            self.progress_covers = Some(if covers { live.collect() } else { Vec::new() });
+        }
         self.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
             .await
+    }
+
+    /// The watches a stream-level progress answer of etcd's covers (each has been sent
+    /// everything up to the answer's revision): the live ones when the oldest request
+    /// not answered yet was sent. A request taken as dropped may still be the one
+    /// answered (late), so a later request's watches, which may still be replaying,
+    /// are not counted.
+    pub(crate) fn progress_covered(&mut self) -> Vec<i64> {
+        self.progress_covers.take().unwrap_or_default()
     }
 
     async fn send(&mut self, req: RequestUnion) -> Result<(), Status> {
@@ -283,7 +341,7 @@ impl Forwarded {
     /// the client's stream ends with the status, so the client resumes its watches from
     /// their last revision and gets the event again, whole.
     pub(crate) async fn fill_prev_kv(&self, resp: &mut WatchResponse) -> Result<(), Status> {
-        if !self.prev_kv.contains(&resp.watch_id) {
+        if !self.watches.get(&resp.watch_id).is_some_and(|w| w.prev_kv) {
             return Ok(());
         }
         for e in &mut resp.events {
@@ -308,7 +366,7 @@ impl Forwarded {
                     );
                     e.prev_kv = prev;
                 }
-                Err(s) if s.code() == Code::OutOfRange || status::is_auth_refusal(&s) => {
+                Err(s) if s.code() == Code::OutOfRange || etcd_errors::is_auth_refusal(&s) => {
                     tracing::debug!(error = %s, revision, "etcd refused the prev_kv it left out");
                 }
                 Err(s) => {
@@ -341,7 +399,7 @@ impl Forwarded {
             let call = call_upstream!(&self.upstream, &self.metadata, req.clone(), kv.range);
             match tokio::time::timeout(FILL_TIMEOUT, call).await {
                 Ok(Ok(r)) => return Ok(r.into_inner().kvs.into_iter().next()),
-                Ok(Err(s)) if s.code() == Code::OutOfRange || status::is_auth_refusal(&s) => {
+                Ok(Err(s)) if s.code() == Code::OutOfRange || etcd_errors::is_auth_refusal(&s) => {
                     return Err(s)
                 }
                 Ok(Err(s)) => last = s,
@@ -393,10 +451,11 @@ impl Forwarded {
             r.watch_id = 0;
         }
         self.upstream.observe(r.header.as_ref());
+        self.last = Last::Other;
         if r.created {
             let asked = self.creating.pop_front();
-            if let Some(id) = asked.filter(|id| self.resuming.remove(id)) {
-                self.resumed_reply = true;
+            if let Some(Creating { id, .. }) = asked.filter(|c| c.resuming) {
+                self.last = Last::ResumedReply;
                 if r.canceled {
                     // Refused: to the client, the end of its watch.
                     r.watch_id = id;
@@ -405,7 +464,7 @@ impl Forwarded {
             }
             if r.canceled {
                 // Refused by etcd (id -1): the id it was asked with is free.
-                if let Some(id) = asked {
+                if let Some(Creating { id, .. }) = asked {
                     self.forget(id);
                     // Canceled before etcd refused it: etcd ignores that cancel.
                     self.dead_cancels += self.canceling.remove(&id).unwrap_or(0);
@@ -419,13 +478,13 @@ impl Forwarded {
             self.open.sub();
             return None;
         } else if r.canceled && self.took(r.watch_id) {
-            self.cancel_reply = true;
+            self.last = Last::CancelReply;
             self.open.sub();
         } else if r.canceled && self.forget(r.watch_id) {
             self.open.sub();
         } else if r.watch_id != INVALID_WATCH_ID
             && (self.canceling.contains_key(&r.watch_id) || self.retiring.contains_key(&r.watch_id))
-            && !self.ids.contains(&r.watch_id)
+            && !self.contains(r.watch_id)
         {
             tracing::trace!(
                 watch_id = r.watch_id,
@@ -434,7 +493,7 @@ impl Forwarded {
             );
             return None;
         }
-        if !self.ahead.is_empty() && !self.past_starts(&r) {
+        if self.ahead > 0 && !self.past_starts(&r) {
             return None;
         }
         Some(r)
@@ -448,14 +507,17 @@ impl Forwarded {
         let revision = r.header.as_ref().map_or(0, |h| h.revision);
         let progress = !r.created && !r.canceled && r.events.is_empty();
         let below = if r.watch_id == INVALID_WATCH_ID {
-            self.ahead.values().any(|&start| revision < start)
+            self.watches
+                .values()
+                .any(|w| w.ahead.is_some_and(|start| revision < start))
         } else {
-            match self.ahead.get(&r.watch_id) {
-                Some(&start) if revision >= start => {
-                    self.ahead.remove(&r.watch_id);
+            match self.watches.get_mut(&r.watch_id) {
+                Some(w) if w.ahead.is_some_and(|start| revision >= start) => {
+                    w.ahead = None;
+                    self.ahead -= 1;
                     false
                 }
-                Some(_) => true,
+                Some(w) => w.ahead.is_some(),
                 None => false,
             }
         };
@@ -516,14 +578,14 @@ mod tests {
     #[tokio::test]
     async fn etcds_zero_is_the_clients_zero_or_its_own() {
         let mut f = forwarded();
-        f.ids.insert(ZERO);
+        f.live(ZERO, false, 0);
         assert_eq!(
             f.take(events(ZERO, 5)).unwrap().watch_id,
             ZERO,
             "the client's own"
         );
-        f.ids.remove(&ZERO);
-        f.ids.insert(0);
+        assert!(f.forget(ZERO));
+        f.live(0, false, 0);
         assert_eq!(
             f.take(events(ZERO, 6)).unwrap().watch_id,
             0,
@@ -539,10 +601,8 @@ mod tests {
         let mut f = forwarded();
         // Watch 2 with prev_kv, then the client's cancel (`cancel`'s bookkeeping; its
         // send needs etcd).
-        f.ids.insert(2);
-        f.prev_kv.insert(2);
-        f.ids.remove(&2);
-        f.prev_kv.remove(&2);
+        f.live(2, true, 0);
+        assert!(f.forget(2));
         f.canceling.insert(2, 1);
         assert!(f.take(events(2, 10)).is_none(), "queued events dropped");
         let progress = WatchResponse {
@@ -561,9 +621,9 @@ mod tests {
             "stream-level progress passes"
         );
         // A new watch took id 2 before etcd's `canceled` came: its events are its own.
-        f.ids.insert(2);
+        f.live(2, false, 0);
         assert!(f.take(events(2, 11)).is_some());
-        f.ids.remove(&2);
+        assert!(f.forget(2));
         let canceled = WatchResponse {
             watch_id: 2,
             canceled: true,
@@ -588,9 +648,8 @@ mod tests {
     #[tokio::test]
     async fn no_progress_from_etcd_below_a_forwarded_watchs_start() {
         let mut f = forwarded();
-        f.ids.insert(4);
-        f.ahead.insert(4, 12);
-        f.ids.insert(5);
+        f.live(4, false, 12);
+        f.live(5, false, 0);
         let progress = |id| WatchResponse {
             watch_id: id,
             ..Default::default()
@@ -608,13 +667,74 @@ mod tests {
         assert!(f.take(at(progress(4), 11)).is_none(), "at 11");
         let first = f.take(at(events(4, 12), 12)).expect("its first event");
         assert_eq!(first.events.len(), 1);
-        assert!(f.ahead.is_empty(), "past its start");
+        assert_eq!(f.ahead, 0, "past its start");
         assert!(f.take(at(progress(4), 12)).is_some());
         assert!(f.take(at(progress(INVALID_WATCH_ID), 12)).is_some());
         // A cancel forgets its start.
-        f.ids.insert(6);
-        f.ahead.insert(6, 30);
+        f.live(6, false, 30);
         assert!(f.forget(6));
+        assert_eq!(f.ahead, 0);
         assert!(f.take(at(progress(INVALID_WATCH_ID), 13)).is_some());
+    }
+
+    /// A stream-level progress answer covers the watches live when the oldest request
+    /// not answered yet was sent: a watch created after it (which may still be
+    /// replaying when an answer to that request comes late) is not counted.
+    #[tokio::test]
+    async fn a_progress_answer_covers_the_watches_of_the_oldest_request_unanswered() {
+        let mut f = forwarded();
+        let (tx, mut rx) = mpsc::channel(8);
+        f.tx = Some(tx);
+        f.live(4, false, 0);
+        f.request_progress(true).await.unwrap();
+        f.live(5, false, 0);
+        // The first taken as dropped, asked again: the answer may be the first's.
+        f.request_progress(true).await.unwrap();
+        assert_eq!(f.progress_covered(), [4]);
+        assert!(f.progress_covered().is_empty(), "one answer, one set");
+        f.request_progress(true).await.unwrap();
+        let mut both = f.progress_covered();
+        both.sort_unstable();
+        assert_eq!(both, [4, 5]);
+        // Asked while none was away (nothing noted): an answer then covers none, even
+        // when a later request wanted to know.
+        f.request_progress(false).await.unwrap();
+        f.request_progress(true).await.unwrap();
+        assert!(f.progress_covered().is_empty());
+        for _ in 0..5 {
+            assert!(rx.recv().await.is_some(), "each request sent");
+        }
+    }
+
+    /// Each create etcd has not answered knows whether it resumes a watch: a plain create
+    /// of id 5 that the client canceled, then a resumed one under the same id, both sent
+    /// before etcd answered the first: the first `created` is the client's, the second
+    /// is marked resumed.
+    #[tokio::test]
+    async fn a_resumed_create_is_told_apart_from_an_earlier_one_with_its_id() {
+        let mut f = forwarded();
+        f.creating.push_back(Creating {
+            id: 5,
+            resuming: false,
+        });
+        f.creating.push_back(Creating {
+            id: 5,
+            resuming: true,
+        });
+        f.live(5, false, 0);
+        let created = || WatchResponse {
+            watch_id: 5,
+            created: true,
+            ..Default::default()
+        };
+        assert!(f.take(created()).is_some());
+        assert!(
+            !f.took_resumed(),
+            "the plain create's `created` is the client's"
+        );
+        assert!(f.take(created()).is_some());
+        assert!(f.took_resumed(), "the resumed one's is marked");
+        assert!(!f.took_resumed(), "asked once per response");
+        assert!(f.creating.is_empty());
     }
 }

@@ -12,8 +12,9 @@
 //!
 //! Both sides keep sending while they are asked, so the two conditions are kept by
 //! holding back: from the request on, responses with events above the request's *floor*
-//! (the cache's revision when the request came, and at least everything sent so far)
-//! are held. A side's answer counts for a request once it is at or above the
+//! (the cache's revision when the request came, and at least everything sent so far
+//! and the start of every watch of the stream: no answer goes below a watch's start,
+//! etcd#20221) are held. A side's answer counts for a request once it is at or above the
 //! floor; when both sides have such an answer, the held events up to R = the lower of
 //! the two answers are sent, then the answer, then the rest. Each side has at most one
 //! request in flight, and its answer counts for the client requests made before that
@@ -100,8 +101,8 @@ impl Pending {
 pub(crate) struct Progress {
     pending: VecDeque<Pending>,
     next_seq: u64,
-    /// Per side, the request in flight: it covers the client requests up to this `seq`,
-    /// and when it was sent.
+    /// Per side, the request in flight: it covers the client requests below this `seq`
+    /// (those made before it was sent), and when it was sent.
     asked: [Option<(u64, Instant)>; 2],
     held: VecDeque<WireResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
@@ -129,7 +130,8 @@ impl Progress {
         give_up.into_iter().chain(etcd).min()
     }
 
-    /// A client's request. `floor`: the cache's revision now (raised to what was sent);
+    /// A client's request. `floor`: the cache's revision now, or the start of a watch of
+    /// the stream beyond it (raised to what was sent);
     /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
     pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
         let floor = floor.max(self.sent_max);
@@ -153,11 +155,23 @@ impl Progress {
         let mut ask = [0; 2];
         for (s, a) in ask.iter_mut().enumerate() {
             if self.asked[s].is_none() && self.pending.iter().any(|p| p.proven[s].is_none()) {
-                self.asked[s] = self.pending.back().map(|p| (p.seq, Instant::now()));
+                self.asked[s] = Some((self.next_seq, Instant::now()));
                 *a = 1;
             }
         }
         ask
+    }
+
+    /// Asks etcd for the proxy's own use (whether its watches away from the cache have
+    /// caught up), unless a request to etcd is in flight already: its answer counts for
+    /// the client requests made before it, as any. False if one was in flight.
+    pub(crate) fn ask_etcd(&mut self, now: Instant) -> bool {
+        let asked = &mut self.asked[Side::Etcd as usize];
+        if asked.is_some() {
+            return false;
+        }
+        *asked = Some((self.next_seq, now));
+        true
     }
 
     /// A forwarded watch was created: requests that did not ask etcd (the stream had no
@@ -182,7 +196,7 @@ impl Progress {
         // again): nothing waits for it.
         if let Some((covered, _)) = self.asked[s].take() {
             self.pending.retain_mut(|p| {
-                if p.seq > covered || p.proven[s].is_some() {
+                if p.seq >= covered || p.proven[s].is_some() {
                     return true;
                 }
                 if revision >= p.floor {
@@ -423,6 +437,45 @@ mod tests {
         assert_eq!(out.ask, [1, 0]);
         let out = p.answer(Side::Cache, 21);
         assert_eq!(revs(&out.items), [(-1, vec![21])]);
+    }
+
+    /// The floor is the start of a watch of the stream beyond the cache (21, cache at
+    /// 15): etcd's answer for the forwarded watches below it (a proxy upstream whose
+    /// cache is behind) is not taken as the lower of the two, which would tell that
+    /// watch a revision below its start (etcd#20221); etcd is asked again.
+    #[test]
+    fn an_answer_below_a_watchs_start_does_not_count() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(21, true, now).ask, [1, 1]);
+        let out = p.answer(Side::Etcd, 18);
+        assert!(out.items.is_empty());
+        assert_eq!(out.ask, [0, 1], "etcd asked again");
+        // Events up to the start are not held back.
+        assert_eq!(revs(&p.push(resp(2, &[16, 21])).items), [(2, vec![16, 21])]);
+        assert!(p.answer(Side::Cache, 21).items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 22).items), [(-1, vec![21])]);
+    }
+
+    /// The proxy's own request to etcd takes the one slot: a client request made while
+    /// it is in flight is not answered by it (its answer was made before that request),
+    /// but asked again once it comes.
+    #[test]
+    fn the_proxys_own_ask_answers_no_later_client_request() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert!(p.ask_etcd(now));
+        assert!(!p.ask_etcd(now), "one in flight");
+        assert_eq!(p.request(5, true, now).ask, [1, 0], "etcd's slot is taken");
+        p.answer(Side::Cache, 5);
+        let out = p.answer(Side::Etcd, 9);
+        assert!(out.items.is_empty(), "made before the request");
+        assert_eq!(out.ask, [0, 1]);
+        assert_eq!(revs(&p.answer(Side::Etcd, 9).items), [(-1, vec![5])]);
+        // With nothing pending, the answer is the proxy's alone.
+        assert!(p.ask_etcd(now));
+        let out = p.answer(Side::Etcd, 10);
+        assert!(out.items.is_empty() && out.ask == [0, 0]);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding;
 use prost::Message;
 use smallvec::{smallvec, SmallVec};
-use tonic::codec::{Codec, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 use tonic_prost::ProstDecoder;
 
@@ -285,9 +285,25 @@ pub(crate) struct WatchCodec;
 #[derive(Debug, Default, Clone)]
 pub(crate) struct WireEncoder;
 
+/// The first buffer of each direction of a Watch stream, where tonic's default is 8 KiB:
+/// a stream holds its buffers for life, and an idle one needs neither (a create is
+/// tens of bytes, a response of one small event about a hundred). A buffer grows as a
+/// message or a batch of them needs.
+const STREAM_BUFFER: usize = 1024;
+/// How much tonic gathers before it hands a batch of responses to h2: tonic's default.
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(STREAM_BUFFER, YIELD_THRESHOLD)
+}
+
 impl Encoder for WireEncoder {
     type Item = WireResponse;
     type Error = Status;
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
+    }
 
     fn encode(&mut self, item: WireResponse, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         match item {
@@ -303,18 +319,35 @@ impl Encoder for WireEncoder {
     }
 }
 
+/// Reads etcd's `WatchRequest` (prost), with the stream's small first buffer.
+#[derive(Debug, Default)]
+pub(crate) struct RequestDecoder(ProstDecoder<WatchRequest>);
+
+impl Decoder for RequestDecoder {
+    type Item = WatchRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<WatchRequest>, Status> {
+        self.0.decode(buf)
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
+    }
+}
+
 impl Codec for WatchCodec {
     type Encode = WireResponse;
     type Decode = WatchRequest;
     type Encoder = WireEncoder;
-    type Decoder = ProstDecoder<WatchRequest>;
+    type Decoder = RequestDecoder;
 
     fn encoder(&mut self) -> WireEncoder {
         WireEncoder
     }
 
-    fn decoder(&mut self) -> ProstDecoder<WatchRequest> {
-        ProstDecoder::default()
+    fn decoder(&mut self) -> RequestDecoder {
+        RequestDecoder::default()
     }
 }
 

@@ -2,13 +2,17 @@
 # A real Kubernetes control plane (kube-apiserver, driven by kubectl) on etcd-cache-proxy in
 # front of etcd, and the same directly on etcd, then the two compared. See README.md.
 #
-#   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm] [--out DIR] [--no-build]
+#   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm]
+#          [--fault proxy-kill|etcd-restart] [--out DIR] [--no-build]
 #
 # Needs target/etcd/<v>/etcd (`cargo xtask etcd-bins`; or KUBERNETES_ETCD_BIN) and the proxy
 # binary (ETCD_CACHE_PROXY_BIN, default target/debug/etcd-cache-proxy). Builds kube-apiserver and
 # kubectl with build.sh (cached) unless --no-build. --no-watch-cache: kube-apiserver runs with
 # --watch-cache=false, so every watch and list of kubectl's reaches the proxy (or etcd) itself.
 # --kcm: kube-controller-manager runs beside it (built by build.sh --kcm).
+# --fault proxy-kill: after round 1, the proxy is killed with -9 and started again on its
+# port (the proxy target only); --fault etcd-restart: etcd is killed with -9 and started again
+# on its data dir (both targets). The rounds after it wait for kube-apiserver's /readyz.
 # Exits 1 when a check fails or the two targets differ (compare.py), 2 on a usage, build or
 # start-up error.
 set -euo pipefail
@@ -23,7 +27,8 @@ out=""
 build=1
 apiserver_args=()
 kcm=0
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+fault=""
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --etcd) shift; etcd_v="$1" ;;
@@ -32,6 +37,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --no-watch-cache) apiserver_args+=(--watch-cache=false) ;;
     --kcm) kcm=1 ;;
+    --fault) shift; case "$1" in proxy-kill|etcd-restart) fault="$1" ;; *) usage ;; esac ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -48,7 +54,7 @@ for b in "$APISERVER" "$KUBECTL"; do
 done
 KCM="$KDIR/bin/kube-controller-manager"
 [ "$kcm" = 0 ] || [ -x "$KCM" ] || { echo "run.sh: no $KCM (run build.sh --kcm)" >&2; exit 2; }
-out="${out:-$KDIR/runs/etcd-$etcd_v${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)}"
+out="${out:-$KDIR/runs/etcd-$etcd_v${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)${fault:+-$fault}}"
 mkdir -p "$out"
 
 # The workload's shape (compare.py derives every expected event and list from it).
@@ -102,22 +108,31 @@ run_target() (
   }
   trap cleanup EXIT
   local start=$SECONDS
-  local ec ep em
+  local ec ep em etcd_pid proxy_pid
   ec=$(free_port); ep=$(free_port); em=$(free_port)
-  "$ETCD_BIN" --name k --data-dir "$tmp/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ec" --advertise-client-urls "http://127.0.0.1:$ec" \
-    --listen-peer-urls "http://127.0.0.1:$ep" --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
-    --initial-cluster "k=http://127.0.0.1:$ep" --listen-metrics-urls "http://127.0.0.1:$em" \
-    >"$dir/etcd.log" 2>&1 &
-  pids+=($!)
-  wait_for "etcd" 30 curl -sf "http://127.0.0.1:$em/health"
-  local etcd_url="http://127.0.0.1:$ec" pm=""
-  if [ "$target" = proxy ]; then
-    local pp; pp=$(free_port); pm=$(free_port)
+  # start_etcd: on its data dir (again after a kill: the same member, the same ports).
+  start_etcd() {
+    "$ETCD_BIN" --name k --data-dir "$tmp/etcd" \
+      --listen-client-urls "http://127.0.0.1:$ec" --advertise-client-urls "http://127.0.0.1:$ec" \
+      --listen-peer-urls "http://127.0.0.1:$ep" --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
+      --initial-cluster "k=http://127.0.0.1:$ep" --listen-metrics-urls "http://127.0.0.1:$em" \
+      >>"$dir/etcd.log" 2>&1 &
+    etcd_pid=$!
+    pids+=($etcd_pid)
+    wait_for "etcd" 30 curl -sf "http://127.0.0.1:$em/health"
+  }
+  start_etcd
+  local etcd_url="http://127.0.0.1:$ec" pm="" pp=""
+  start_proxy() {
     RUST_LOG="${PROXY_LOG:-info}" "$PROXY_BIN" --endpoints "http://127.0.0.1:$ec" --listen-addr "127.0.0.1:$pp" \
-      --prefix /registry/ --metrics-addr "127.0.0.1:$pm" >"$dir/proxy.log" 2>&1 &
-    pids+=($!)
+      --prefix /registry/ --metrics-addr "127.0.0.1:$pm" >>"$dir/proxy.log" 2>&1 &
+    proxy_pid=$!
+    pids+=($proxy_pid)
     wait_for "etcd-cache-proxy" 30 curl -sf "http://127.0.0.1:$pm/metrics"
+  }
+  if [ "$target" = proxy ]; then
+    pp=$(free_port); pm=$(free_port)
+    start_proxy
     etcd_url="http://127.0.0.1:$pp"
   fi
   # kube-apiserver: self-signed serving cert in --cert-dir, a service-account key pair, a token.
@@ -176,6 +191,21 @@ run_target() (
       # once round 1 is written (so it starts in the past).
       "$KUBECTL" "${kargs[@]}" get --raw "/api/v1/namespaces/$NS/configmaps?watch=1&resourceVersion=$rv0" >"$dir/watch-b.json" 2>"$dir/watch-b.log" &
       pids+=($!)
+      wait_for "watcher b" 30 test -s "$dir/watch-b.json"
+      # The fault, once both watchers are open: kube-apiserver's reflectors and its clients
+      # on etcd lose their upstream and must resume where they were.
+      case "$fault" in
+        proxy-kill) if [ "$target" = proxy ]; then
+            kill -KILL "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true
+            echo "run.sh: [$target] fault: proxy killed with -9, started again"
+            start_proxy
+          fi ;;
+        etcd-restart)
+          kill -KILL "$etcd_pid"; wait "$etcd_pid" 2>/dev/null || true
+          echo "run.sh: [$target] fault: etcd killed with -9, started again"
+          start_etcd ;;
+      esac
+      [ -z "$fault" ] || wait_for "kube-apiserver /readyz after the fault" 120 k get --raw /readyz
     fi
   done
   local expected=$(( ${#WRITERS[@]} * ROUNDS * (N + UPD + DEL) ))
@@ -186,8 +216,8 @@ run_target() (
   k get --raw /metrics >"$dir/apiserver-metrics.txt"
   curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics.txt" || true
   [ -z "$pm" ] || curl -sf "http://127.0.0.1:$pm/metrics" >"$dir/proxy-metrics.txt" || true
-  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"seconds":%d}\n' \
-    "$target" "$etcd_v" "$(IFS=,; echo "${WRITERS[*]}" | sed 's/,/","/g')" "$ROUNDS" "$N" "$UPD" "$DEL" "$((SECONDS - start))" >"$dir/params.json"
+  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"fault":"%s","seconds":%d}\n' \
+    "$target" "$etcd_v" "$(IFS=,; echo "${WRITERS[*]}" | sed 's/,/","/g')" "$ROUNDS" "$N" "$UPD" "$DEL" "$fault" "$((SECONDS - start))" >"$dir/params.json"
 )
 
 for t in "${targets[@]}"; do

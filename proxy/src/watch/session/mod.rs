@@ -5,7 +5,7 @@
 //! requests across both sides, runs stream-level progress requests through
 //! [`progress`](super::progress), checks its cached watches again when etcd's auth state
 //! moves, ends a `hasleader` stream whose cache lost etcd, and sends what both sides
-//! answer through [`responses`], as etcd sends it
+//! answer through [`outbound`](super::outbound), as etcd sends it
 //! (`api/v3rpc/watch.go`).
 //!
 //! The session's methods in three files: this one (the stream's state, its loop, the
@@ -14,6 +14,7 @@
 //! is the queue of creates waiting for their `created`. Each cache watch's state is one
 //! entry in [`Entries`] (`entries.rs`), whose methods are its transitions.
 
+mod away;
 mod moves;
 mod pending;
 mod replies;
@@ -25,21 +26,22 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::ahead::{AheadChecks, Checked, CHECK_TIMEOUT};
+use super::ahead::{Ahead, Checked, CHECK_TIMEOUT};
 use super::cached::{self, NotTaken, Watches};
 use super::entries::{Entries, Phase};
 use super::forwarded::Forwarded;
 use super::id_map::IdMap;
+use super::outbound::Outbound;
 use super::progress::{Progress, Side};
+use super::refusal::{self, Refusal};
 use super::reply_order::{Deferred, ReplyOrder};
-use super::responses::{self, Outbound, Refusal};
 use super::wire::WireResponse;
+use crate::etcd_errors;
 use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
     watch_request::RequestUnion, WatchCreateRequest, WatchRequest, WatchResponse,
 };
 use crate::state::State;
-use crate::status;
 use pending::PendingCreate;
 
 /// How often a `hasleader` stream checks that the cache still follows etcd.
@@ -71,6 +73,12 @@ enum Step {
     AheadChecked(Checked),
 }
 
+/// Whether `id` names a watch of the stream, of either side, or one being created (a
+/// create waiting for its `created` has an entry until the client cancels it).
+fn id_in_use(entries: &Entries, forwarded: &Forwarded, id: i64) -> bool {
+    entries.contains(id) || forwarded.contains(id)
+}
+
 /// A check of the stream's cached watches against etcd's current decisions.
 type Recheck = futures::future::BoxFuture<'static, Vec<(i64, Status)>>;
 
@@ -97,6 +105,9 @@ pub(super) struct Session {
     /// The cache's watches, one entry each: being created, cached, revoked, away with
     /// etcd for now, rejoining (`entries.rs`).
     entries: Entries,
+    /// While watches are away: when etcd is next asked whether they have caught up
+    /// (`away.rs`).
+    away_check: away::AwayCheck,
     /// Moves when etcd's auth state moved (`authz/`).
     epoch: tokio::sync::watch::Receiver<u64>,
     /// The check of the cached watches under way.
@@ -110,13 +121,10 @@ pub(super) struct Session {
     /// etcd when watches are forwarded, and the responses held back meanwhile so that the
     /// one answer holds for every watch (see `progress.rs`).
     progress: Progress,
-    /// The start revisions of the stream's watches from a revision the proxy had not
-    /// reached when they were created, by id (pruned once reached, or once the id names
-    /// no watch): a progress request while one is ahead asks etcd whether etcd would
-    /// drop it (see `ahead.rs`).
-    future_starts: IdMap<i64>,
-    /// Those progress requests, waiting for etcd's revision (made on first use).
-    ahead: Option<AheadChecks>,
+    /// The stream's watches from a revision the proxy had not reached when they were
+    /// created: a progress request while one is ahead asks etcd whether etcd would drop
+    /// it, and waits here for etcd's revision (see `ahead.rs`).
+    ahead: Ahead,
     require_leader: bool,
     /// Counts the stream in `etcd_cache_proxy_watch_streams` while it is open.
     _stream: GaugeGuard,
@@ -145,14 +153,14 @@ impl Session {
             order: ReplyOrder::default(),
             cache_cancels: IdMap::default(),
             entries: Entries::default(),
+            away_check: away::AwayCheck::default(),
             epoch: state.authz.epoch(),
             recheck: None,
             forwarded: Forwarded::new(state.upstream.clone(), metadata.clone()),
             metadata,
             next_id: 0,
             progress: Progress::default(),
-            future_starts: IdMap::default(),
-            ahead: None,
+            ahead: Ahead::default(),
             require_leader,
             _stream: crate::metrics::get().watch_stream(),
             open: crate::metrics::get().open_watches(Served::Cache),
@@ -169,7 +177,7 @@ impl Session {
         let mut not_ready_since: Option<tokio::time::Instant> = None;
         loop {
             let has_room = tx.capacity() > 0;
-            let progress_deadline = self.progress.deadline();
+            let progress_deadline = self.deadline();
             let step = tokio::select! {
                 _ = crate::state::stopped(&mut shutdown) => Step::Shutdown,
                 _ = tx.closed() => return,
@@ -187,11 +195,11 @@ impl Session {
                     Err(_) => continue,
                 },
                 denied = async { self.recheck.as_mut().expect("guarded").await }, if self.recheck.is_some() => Step::Revoked(denied),
-                checked = async { self.ahead.as_mut().expect("guarded").next().await }, if self.ahead.as_ref().is_some_and(AheadChecks::busy) => Step::AheadChecked(checked),
+                checked = self.ahead.next(), if self.ahead.busy() => Step::AheadChecked(checked),
             };
             match step {
                 Step::Shutdown => {
-                    let _ = tx.send(Err(status::shutting_down())).await;
+                    let _ = tx.send(Err(etcd_errors::shutting_down())).await;
                     return;
                 }
                 // etcd keeps sending after the client half-closes (until it cancels).
@@ -200,7 +208,7 @@ impl Session {
                     // etcd ends the stream with the receive error's status (a message
                     // over the limit, one that does not decode), so the client learns why.
                     tracing::debug!(error = %e, "watch stream receive failed");
-                    let _ = tx.send(Err(status::from_receive(e))).await;
+                    let _ = tx.send(Err(etcd_errors::from_receive(e))).await;
                     return;
                 }
                 Step::Request(Some(Ok(req))) => {
@@ -209,7 +217,7 @@ impl Session {
                     }
                 }
                 Step::Reply(None) => {
-                    let _ = tx.send(Err(status::shutting_down())).await;
+                    let _ = tx.send(Err(etcd_errors::shutting_down())).await;
                     return;
                 }
                 Step::Reply(Some(reply)) => {
@@ -228,8 +236,7 @@ impl Session {
                     }
                 }
                 Step::ProgressExpired => {
-                    let out = self.progress.expire(tokio::time::Instant::now());
-                    if self.apply(out).await.is_err() {
+                    if self.progress_expired().await.is_err() {
                         return;
                     }
                 }
@@ -249,7 +256,7 @@ impl Session {
                     if ready {
                         not_ready_since = None;
                     } else if now - *not_ready_since.get_or_insert(now) >= LEADER_LOST_AFTER {
-                        let _ = tx.send(Err(status::no_leader())).await;
+                        let _ = tx.send(Err(etcd_errors::no_leader())).await;
                         return;
                     }
                 }
@@ -294,16 +301,17 @@ impl Session {
             return Ok(());
         }
         // A watch from beyond the proxy's revision: etcd decides (`ahead.rs`).
-        if let Some(start) = self.start_ahead() {
-            let ahead = self.ahead.get_or_insert_with(|| {
-                let upstream = self.state.upstream.clone();
-                let metadata = self.metadata.clone();
-                AheadChecks::new(std::sync::Arc::new(move || {
+        let start = self.progress_floor();
+        if start > self.revision() {
+            let (upstream, metadata) = (&self.state.upstream, &self.metadata);
+            let asked = self.ahead.check(start, || {
+                let (upstream, metadata) = (upstream.clone(), metadata.clone());
+                std::sync::Arc::new(move || {
                     let (upstream, metadata) = (upstream.clone(), metadata.clone());
                     Box::pin(etcd_revision(upstream, metadata))
-                }))
+                })
             });
-            if !ahead.add(start) {
+            if !asked {
                 tracing::debug!("progress request dropped: too many wait for etcd's revision");
             }
             return Ok(());
@@ -311,27 +319,10 @@ impl Session {
         self.take_progress_request().await
     }
 
-    /// The highest start of a watch of the stream from a revision the proxy has not
-    /// reached (the cache's, or what was sent), if there is one. Forgets the starts
-    /// reached and those of watches that are gone.
-    fn start_ahead(&mut self) -> Option<i64> {
-        if self.future_starts.is_empty() {
-            return None;
-        }
-        let revision = self.revision();
-        let mut starts = std::mem::take(&mut self.future_starts);
-        starts.retain(|&id, &mut start| start > revision && self.id_in_use(id));
-        self.future_starts = starts;
-        self.future_starts.values().copied().max()
-    }
-
     /// A create (of either side) was taken under `id`, from `start_revision`.
     fn created_from(&mut self, id: i64, start_revision: i64) {
-        if start_revision > self.revision() {
-            self.future_starts.insert(id, start_revision);
-        } else {
-            self.future_starts.remove(&id);
-        }
+        let revision = self.revision();
+        self.ahead.created(id, start_revision, revision);
     }
 
     /// etcd's revision came for progress requests with a watch from beyond the proxy's:
@@ -362,11 +353,28 @@ impl Session {
         // which responses wait is what the cache has applied now (nothing sent is above
         // it); no round trip here, which would hold up the whole stream while etcd is
         // slow or away. Without a cache side, etcd answers for the stream.
+        // The floor is raised to the highest start of a watch of the stream from beyond
+        // it: no answer below a watch's start (etcd#20221). The cache's answer never is;
+        // etcd's (for the forwarded watches) may be, when etcd is behind the start or is
+        // a proxy whose cache is (a tier whose first proxy lost etcd), and the answer is
+        // the lower of the two: such an answer is below the floor, so it does not count.
         let etcd = self.watches.is_none() || !self.forwarded.is_empty();
+        let floor = self.progress_floor();
         let out = self
             .progress
-            .request(self.revision(), etcd, tokio::time::Instant::now());
+            .request(floor, etcd, tokio::time::Instant::now());
         self.apply(out).await
+    }
+
+    /// The lowest answer a stream-level progress request may get now: the cache's
+    /// revision, or the highest start of a watch of the stream beyond it.
+    fn progress_floor(&mut self) -> i64 {
+        let revision = self.revision();
+        let (entries, forwarded) = (&self.entries, &self.forwarded);
+        let in_use = |id| id_in_use(entries, forwarded, id);
+        self.ahead
+            .highest(revision, in_use)
+            .map_or(revision, |start| start.max(revision))
     }
 
     /// Makes the creates and cancels that waited for the other side, in order, until
@@ -503,7 +511,7 @@ impl Session {
             .await
         {
             Ok(()) => {}
-            Err(s) if status::is_auth_refusal(&s) => {
+            Err(s) if etcd_errors::is_auth_refusal(&s) => {
                 return self.refuse(Refusal::NotAllowed(s)).await;
             }
             // etcd could not be asked: etcd decides when it serves the watch itself.
@@ -623,7 +631,7 @@ impl Session {
             let mut denied = Vec::new();
             for ((key, end), ids) in by_range {
                 if let Err(s) = authz.check(&metadata, &key, &end).await {
-                    if status::is_auth_refusal(&s) {
+                    if etcd_errors::is_auth_refusal(&s) {
                         denied.extend(ids.into_iter().map(|id| (id, s.clone())));
                     }
                 }
@@ -653,7 +661,7 @@ impl Session {
     /// A create etcd would refuse: created and canceled at once, with watch id -1.
     async fn refuse(&mut self, refusal: Refusal) -> Result<(), ()> {
         crate::metrics::get().watch_refused(refusal.kind());
-        let resp = responses::refused(self.state.upstream.header(self.revision()), &refusal);
+        let resp = refusal::refused(self.state.upstream.header(self.revision()), &refusal);
         // After the replies to the creates before it, as etcd answers creates in order.
         match self.order.after_earlier(resp) {
             Some(resp) => self.outbound.send(resp).await,
@@ -679,8 +687,7 @@ impl Session {
 
     /// Whether `id` names a watch of this stream, or one being created.
     fn id_in_use(&self, id: i64) -> bool {
-        // A create waiting for its `created` has an entry until the client cancels it.
-        self.entries.contains(id) || self.forwarded.contains(id)
+        id_in_use(&self.entries, &self.forwarded, id)
     }
 
     /// etcd's next automatic id: the lowest from the last one on that is not in use.

@@ -3,11 +3,16 @@
 //! ([`catch_up`](Session::catch_up)), back to the cache once etcd has brought it into the
 //! newer half of the window ([`rejoin`](Session::rejoin), then
 //! [`rejoined`](Session::rejoined) when the cache's `created` comes). Where each watch
-//! is and the revision it needs next is its entry's (`entries.rs`).
+//! is and the revision it needs next is its entry's (`entries.rs`). A watch away on a
+//! quiet range gets nothing from etcd to tell it has caught up: etcd is asked for
+//! stream-level progress now and then instead ([`ask_for_away`](Session::ask_for_away)).
+
+use tokio::time::Instant;
 
 use super::pending::PendingCreate;
 use super::Session;
 use crate::pb::etcdserverpb::WatchCreateRequest;
+use crate::watch::cached::Watches;
 use crate::watch::id_map::release_drained;
 
 impl Session {
@@ -82,6 +87,72 @@ impl Session {
                 Err(())
             }
         }
+    }
+
+    /// When the session's timer is next due: the progress requests' deadline, or the
+    /// next question for the watches away (armed while there are some).
+    pub(super) fn deadline(&mut self) -> Option<Instant> {
+        let check = self.away_check.arm(self.entries.away_count());
+        match (self.progress.deadline(), check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The timer: progress requests given up or asked again, then, if due, etcd asked
+    /// whether the watches away have caught up.
+    pub(super) async fn progress_expired(&mut self) -> Result<(), ()> {
+        let now = Instant::now();
+        let out = self.progress.expire(now);
+        self.apply(out).await?;
+        if self.away_check.take_due(now, self.entries.away_count()) {
+            self.ask_for_away(now).await?;
+        }
+        Ok(())
+    }
+
+    /// A watch away gets no response from etcd while nothing is written in its range
+    /// (after a proxy restart, kube-apiserver resumes each of its watches from below the
+    /// new cache's window, most of them on quiet resources), so it would stay with etcd.
+    /// etcd is asked for stream-level progress instead (unless a request is in flight):
+    /// its answer, once every watch of the stream is synced, says each has been sent
+    /// everything up to it, and brings the ones in the cache's window back
+    /// ([`away_progress`](Self::away_progress)). Only where etcd's answers are trusted
+    /// (etcd#15220: earlier versions answer before a new watch has caught up).
+    async fn ask_for_away(&mut self, now: Instant) -> Result<(), ()> {
+        let trusted = self.watches.as_ref().is_some_and(Watches::progress_trusted);
+        if !trusted || !self.entries.has_away() || !self.progress.ask_etcd(now) {
+            return Ok(());
+        }
+        tracing::trace!("progress: asking etcd for the watches away");
+        if let Err(e) = self.forwarded.request_progress(true).await {
+            self.outbound.fail(e).await;
+            return Err(());
+        }
+        Ok(())
+    }
+
+    /// etcd answered a stream-level progress request at `revision`: each watch away that
+    /// was live when it was asked has been sent everything up to it, and comes back to
+    /// the cache if that is in the cache's window (`entries.rs: Entries::returning`).
+    pub(super) async fn away_progress(&mut self, revision: i64) -> Result<(), ()> {
+        let covered = self.forwarded.progress_covered();
+        let Some(cache) = self.watches.as_ref().filter(|w| w.progress_trusted()) else {
+            return Ok(());
+        };
+        if !self.entries.has_away() {
+            return Ok(());
+        }
+        let (span, zero_free) = (cache.history_span(), cache.gives_zero());
+        let mut back = false;
+        for id in covered {
+            if let Some(create) = self.entries.returning(id, revision, span, zero_free) {
+                back = true;
+                self.rejoin(create).await?;
+            }
+        }
+        self.away_check.answered(back, self.entries.away_count());
+        Ok(())
     }
 
     /// The cache's `created` of a watch returning from etcd (`rejoin`): the cache serves

@@ -4,14 +4,14 @@
 //! machine's items, in order.
 
 use super::Session;
+use crate::etcd_errors;
 use crate::metrics::{RefusalKind, Served};
 use crate::pb::etcdserverpb::WatchResponse;
-use crate::status;
 use crate::watch::cached::Watches;
 use crate::watch::forwarded::take_one;
 use crate::watch::id_map::release_drained;
+use crate::watch::messages::{self, Merge, INVALID_WATCH_ID};
 use crate::watch::progress::{Item, Out, Side};
-use crate::watch::responses::{self, Merge, INVALID_WATCH_ID};
 use crate::watch::wire::{EncodedEvents, WireResponse};
 
 impl Session {
@@ -40,7 +40,8 @@ impl Session {
         }
         for _ in 0..out.ask[Side::Etcd as usize] {
             tracing::trace!("progress: asking etcd");
-            if let Err(e) = self.forwarded.request_progress().await {
+            let covers = self.entries.has_away();
+            if let Err(e) = self.forwarded.request_progress(covers).await {
                 self.outbound.fail(e).await;
                 return Err(());
             }
@@ -50,7 +51,7 @@ impl Session {
                 Item::Resp(resp) => self.outbound.emit(resp).await?,
                 Item::Progress(revision) => {
                     let header = self.state.upstream.header(revision);
-                    self.outbound.send(responses::progress(header)).await?;
+                    self.outbound.send(messages::progress(header)).await?;
                 }
             }
         }
@@ -69,11 +70,12 @@ impl Session {
 
     /// A response of a forwarded watch, with keys moved out of the namespace.
     pub(super) async fn send_forwarded(&mut self, mut resp: WatchResponse) -> Result<(), ()> {
-        if responses::is_progress(&resp) {
+        if messages::is_progress(&resp) {
             let revision = resp.header.as_ref().map_or(0, |h| h.revision);
             tracing::trace!(revision, "progress: etcd answered");
             let out = self.progress.answer(Side::Etcd, revision);
-            return self.apply(out).await;
+            self.apply(out).await?;
+            return self.away_progress(revision).await;
         }
         if self.forwarded.took_resumed() {
             // etcd's `created` of a watch resumed from the cache's side: the client had
@@ -82,7 +84,7 @@ impl Session {
                 return Ok(());
             }
             self.outbound.forget(resp.watch_id);
-            responses::out_of_namespace(&mut resp, &self.state.namespace);
+            messages::out_of_namespace(&mut resp, &self.state.namespace);
             return self.out(resp).await;
         }
         if resp.created && resp.canceled {
@@ -104,21 +106,23 @@ impl Session {
             self.outbound.fail(e).await;
             return Err(());
         }
-        let (watch_id, through) = (resp.watch_id, responses::sent_through(&resp));
+        let (watch_id, through) = (resp.watch_id, messages::sent_through(&resp));
         if resp.canceled {
             self.entries.remove(watch_id);
         }
-        responses::out_of_namespace(&mut resp, &self.state.namespace);
-        for part in responses::by_revision(resp) {
+        messages::out_of_namespace(&mut resp, &self.state.namespace);
+        for part in messages::by_revision(resp) {
             self.out(part).await?;
         }
         for refusal in after {
             self.outbound.send(refusal).await?;
         }
-        let span = self.watches.as_ref().map(Watches::history_span);
+        let cache = self.watches.as_ref();
+        let span = cache.map(Watches::history_span);
+        let zero_free = cache.is_some_and(Watches::gives_zero);
         if let Some(create) = span
             .zip(through)
-            .and_then(|(span, through)| self.entries.returning(watch_id, through, span))
+            .and_then(|(span, through)| self.entries.returning(watch_id, through, span, zero_free))
         {
             return self.rejoin(create).await;
         }
@@ -227,9 +231,9 @@ impl Session {
             self.outbound.forget(watch_id);
         }
         let state = &self.state;
-        let mut resp = responses::from_cache(&r, &state.upstream, &state.namespace);
+        let mut resp = messages::from_cache(&r, &state.upstream, &state.namespace);
         if let Some(refusal) = refusal {
-            resp.cancel_reason = status::watch_refusal(&refusal);
+            resp.cancel_reason = etcd_errors::watch_refusal(&refusal);
         }
         self.out(resp).await?;
         for refusal in after {

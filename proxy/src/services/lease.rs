@@ -17,10 +17,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::etcd_errors;
 use crate::forward_macros::{call_upstream, forward};
 use crate::pb::etcdserverpb::*;
 use crate::state::State;
-use crate::status;
 use crate::upstream::Upstream;
 
 /// A keep-alive in flight longer than this is sent again for the next asker.
@@ -52,8 +52,8 @@ impl KeepAlives {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send((id, tx))
-            .map_err(|_| status::shutting_down())?;
-        rx.await.map_err(|_| status::shutting_down())?
+            .map_err(|_| etcd_errors::shutting_down())?;
+        rx.await.map_err(|_| etcd_errors::shutting_down())?
     }
 }
 
@@ -239,7 +239,7 @@ impl lease_server::Lease for LeaseService {
             loop {
                 tokio::select! {
                     _ = crate::state::stopped(&mut shutdown) => {
-                        let _ = tx.send(Err(status::shutting_down())).await;
+                        let _ = tx.send(Err(etcd_errors::shutting_down())).await;
                         return;
                     }
                     _ = tx.closed() => return,

@@ -8,6 +8,7 @@ use futures::{Stream, StreamExt};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
+use crate::etcd_errors;
 use crate::forward_macros::call_upstream;
 use crate::metrics::Served;
 use crate::pb::etcdserverpb::{
@@ -16,7 +17,6 @@ use crate::pb::etcdserverpb::{
     RequestOp, TxnRequest, TxnResponse,
 };
 use crate::state::State;
-use crate::status;
 
 /// etcd's KV service.
 pub(crate) struct KvService {
@@ -62,7 +62,7 @@ impl KvService {
         }
         let resp = cache.get(r.key.to_vec(), Some(o)).await.map_err(|e| {
             tracing::debug!(error = %e, "range not served from the cache; forwarding");
-            status::from_cache_read(&e)
+            etcd_errors::from_cache_read(&e)
         })?;
         // The header is the revision the answer is a state of: at a past revision,
         // etcd's revision at the compaction check (a later one could be a state after a
@@ -149,10 +149,10 @@ impl KvService {
 /// etcd's `checkRangeRequest`.
 fn check_range(r: &RangeRequest) -> Result<(), Status> {
     if r.key.is_empty() {
-        return Err(status::empty_key());
+        return Err(etcd_errors::empty_key());
     }
     if !(0..=2).contains(&r.sort_order) || !(0..=4).contains(&r.sort_target) {
-        return Err(status::invalid_sort_option());
+        return Err(etcd_errors::invalid_sort_option());
     }
     Ok(())
 }
@@ -161,9 +161,11 @@ fn check_range(r: &RangeRequest) -> Result<(), Status> {
 fn check_txn(t: &TxnRequest) -> Result<(), Status> {
     let check = |op: &RequestOp| match op.request.as_ref() {
         Some(request_op::Request::RequestRange(r)) => check_range(r),
-        Some(request_op::Request::RequestPut(r)) if r.key.is_empty() => Err(status::empty_key()),
+        Some(request_op::Request::RequestPut(r)) if r.key.is_empty() => {
+            Err(etcd_errors::empty_key())
+        }
         Some(request_op::Request::RequestDeleteRange(r)) if r.key.is_empty() => {
-            Err(status::empty_key())
+            Err(etcd_errors::empty_key())
         }
         Some(request_op::Request::RequestTxn(t)) => check_txn(t),
         _ => Ok(()),
@@ -273,7 +275,7 @@ impl Kv for KvService {
         let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         if r.key.is_empty() {
-            return Err(status::empty_key());
+            return Err(etcd_errors::empty_key());
         }
         self.state.namespace.put_in(&mut r);
         let upstream = &self.state.upstream;
@@ -294,7 +296,7 @@ impl Kv for KvService {
         let metadata = req.metadata().clone();
         let mut r = req.into_inner();
         if r.key.is_empty() {
-            return Err(status::empty_key());
+            return Err(etcd_errors::empty_key());
         }
         self.state.namespace.delete_in(&mut r);
         let upstream = &self.state.upstream;

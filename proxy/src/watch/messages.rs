@@ -1,23 +1,18 @@
-//! What a Watch stream's client is sent, as etcd's messages: the cache's responses made
-//! etcd's (`from_cache`, keys moved out of the namespace), a forwarded response moved out
-//! of the namespace, the merging of a batch of the cache's replies into one response per
-//! watch ([`Merge`]), etcd's fragments, the stream-level progress answer, and the
-//! refusal of a create, whose reason travels as a [`Refusal`] from where it is decided
-//! until [`refused`] prints it. [`Outbound`] is the client's queue.
-
-use std::fmt;
+//! etcd's Watch messages as the client is sent them, from the cache's replies and from
+//! etcd's responses: the cache's response made etcd's ([`from_cache`], keys moved out of
+//! the namespace), a forwarded response moved out of the namespace and split between
+//! revisions ([`by_revision`]), the merging of a round of the cache's replies into one
+//! response per watch ([`Merge`]), and the stream-level progress answer. The client's
+//! queue is `outbound.rs`, a refused create `refusal.rs`.
 
 use prost::Message;
-use tokio::sync::mpsc;
-use tonic::Status;
 
-use super::id_map::{IdMap, IdSet};
-use super::wire::{self, EncodedEvents, WireResponse};
-use crate::metrics::RefusalKind;
+use super::id_map::IdMap;
+use super::outbound::Outbound;
+use super::wire::{self, EncodedEvents};
 use crate::namespace::Namespace;
 use crate::pb::etcdserverpb::{ResponseHeader, WatchResponse};
 use crate::pb::mvccpb::Event;
-use crate::status;
 use crate::upstream::Upstream;
 
 /// etcd's `clientv3.InvalidWatchID`.
@@ -31,72 +26,6 @@ const BATCH_BYTES: usize = 64 * 1024;
 /// A round of the session's `send_replies` takes no more replies once it holds this many
 /// bytes of events (a stream whose client does not read holds no more than this).
 const BATCH_TOTAL_BYTES: usize = 4 * 1024 * 1024;
-
-/// The client's half of a Watch stream: its bounded queue, and which of its watches
-/// asked for fragments.
-pub(crate) struct Outbound {
-    tx: mpsc::Sender<Result<WireResponse, Status>>,
-    /// Watches created with `fragment`.
-    fragment: IdSet,
-    /// Fragment threshold (etcd's --max-request-bytes).
-    max_request_bytes: usize,
-}
-
-impl Outbound {
-    pub(crate) fn new(
-        tx: mpsc::Sender<Result<WireResponse, Status>>,
-        max_request_bytes: usize,
-    ) -> Self {
-        Outbound {
-            tx,
-            fragment: IdSet::default(),
-            max_request_bytes,
-        }
-    }
-
-    /// The queue itself (for the session's `select!`: room, closed).
-    pub(crate) fn sender(&self) -> &mpsc::Sender<Result<WireResponse, Status>> {
-        &self.tx
-    }
-
-    /// Whether watch `id` asked for fragments.
-    pub(crate) fn fragments(&self, id: i64) -> bool {
-        self.fragment.contains(&id)
-    }
-
-    /// Watch `id` asked for fragments.
-    pub(crate) fn add_fragment(&mut self, id: i64) {
-        self.fragment.insert(id);
-    }
-
-    /// Watch `id` ended.
-    pub(crate) fn forget(&mut self, id: i64) {
-        self.fragment.remove(&id);
-    }
-
-    /// Queues a response for the client (waits while the queue is full).
-    pub(crate) async fn send(&self, resp: impl Into<WireResponse>) -> Result<(), ()> {
-        self.tx.send(Ok(resp.into())).await.map_err(drop)
-    }
-
-    /// Ends the stream with `status`.
-    pub(crate) async fn fail(&self, status: Status) {
-        let _ = self.tx.send(Err(status)).await;
-    }
-
-    /// Sends a response of a watch, in fragments if it asked for them.
-    pub(crate) async fn emit(&self, resp: WireResponse) -> Result<(), ()> {
-        match resp {
-            WireResponse::Message(m) if self.fragments(m.watch_id) && m.events.len() > 1 => {
-                for part in fragments(m, self.max_request_bytes) {
-                    self.send(part).await?;
-                }
-                Ok(())
-            }
-            resp => self.send(resp).await,
-        }
-    }
-}
 
 /// The cache's replies of one round, merged: the events of one watch in one response
 /// where they follow each other (etcd sends a watcher that is catching up many
@@ -246,86 +175,6 @@ pub(crate) fn progress(header: ResponseHeader) -> WatchResponse {
     }
 }
 
-/// Why the proxy refuses a watch create: decided on the way in (by the session or the
-/// cache side), printed only by [`refused`] as the cancel reason etcd's clients read, and
-/// counted by its [`kind`](Refusal::kind).
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// A negative start revision: etcd >= 3.5 answers it as compacted (3.4 lets the
-    /// watch start from the oldest revision).
-    NegativeRevision,
-    /// etcd's `mvcc.ErrEmptyWatcherRange`.
-    EmptyRange,
-    /// etcd's `mvcc.ErrWatcherDuplicateID`.
-    DuplicateId,
-    /// etcd does not allow the caller the range (no user, a bad or old token, no
-    /// permission): its refusal, printed as etcd prints it.
-    NotAllowed(Status),
-    /// `--max-watches-per-connection`, reached.
-    ConnectionLimit(usize),
-    /// `--max-watches`, reached.
-    ProxyLimit(usize),
-    /// The range leaves the cached prefix (the cache's error).
-    OutsidePrefix(etcd_cache::Error),
-    /// Anything else the cache refused.
-    Cache(etcd_cache::Error),
-}
-
-impl Refusal {
-    /// Its label in `etcd_cache_proxy_watches_refused_total`.
-    pub(crate) fn kind(&self) -> RefusalKind {
-        match self {
-            Refusal::ConnectionLimit(_) => RefusalKind::ConnectionLimit,
-            Refusal::ProxyLimit(_) => RefusalKind::ProxyLimit,
-            Refusal::NegativeRevision
-            | Refusal::EmptyRange
-            | Refusal::DuplicateId
-            | Refusal::NotAllowed(_)
-            | Refusal::OutsidePrefix(_)
-            | Refusal::Cache(_) => RefusalKind::Invalid,
-        }
-    }
-}
-
-/// The cancel reason etcd's clients read.
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Refusal::NegativeRevision => f.write_str(status::COMPACTED),
-            Refusal::EmptyRange => f.write_str(status::EMPTY_RANGE),
-            Refusal::DuplicateId => f.write_str(status::DUPLICATE_ID),
-            Refusal::NotAllowed(s) => f.write_str(&status::watch_refusal(s)),
-            Refusal::ConnectionLimit(limit) => write!(
-                f,
-                "ETCD_WATCH_LIMIT: at most {limit} watches are allowed per connection"
-            ),
-            Refusal::ProxyLimit(limit) => write!(
-                f,
-                "ETCD_WATCH_LIMIT: at most {limit} watches are allowed on this proxy"
-            ),
-            Refusal::OutsidePrefix(e) => write!(
-                f,
-                "etcd-cache-proxy: the key range is outside the cached prefix ({e}); \
-                 watches are served from the cache only"
-            ),
-            Refusal::Cache(e) => write!(f, "etcd-cache-proxy: {e}"),
-        }
-    }
-}
-
-/// A create refused as etcd refuses one: created and canceled at once, with watch id -1
-/// and the reason printed.
-pub(crate) fn refused(header: ResponseHeader, refusal: &Refusal) -> WatchResponse {
-    WatchResponse {
-        header: Some(header),
-        watch_id: INVALID_WATCH_ID,
-        created: true,
-        canceled: true,
-        cancel_reason: refusal.to_string(),
-        ..Default::default()
-    }
-}
-
 /// An events response of etcd's for a forwarded watch, split between revisions into
 /// responses of about [`BATCH_BYTES`] each, as the cache's are merged: etcd sends a
 /// catching-up watcher up to 1,000 revisions in one message, which can be more than a
@@ -359,54 +208,30 @@ pub(crate) fn by_revision(mut resp: WatchResponse) -> Vec<WatchResponse> {
     out
 }
 
-/// etcd's `sendFragments`: a response of two or more events at or above `max_bytes` is
-/// sent as several, each with `fragment = true` but the last.
-fn fragments(resp: WatchResponse, max_bytes: usize) -> Vec<WatchResponse> {
-    if resp.encoded_len() < max_bytes || resp.events.len() < 2 {
-        return vec![resp];
+/// A put event of `key` with a value of `value_len` bytes at revision 7 (tests).
+#[cfg(test)]
+pub(super) fn test_put(key: &str, value_len: usize) -> Event {
+    use crate::pb::mvccpb::{event::EventType, KeyValue};
+    Event {
+        r#type: EventType::Put as i32,
+        kv: Some(KeyValue {
+            key: key.as_bytes().to_vec().into(),
+            value: vec![b'x'; value_len].into(),
+            mod_revision: 7,
+            create_revision: 7,
+            version: 1,
+            lease: 0,
+        }),
+        prev_kv: None,
     }
-    let mut out = Vec::new();
-    let mut events = resp.events.clone().into_iter().peekable();
-    while events.peek().is_some() {
-        let mut cur = WatchResponse {
-            events: Vec::new(),
-            fragment: true,
-            ..resp.clone()
-        };
-        while let Some(ev) = events.peek() {
-            cur.events.push(ev.clone());
-            if cur.events.len() > 1 && cur.encoded_len() >= max_bytes {
-                cur.events.pop();
-                break;
-            }
-            events.next();
-        }
-        if events.peek().is_none() {
-            cur.fragment = false;
-        }
-        out.push(cur);
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::mvccpb::{event::EventType, KeyValue};
 
     fn put(key: &str, value_len: usize) -> Event {
-        Event {
-            r#type: EventType::Put as i32,
-            kv: Some(KeyValue {
-                key: key.as_bytes().to_vec().into(),
-                value: vec![b'x'; value_len].into(),
-                mod_revision: 7,
-                create_revision: 7,
-                version: 1,
-                lease: 0,
-            }),
-            prev_kv: None,
-        }
+        test_put(key, value_len)
     }
 
     /// A watch's replies go to its open response wherever the stream took them (the
@@ -498,65 +323,5 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(by_revision(one).len(), 1);
-    }
-
-    #[test]
-    fn fragments_split_as_etcd() {
-        let resp = WatchResponse {
-            watch_id: 3,
-            events: (0..10).map(|i| put(&format!("k{i}"), 100)).collect(),
-            ..Default::default()
-        };
-        // Below the limit: one response, not marked.
-        let one = fragments(resp.clone(), 1 << 20);
-        assert_eq!(one.len(), 1);
-        assert!(!one[0].fragment);
-        // Each event is ~110 bytes: at most 2 per part below 300 bytes.
-        let parts = fragments(resp.clone(), 300);
-        assert!(parts.len() >= 4, "{}", parts.len());
-        assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
-        assert!(!parts.last().unwrap().fragment);
-        let events: Vec<_> = parts.iter().flat_map(|p| p.events.clone()).collect();
-        assert_eq!(events, resp.events);
-        assert!(parts.iter().all(|p| p.watch_id == 3));
-        // A single event is never split, whatever its size.
-        let big = WatchResponse {
-            events: vec![put("k", 1000)],
-            ..Default::default()
-        };
-        assert_eq!(fragments(big, 10).len(), 1);
-    }
-
-    #[test]
-    fn refusals_print_etcds_reasons_and_count_by_kind() {
-        let limit = Refusal::ConnectionLimit(3);
-        assert_eq!(
-            limit.to_string(),
-            "ETCD_WATCH_LIMIT: at most 3 watches are allowed per connection"
-        );
-        assert_eq!(limit.kind(), RefusalKind::ConnectionLimit);
-        let limit = Refusal::ProxyLimit(3);
-        assert_eq!(
-            limit.to_string(),
-            "ETCD_WATCH_LIMIT: at most 3 watches are allowed on this proxy"
-        );
-        assert_eq!(limit.kind(), RefusalKind::ProxyLimit);
-        assert_eq!(
-            Refusal::EmptyRange.to_string(),
-            "mvcc: watcher range is empty"
-        );
-        assert_eq!(Refusal::EmptyRange.kind(), RefusalKind::Invalid);
-        let denied =
-            Refusal::NotAllowed(Status::permission_denied("etcdserver: permission denied"));
-        assert_eq!(
-            denied.to_string(),
-            "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
-        );
-        assert_eq!(denied.kind(), RefusalKind::Invalid);
-        let header = ResponseHeader::default();
-        let resp = refused(header, &Refusal::DuplicateId);
-        assert!(resp.created && resp.canceled);
-        assert_eq!(resp.watch_id, INVALID_WATCH_ID);
-        assert_eq!(resp.cancel_reason, status::DUPLICATE_ID);
     }
 }

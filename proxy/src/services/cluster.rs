@@ -81,7 +81,7 @@ impl cluster_server::Cluster for ClusterService {
                 match register::members(&self.state.upstream, req.metadata(), prefix, member_id)
                     .await
                 {
-                    Err(s) if crate::status::is_auth_refusal(&s) => Vec::new(),
+                    Err(s) if crate::etcd_errors::is_auth_refusal(&s) => Vec::new(),
                     other => other?,
                 }
             }
