@@ -116,8 +116,8 @@ pub(crate) struct Forwarded {
     retiring: IdMap<usize>,
     /// What the last response [`next`](Self::next) gave was, for the session.
     last: Last,
-    /// The live watches when the oldest stream-level progress request not answered yet
-    /// was sent (empty when the session had none away then: it needs none): etcd's next
+    /// The live watches whose `created` had come when the oldest stream-level progress
+    /// request not answered yet was sent (empty when the session had none away then: it needs none): etcd's next
     /// answer covers them, whichever request it answers (etcd answers one once every
     /// watch of the stream is synced, or drops it, in order).
     progress_covers: Option<Vec<i64>>,
@@ -290,16 +290,33 @@ impl Forwarded {
     /// away from the cache), so the live ones are noted (no allocation otherwise).
     pub(crate) async fn request_progress(&mut self, covers: bool) -> Result<(), Status> {
         if self.progress_covers.is_none() {
-            let live = self.watches.keys().copied();
-            self.progress_covers = Some(if covers { live.collect() } else { Vec::new() });
+            self.progress_covers = Some(if covers {
+                self.answered_live()
+            } else {
+                Vec::new()
+            });
         }
         self.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
             .await
     }
 
+    /// The live watches whose `created` has come. One whose create etcd has not answered
+    /// is not covered by an answer to a request sent after it: etcd sends a stream-level
+    /// progress response on the watches' channel and `created` on another
+    /// (`api/v3rpc/watch.go: sendLoop`, which holds a watch's events until its `created`
+    /// is out), so the answer may come before that watch's `created` and its events up
+    /// to the answer's revision.
+    fn answered_live(&self) -> Vec<i64> {
+        self.watches
+            .keys()
+            .copied()
+            .filter(|id| !self.creating.iter().any(|c| c.id == *id))
+            .collect()
+    }
+
     /// The watches a stream-level progress answer of etcd's covers (each has been sent
-    /// everything up to the answer's revision): the live ones when the oldest request
-    /// not answered yet was sent. A request taken as dropped may still be the one
+    /// everything up to the answer's revision): the live ones whose `created` had come
+    /// when the oldest request not answered yet was sent. A request taken as dropped may still be the one
     /// answered (late), so a later request's watches, which may still be replaying,
     /// are not counted.
     pub(crate) fn progress_covered(&mut self) -> Vec<i64> {
@@ -702,6 +719,36 @@ mod tests {
         f.request_progress(true).await.unwrap();
         assert!(f.progress_covered().is_empty());
         for _ in 0..5 {
+            assert!(rx.recv().await.is_some(), "each request sent");
+        }
+    }
+
+    /// A watch whose `created` has not come is not covered: etcd may send the answer
+    /// before that `created` and before the watch's events up to its revision.
+    #[tokio::test]
+    async fn a_progress_answer_does_not_cover_a_watch_not_yet_created() {
+        let mut f = forwarded();
+        let (tx, mut rx) = mpsc::channel(8);
+        f.tx = Some(tx);
+        f.live(4, false, 0);
+        f.live(5, false, 0);
+        f.creating.push_back(Creating {
+            id: 5,
+            resuming: false,
+        });
+        f.request_progress(true).await.unwrap();
+        assert_eq!(f.progress_covered(), [4], "5 waits for its created");
+        let created = WatchResponse {
+            watch_id: 5,
+            created: true,
+            ..Default::default()
+        };
+        assert!(f.take(created).is_some());
+        f.request_progress(true).await.unwrap();
+        let mut both = f.progress_covered();
+        both.sort_unstable();
+        assert_eq!(both, [4, 5]);
+        for _ in 0..2 {
             assert!(rx.recv().await.is_some(), "each request sent");
         }
     }

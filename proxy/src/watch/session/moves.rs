@@ -133,7 +133,7 @@ impl Session {
     }
 
     /// etcd answered a stream-level progress request at `revision`: each watch away that
-    /// was live when it was asked has been sent everything up to it, and comes back to
+    /// was live (its `created` come) when it was asked has been sent everything up to it, and comes back to
     /// the cache if that is in the cache's window (`entries.rs: Entries::returning`).
     pub(super) async fn away_progress(&mut self, revision: i64) -> Result<(), ()> {
         let covered = self.forwarded.progress_covered();
