@@ -546,6 +546,8 @@ pub fn check_sub(
     let mut covered;
     let mut last_event = 0i64;
     let mut last_progress = 0i64;
+    // Where the last event was, for a report: responses and resumptions since.
+    let (mut since_event, mut resumed_since_event) = (0usize, 0usize);
     match it.next() {
         Some(Resp::Created(rev)) => {
             covered = if spec.start_revision > 0 {
@@ -587,10 +589,12 @@ pub fn check_sub(
     let mut seen: std::collections::HashSet<(i64, Vec<u8>)> = Default::default();
     for r in it {
         counts.responses += 1;
+        since_event += 1;
         match r {
             Resp::Created(rev) => v("created", format!("second `created` response at {rev}")),
             Resp::Resumed(from) => {
                 counts.resumes += 1;
+                resumed_since_event += 1;
                 if *from > covered + 1 {
                     for rev in (covered + 1)..*from {
                         let exp = spec.expected(truth, rev);
@@ -607,7 +611,10 @@ pub fn check_sub(
                 if *p < last_event {
                     v(
                         "ordered",
-                        format!("progress {p} after an event at {last_event}"),
+                        format!(
+                            "progress {p} after an event at {last_event} ({since_event} \
+                             responses and {resumed_since_event} resumptions later)"
+                        ),
                     );
                 }
                 if *p < spec.start_revision {
@@ -703,6 +710,7 @@ pub fn check_sub(
                     }
                 }
                 last_event = last_event.max(*rev);
+                (since_event, resumed_since_event) = (0, 0);
                 covered = covered.max(*rev);
             }
         }
