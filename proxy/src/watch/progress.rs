@@ -34,7 +34,10 @@
 //! answer, as etcd gives none to a request it cannot answer.
 //!
 //! The answer holds for the watches that were on the stream when it was asked for; a
-//! watch created after the request may still be replaying.
+//! watch created after the request may still be replaying. A watch that moves between
+//! the sides while requests wait (caught up from etcd, or back to the cache) was on the
+//! stream: the side it moved to answers again for them, after the move
+//! ([`Progress::moved_to`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -182,6 +185,30 @@ impl Progress {
             if p.proven[e] == Some(i64::MAX) {
                 p.proven[e] = None;
             }
+        }
+        Out {
+            items: Vec::new(),
+            ask: self.ask_needed(),
+        }
+    }
+
+    /// A watch of the stream moved to `side` (caught up from etcd, or back to the
+    /// cache) while requests wait: it was on the stream when they were made, and an
+    /// answer that side made before the move does not cover it (its events from the
+    /// move on may still be on their way). So each waiting request needs an answer of
+    /// that side made after the move: what it had is forgotten, a request to that side
+    /// in flight counts for none of them, and the side is asked (again).
+    pub(crate) fn moved_to(&mut self, side: Side) -> Out {
+        let s = side as usize;
+        let Some(oldest) = self.pending.front().map(|p| p.seq) else {
+            return Out::default();
+        };
+        for p in self.pending.iter_mut() {
+            p.proven[s] = None;
+        }
+        if let Some((covered, _)) = self.asked[s].as_mut() {
+            // It covers the requests below `covered`: none of those waiting now.
+            *covered = oldest;
         }
         Out {
             items: Vec::new(),
@@ -486,6 +513,41 @@ mod tests {
         assert_eq!(p.forwarded_created().ask, [0, 1]);
         assert!(p.answer(Side::Cache, 5).items.is_empty());
         assert_eq!(revs(&p.answer(Side::Etcd, 6).items), [(-1, vec![5])]);
+    }
+
+    /// A watch moved to the cache after the cache answered: that answer does not
+    /// cover it, the cache is asked again, and the request is answered with the later
+    /// answer.
+    #[test]
+    fn a_watch_moved_after_its_sides_answer_needs_a_later_one() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(10, true, now).ask, [1, 1]);
+        assert!(p.answer(Side::Cache, 12).items.is_empty());
+        assert_eq!(p.moved_to(Side::Cache).ask, [1, 0], "the cache asked again");
+        assert!(
+            p.answer(Side::Etcd, 15).items.is_empty(),
+            "the cache's is missing"
+        );
+        assert_eq!(revs(&p.answer(Side::Cache, 13).items), [(-1, vec![13])]);
+        // Nothing waits: a move asks nothing.
+        assert_eq!(p.moved_to(Side::Etcd).ask, [0, 0]);
+    }
+
+    /// A watch moved to etcd while a request to etcd is in flight (sent before the
+    /// move): its answer counts for none of the requests waiting then; etcd is asked
+    /// again.
+    #[test]
+    fn a_request_in_flight_before_a_move_counts_for_none() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(10, true, now).ask, [1, 1]);
+        assert_eq!(p.moved_to(Side::Etcd).ask, [0, 0], "one in flight already");
+        assert!(p.answer(Side::Cache, 11).items.is_empty());
+        let out = p.answer(Side::Etcd, 14);
+        assert!(out.items.is_empty(), "made before the move");
+        assert_eq!(out.ask, [0, 1]);
+        assert_eq!(revs(&p.answer(Side::Etcd, 16).items), [(-1, vec![11])]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::Session;
 use crate::pb::etcdserverpb::WatchCreateRequest;
 use crate::watch::cached::Watches;
 use crate::watch::id_map::release_drained;
+use crate::watch::progress::Side;
 
 impl Session {
     /// Brings a watch caught up from etcd back to the cache, under its id, from its
@@ -56,7 +57,9 @@ impl Session {
             rejoin: true,
         });
         self.entries.rejoining(create);
-        Ok(())
+        // Progress requests waiting now need an answer of the cache's made after it.
+        let out = self.progress.moved_to(Side::Cache);
+        self.apply(out).await
     }
 
     /// Moves a cached watch that fell behind the cache's window to etcd, from its next
@@ -73,8 +76,8 @@ impl Session {
         crate::metrics::get().watch_caught_up();
         match self.forwarded.resume(create).await {
             Ok(Some(_)) => {
-                // Progress requests made before it now need etcd's answer too.
-                let out = self.progress.forwarded_created();
+                // Progress requests waiting now need an answer of etcd's made after it.
+                let out = self.progress.moved_to(Side::Etcd);
                 self.apply(out).await
             }
             Ok(None) => {
