@@ -216,6 +216,18 @@ impl Progress {
         }
     }
 
+    /// The stream has no watch left on `side` (its last forwarded watch is gone): the
+    /// waiting requests need no answer of it, and get the other side's.
+    pub(crate) fn vacated(&mut self, side: Side) -> Out {
+        let s = side as usize;
+        for p in self.pending.iter_mut() {
+            p.proven[s].get_or_insert(i64::MAX);
+        }
+        let mut out = self.settle();
+        out.ask = self.ask_needed();
+        out
+    }
+
     /// A side's answer (a stream-level progress response from the cache or from etcd).
     pub(crate) fn answer(&mut self, side: Side, revision: i64) -> Out {
         let s = side as usize;
@@ -548,6 +560,20 @@ mod tests {
         assert!(out.items.is_empty(), "made before the move");
         assert_eq!(out.ask, [0, 1]);
         assert_eq!(revs(&p.answer(Side::Etcd, 16).items), [(-1, vec![11])]);
+    }
+
+    /// The stream's last forwarded watch goes (back to the cache) while a request waits
+    /// for etcd, which answers through a watch of its stream: the cache's answer is
+    /// the answer.
+    #[test]
+    fn a_request_needs_no_answer_of_a_side_left_without_watches() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(10, true, now).ask, [1, 1]);
+        assert!(p.answer(Side::Cache, 12).items.is_empty());
+        assert_eq!(revs(&p.vacated(Side::Etcd).items), [(-1, vec![12])]);
+        // Nothing waits: nothing to do.
+        assert!(p.vacated(Side::Etcd).items.is_empty());
     }
 
     #[test]

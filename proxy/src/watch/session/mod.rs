@@ -366,6 +366,18 @@ impl Session {
         self.apply(out).await
     }
 
+    /// When the stream's last forwarded watch is gone (canceled, ended by etcd, or back
+    /// in the cache) while the cache serves the rest, the progress requests waiting for
+    /// etcd's answer would get none (etcd >= 3.5 answers through a watch of its
+    /// stream): they need none.
+    pub(super) async fn forwarded_left(&mut self) -> Result<(), ()> {
+        if self.watches.is_none() || !self.forwarded.is_empty() {
+            return Ok(());
+        }
+        let out = self.progress.vacated(Side::Etcd);
+        self.apply(out).await
+    }
+
     /// The lowest answer a stream-level progress request may get now: the cache's
     /// revision, or the highest start of a watch of the stream beyond it.
     fn progress_floor(&mut self) -> i64 {
@@ -414,7 +426,7 @@ impl Session {
                     return Err(());
                 }
             }
-            return Ok(());
+            return self.forwarded_left().await;
         }
         // A watch the proxy canceled itself once created (a revoked permission): that
         // `canceled` is on its way.

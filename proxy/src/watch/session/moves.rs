@@ -59,7 +59,8 @@ impl Session {
         self.entries.rejoining(create);
         // Progress requests waiting now need an answer of the cache's made after it.
         let out = self.progress.moved_to(Side::Cache);
-        self.apply(out).await
+        self.apply(out).await?;
+        self.forwarded_left().await
     }
 
     /// Moves a cached watch that fell behind the cache's window to etcd, from its next

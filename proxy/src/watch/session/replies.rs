@@ -107,7 +107,8 @@ impl Session {
             return Err(());
         }
         let (watch_id, through) = (resp.watch_id, messages::sent_through(&resp));
-        if resp.canceled {
+        let ended = resp.canceled;
+        if ended {
             self.entries.remove(watch_id);
         }
         messages::out_of_namespace(&mut resp, &self.state.namespace);
@@ -116,6 +117,9 @@ impl Session {
         }
         for refusal in after {
             self.outbound.send(refusal).await?;
+        }
+        if ended {
+            return self.forwarded_left().await;
         }
         let cache = self.watches.as_ref();
         let span = cache.map(Watches::history_span);
