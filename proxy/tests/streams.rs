@@ -65,6 +65,31 @@ async fn back_in_the_cache(maddr: SocketAddr, what: &str) {
     .await;
 }
 
+/// etcd's own count of its Watch streams (`etcd_debugging_mvcc_watch_stream_total`).
+fn etcd_watch_streams(etcd: &support::EtcdServer) -> f64 {
+    let (_, _, body) = support::scrape::http_get(etcd.client_addr(), "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watch_stream_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("etcd_debugging_mvcc_watch_stream_total in etcd's metrics")
+}
+
+/// Waits (up to 20 s) until etcd has `want` Watch streams.
+async fn etcd_watch_streams_become(etcd: &support::EtcdServer, want: f64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = etcd_watch_streams(etcd);
+        if now == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: etcd has {now} Watch streams, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Reads `stream` until its watch has seen revision `last` or ends; the mod revisions
 /// of its events, checked contiguous, and the cancel that ended it, if one did.
 async fn read_to(
@@ -318,9 +343,12 @@ async fn a_quiet_watch_from_below_the_window_moves_to_the_cache_where_progress_i
     writer.put("/other", "v", None).await.unwrap();
     let (proxy, maddr) = small_window_proxy(&etcd).await;
     let mut c = client(&proxy.endpoint()).await;
+    // The cache's own stream.
+    etcd_watch_streams_become(&etcd, 1.0, "the cache's").await;
     let opts = WatchOptions::new().with_prefix().with_start_revision(first);
     let mut stream = c.watch("/q/", Some(opts)).await.unwrap();
     assert!(stream.message().await.unwrap().unwrap().created());
+    assert_eq!(etcd_watch_streams(&etcd), 2.0, "the watch away on its own");
     let (got, canceled) = read_to(&mut stream, first).await;
     assert!(canceled.is_none(), "canceled: {canceled:?}");
     assert_eq!(got, [first]);
@@ -329,6 +357,8 @@ async fn a_quiet_watch_from_below_the_window_moves_to_the_cache_where_progress_i
     }
     if trusted {
         back_in_the_cache(maddr, "the quiet watch, in the cache").await;
+        // Nothing is left on the client stream's stream to etcd: it ends.
+        etcd_watch_streams_become(&etcd, 1.0, "the quiet watch back in the cache").await;
     } else {
         // Served by etcd now. That it is never brought back on this version is the
         // trust check in `moves.rs` (nothing here waits to watch it not happen).

@@ -493,6 +493,7 @@ impl Forwarded {
         } else if r.canceled && take_one(&mut self.retiring, r.watch_id) {
             // The reply to the proxy's own cancel (or etcd's end of that watch).
             self.open.sub();
+            self.close_if_idle();
             return None;
         } else if r.canceled && self.took(r.watch_id) {
             self.last = Last::CancelReply;
@@ -510,10 +511,33 @@ impl Forwarded {
             );
             return None;
         }
+        if r.canceled {
+            self.close_if_idle();
+        }
         if self.ahead > 0 && !self.past_starts(&r) {
             return None;
         }
         Some(r)
+    }
+
+    /// Ends the stream to etcd once it has nothing left to do: no watch live or being
+    /// created, no cancel unanswered. etcd keeps a Watch stream (and its goroutines)
+    /// while it is open, so a client stream whose watches all went back to the cache
+    /// would otherwise hold one on etcd for its whole life; the next forwarded create
+    /// opens a new one. A progress request in flight goes unanswered, as with no watch
+    /// etcd (3.5 on) would not answer it either.
+    fn close_if_idle(&mut self) {
+        let idle = self.watches.is_empty()
+            && self.creating.is_empty()
+            && self.canceling.is_empty()
+            && self.retiring.is_empty()
+            && self.dead_cancels == 0;
+        if idle && self.tx.is_some() {
+            tracing::trace!("no forwarded watch left: the stream to etcd ends");
+            self.tx = None;
+            self.rx = None;
+            self.progress_covers = None;
+        }
     }
 
     /// False for a progress response below the start of a watch etcd has not reached
@@ -751,6 +775,40 @@ mod tests {
         for _ in 0..2 {
             assert!(rx.recv().await.is_some(), "each request sent");
         }
+    }
+
+    /// The stream to etcd ends once its last watch is gone (here: back to the cache, and
+    /// etcd's reply to that cancel has come); a later create would open a new one.
+    #[tokio::test]
+    async fn the_stream_to_etcd_ends_once_nothing_is_left_on_it() {
+        let mut f = forwarded();
+        let (tx, mut rx) = mpsc::channel(8);
+        f.tx = Some(tx);
+        f.live(4, false, 0);
+        f.live(5, false, 0);
+        f.retire(4).await.unwrap();
+        let canceled = |watch_id| WatchResponse {
+            watch_id,
+            canceled: true,
+            ..Default::default()
+        };
+        assert!(f.take(canceled(4)).is_none(), "the proxy's own cancel");
+        assert!(f.tx.is_some(), "5 is still live");
+        assert!(f.cancel(5).await.unwrap());
+        assert!(f.tx.is_some(), "its cancel is not answered yet");
+        assert!(f.take(canceled(5)).is_some(), "the client's cancel's reply");
+        assert!(f.tx.is_none() && f.rx.is_none(), "ended");
+        for _ in 0..2 {
+            assert!(rx.recv().await.is_some(), "each cancel sent");
+        }
+        // The last one going back to the cache ends it too.
+        let (tx, _rx) = mpsc::channel(8);
+        f.tx = Some(tx);
+        f.live(6, false, 0);
+        f.retire(6).await.unwrap();
+        assert!(f.tx.is_some(), "its cancel is not answered yet");
+        assert!(f.take(canceled(6)).is_none());
+        assert!(f.tx.is_none(), "ended");
     }
 
     /// Each create etcd has not answered knows whether it resumes a watch: a plain create

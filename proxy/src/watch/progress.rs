@@ -110,12 +110,12 @@ pub(crate) struct Progress {
     held: VecDeque<WireResponse>,
     /// Watch ids with held responses (their later responses queue behind them).
     held_ids: IdMap<usize>,
-    /// The highest event revision sent on the stream.
+    /// The highest revision sent on the stream: of an event, or of an answer.
     sent_max: i64,
 }
 
 impl Progress {
-    /// The highest event revision sent on the stream.
+    /// The highest revision sent on the stream: of an event, or of an answer.
     pub(crate) fn sent_max(&self) -> i64 {
         self.sent_max
     }
@@ -137,8 +137,20 @@ impl Progress {
     /// the stream beyond it (raised to what was sent);
     /// `etcd`: the stream has forwarded watches. Asks the cache, and etcd if needed.
     pub(crate) fn request(&mut self, floor: i64, etcd: bool, now: Instant) -> Out {
-        let floor = floor.max(self.sent_max);
+        // Never below an earlier request's: responses are held above the oldest one's
+        // floor only, so one above a later, lower floor could go out before that
+        // request's answer (a watch from beyond the cache, which raised the earlier
+        // floor, may have been canceled since).
+        let earlier = self.pending.back().map_or(0, |p| p.floor);
+        let floor = floor.max(self.sent_max).max(earlier);
         let seq = self.next_seq;
+        tracing::trace!(
+            seq,
+            floor,
+            sent = self.sent_max,
+            etcd,
+            "progress: requested"
+        );
         self.next_seq += 1;
         self.pending.push_back(Pending {
             seq,
@@ -223,9 +235,7 @@ impl Progress {
         for p in self.pending.iter_mut() {
             p.proven[s].get_or_insert(i64::MAX);
         }
-        let mut out = self.settle();
-        out.ask = self.ask_needed();
-        out
+        self.settle()
     }
 
     /// A side's answer (a stream-level progress response from the cache or from etcd).
@@ -257,9 +267,7 @@ impl Progress {
                 true
             });
         }
-        let mut out = self.settle();
-        out.ask = self.ask_needed();
-        out
+        self.settle()
     }
 
     /// Whether response `r` goes out at once, as it does while no progress request
@@ -296,7 +304,9 @@ impl Progress {
         if self.held.len() > HELD_LIMIT {
             tracing::debug!("progress request given up: too many responses held");
             self.pending.pop_front();
-            out.items.extend(self.settle().items);
+            let settled = self.settle();
+            out.items.extend(settled.items);
+            out.ask = settled.ask;
         }
         out
     }
@@ -313,9 +323,7 @@ impl Progress {
             tracing::trace!("progress: no answer from etcd, asking again");
             *etcd = None;
         }
-        let mut out = self.settle();
-        out.ask = self.ask_needed();
-        out
+        self.settle()
     }
 
     fn hold(&mut self, r: WireResponse) {
@@ -330,6 +338,7 @@ impl Progress {
 
     /// Answers the requests that can be answered, oldest first, and sends the held
     /// responses the remaining ones allow.
+    /// Then asks each side the waiting requests need.
     fn settle(&mut self) -> Out {
         let mut out = Out::default();
         while let Some(p) = self.pending.front().filter(|p| p.answered()) {
@@ -337,10 +346,29 @@ impl Progress {
             self.pending.pop_front();
             self.release(&mut out, Some(r));
             out.items.push(Item::Progress(r));
+            self.sent_max = self.sent_max.max(r);
+            self.raise_floors();
         }
         let bound = self.bound();
         self.release(&mut out, bound);
+        out.ask = self.ask_needed();
         out
+    }
+
+    /// Raises the waiting requests' floors to what has been sent (an answer, and the
+    /// events up to it, may have gone above a later request's floor): no answer goes
+    /// back. A side's answer below a raised floor no longer counts (the side is asked
+    /// again).
+    fn raise_floors(&mut self) {
+        let sent = self.sent_max;
+        for p in self.pending.iter_mut().filter(|p| p.floor < sent) {
+            p.floor = sent;
+            for proven in &mut p.proven {
+                if proven.is_some_and(|r| r < sent) {
+                    *proven = None;
+                }
+            }
+        }
     }
 
     /// Sends the held responses at or below `bound` (all with `None`), keeping each
@@ -574,6 +602,52 @@ mod tests {
         assert_eq!(revs(&p.vacated(Side::Etcd).items), [(-1, vec![12])]);
         // Nothing waits: nothing to do.
         assert!(p.vacated(Side::Etcd).items.is_empty());
+    }
+
+    /// A later request's floor is never below an earlier one's: the first (a watch from
+    /// 1014, beyond the cache's 983) lets events up to 1014 through while it waits;
+    /// that watch canceled, the second's floor would be the cache's 983, and once the
+    /// first is given up the second would be answered at 983 after an event at 985.
+    #[test]
+    fn a_later_request_never_gets_a_lower_floor() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        let mut items = p.request(1014, true, now).items;
+        items.extend(p.request(983, true, now).items);
+        items.extend(p.push(resp(1, &[985])).items);
+        for _ in 0..=RETRIES {
+            items.extend(p.answer(Side::Cache, 983).items);
+            items.extend(p.answer(Side::Etcd, 984).items);
+        }
+        assert_eq!(revs(&items), [(1, vec![985])], "no answer below the floor");
+        assert_eq!(p.pending.len(), 0, "both given up");
+    }
+
+    /// An answer and the events up to it may go above a later request's floor: that
+    /// floor is raised, and a side's answer below it no longer counts (here etcd's 11,
+    /// which an upstream proxy may give after its 15: answers of different requests).
+    #[test]
+    fn no_answer_goes_back() {
+        let mut p = Progress::default();
+        let now = Instant::now();
+        assert_eq!(p.request(10, true, now).ask, [1, 1]);
+        assert_eq!(p.request(10, true, now).ask, [0, 0]);
+        assert!(p.push(resp(1, &[12])).items.is_empty(), "held");
+        assert_eq!(
+            p.answer(Side::Etcd, 15).ask,
+            [0, 1],
+            "the second not covered"
+        );
+        assert!(p.answer(Side::Etcd, 11).items.is_empty());
+        let out = p.answer(Side::Cache, 12);
+        assert_eq!(revs(&out.items), [(1, vec![12]), (-1, vec![12])]);
+        assert_eq!(
+            out.ask,
+            [1, 1],
+            "the second asks both again: 11 is below 12 now"
+        );
+        assert!(p.answer(Side::Cache, 13).items.is_empty());
+        assert_eq!(revs(&p.answer(Side::Etcd, 14).items), [(-1, vec![13])]);
     }
 
     #[test]

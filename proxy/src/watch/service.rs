@@ -74,6 +74,7 @@ impl WatchService {
             "watch stream"
         );
         let scope = conn.map(|c| c.watches.clone()).unwrap_or_default();
+        let conn_id = conn.map(|c| c.id);
         let budget = conn.map_or_else(
             || {
                 RequestBudget::new(
@@ -87,7 +88,11 @@ impl WatchService {
         let metadata = crate::upstream::passed(req.metadata());
         let session = Session::new(self.state.clone(), &scope, tx, metadata, require_leader);
         let requests = read_requests(req.into_inner(), budget, self.state.shutdown.clone());
-        tokio::spawn(session.run(requests));
+        // Each stream's log lines name it (a connection holds several).
+        static STREAMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let stream = STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span = tracing::debug_span!("watch_stream", conn = conn_id, stream);
+        tokio::spawn(tracing::Instrument::instrument(session.run(requests), span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -587,9 +587,18 @@ pub fn check_sub(
         }
     }
     let mut seen: std::collections::HashSet<(i64, Vec<u8>)> = Default::default();
+    // The last few responses, for a report.
+    let mut recent: std::collections::VecDeque<String> = Default::default();
     for r in it {
         counts.responses += 1;
         since_event += 1;
+        if recent.len() == 6 {
+            recent.pop_front();
+        }
+        recent.push_back(match r {
+            Resp::Events(rev, evs) => format!("Events({rev}, {} events)", evs.len()),
+            other => format!("{other:?}"),
+        });
         match r {
             Resp::Created(rev) => v("created", format!("second `created` response at {rev}")),
             Resp::Resumed(from) => {
@@ -613,7 +622,8 @@ pub fn check_sub(
                         "ordered",
                         format!(
                             "progress {p} after an event at {last_event} ({since_event} \
-                             responses and {resumed_since_event} resumptions later)"
+                             responses and {resumed_since_event} resumptions later; the last \
+                             responses {recent:?})"
                         ),
                     );
                 }

@@ -50,6 +50,7 @@ impl Session {
             match item {
                 Item::Resp(resp) => self.outbound.emit(resp).await?,
                 Item::Progress(revision) => {
+                    tracing::trace!(revision, "progress: answered");
                     let header = self.state.upstream.header(revision);
                     self.outbound.send(messages::progress(header)).await?;
                 }
