@@ -117,9 +117,9 @@ pub(crate) struct Forwarded {
     /// What the last response [`next`](Self::next) gave was, for the session.
     last: Last,
     /// The live watches whose `created` had come when the oldest stream-level progress
-    /// request not answered yet was sent (empty when the session had none away then: it needs none): etcd's next
-    /// answer covers them, whichever request it answers (etcd answers one once every
-    /// watch of the stream is synced, or drops it, in order).
+    /// request not answered yet was sent (empty when the session had none away then: it
+    /// needs none): etcd's next answer covers them, whichever request it answers (etcd
+    /// answers one once every watch of the stream is synced, or drops it, in order).
     progress_covers: Option<Vec<i64>>,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
@@ -316,9 +316,9 @@ impl Forwarded {
 
     /// The watches a stream-level progress answer of etcd's covers (each has been sent
     /// everything up to the answer's revision): the live ones whose `created` had come
-    /// when the oldest request not answered yet was sent. A request taken as dropped may still be the one
-    /// answered (late), so a later request's watches, which may still be replaying,
-    /// are not counted.
+    /// when the oldest request not answered yet was sent. A request taken as dropped may
+    /// still be the one answered (late), so a later request's watches, which may still
+    /// be replaying, are not counted.
     pub(crate) fn progress_covered(&mut self) -> Vec<i64> {
         self.progress_covers.take().unwrap_or_default()
     }

@@ -336,9 +336,8 @@ impl Progress {
         out.items.push(Item::Resp(r));
     }
 
-    /// Answers the requests that can be answered, oldest first, and sends the held
-    /// responses the remaining ones allow.
-    /// Then asks each side the waiting requests need.
+    /// Answers the requests that can be answered, oldest first, sends the held
+    /// responses the remaining ones allow, then asks each side they need.
     fn settle(&mut self) -> Out {
         let mut out = Out::default();
         while let Some(p) = self.pending.front().filter(|p| p.answered()) {
