@@ -71,6 +71,9 @@ struct Watch {
     /// Its start revision, while etcd has not been heard to reach it (see the module
     /// docs): no progress below it goes to the client.
     ahead: Option<i64>,
+    /// How many stream-level progress requests had been sent on the stream when its
+    /// `created` came (`None` before): see [`Forwarded::progress_covered`].
+    created_after: Option<u64>,
 }
 
 /// A create sent to etcd and not answered yet.
@@ -116,11 +119,10 @@ pub(crate) struct Forwarded {
     retiring: IdMap<usize>,
     /// What the last response [`next`](Self::next) gave was, for the session.
     last: Last,
-    /// The live watches whose `created` had come when the oldest stream-level progress
-    /// request not answered yet was sent (empty when the session had none away then: it
-    /// needs none): etcd's next answer covers them, whichever request it answers (etcd
-    /// answers one once every watch of the stream is synced, or drops it, in order).
-    progress_covers: Option<Vec<i64>>,
+    /// Stream-level progress requests sent on the stream, and answers (watch id -1)
+    /// received: see [`progress_covered`](Self::progress_covered).
+    progress_asked: u64,
+    progress_answers: u64,
     /// Counts the created ones in `etcd_cache_proxy_watches{served="etcd"}`.
     open: GaugeGuard,
 }
@@ -139,7 +141,8 @@ impl Forwarded {
             dead_cancels: 0,
             retiring: IdMap::default(),
             last: Last::Other,
-            progress_covers: None,
+            progress_asked: 0,
+            progress_answers: 0,
             open: crate::metrics::get().open_watches(Served::Etcd),
         }
     }
@@ -239,7 +242,14 @@ impl Forwarded {
     fn live(&mut self, id: i64, prev_kv: bool, start: i64) {
         let ahead = (start > 0).then_some(start);
         self.ahead += usize::from(ahead.is_some());
-        self.watches.insert(id, Watch { prev_kv, ahead });
+        self.watches.insert(
+            id,
+            Watch {
+                prev_kv,
+                ahead,
+                created_after: None,
+            },
+        );
     }
 
     /// Forgets live watch `watch_id`; false if it was not one.
@@ -286,41 +296,28 @@ impl Forwarded {
     }
 
     /// Asks etcd for a stream-level progress response (watch id -1).
-    /// `covers`: the session wants to know which watches its answer covers (some are
-    /// away from the cache), so the live ones are noted (no allocation otherwise).
-    pub(crate) async fn request_progress(&mut self, covers: bool) -> Result<(), Status> {
-        if self.progress_covers.is_none() {
-            self.progress_covers = Some(if covers {
-                self.answered_live()
-            } else {
-                Vec::new()
-            });
-        }
+    pub(crate) async fn request_progress(&mut self) -> Result<(), Status> {
         self.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
-            .await
+            .await?;
+        self.progress_asked += 1;
+        Ok(())
     }
 
-    /// The live watches whose `created` has come. One whose create etcd has not answered
-    /// is not covered by an answer to a request sent after it: etcd sends a stream-level
-    /// progress response on the watches' channel and `created` on another
-    /// (`api/v3rpc/watch.go: sendLoop`, which holds a watch's events until its `created`
-    /// is out), so the answer may come before that watch's `created` and its events up
-    /// to the answer's revision.
-    fn answered_live(&self) -> Vec<i64> {
-        self.watches
-            .keys()
-            .copied()
-            .filter(|id| !self.creating.iter().any(|c| c.id == *id))
+    /// The live watches etcd's latest stream-level progress answer covers (each has
+    /// been sent everything up to its revision). etcd answers requests in order, each
+    /// once at most, and drops some (a watch unsynced, or one from beyond its
+    /// revision): the m-th answer answers the m-th request or a later one, so it covers
+    /// the watches whose `created` came before the m-th request was sent. Not those
+    /// whose `created` came after it: etcd sends the answer on the watches' channel and
+    /// `created` on another (`api/v3rpc/watch.go: sendLoop`, which holds a new watch's
+    /// events until its `created` is out), so an answer can come before a new watch's
+    /// `created` and its events; nor a late answer to a request taken as dropped.
+    pub(crate) fn progress_covered(&self) -> Vec<i64> {
+        let answers = self.progress_answers;
+        (self.watches.iter())
+            .filter(|(_, w)| w.created_after.is_some_and(|asked| asked < answers))
+            .map(|(&id, _)| id)
             .collect()
-    }
-
-    /// The watches a stream-level progress answer of etcd's covers (each has been sent
-    /// everything up to the answer's revision): the live ones whose `created` had come
-    /// when the oldest request not answered yet was sent. A request taken as dropped may
-    /// still be the one answered (late), so a later request's watches, which may still
-    /// be replaying, are not counted.
-    pub(crate) fn progress_covered(&mut self) -> Vec<i64> {
-        self.progress_covers.take().unwrap_or_default()
     }
 
     async fn send(&mut self, req: RequestUnion) -> Result<(), Status> {
@@ -343,6 +340,7 @@ impl Forwarded {
         let stream = self.upstream.watch().watch(call).await?.into_inner();
         self.tx = Some(tx);
         self.rx = Some(stream);
+        (self.progress_asked, self.progress_answers) = (0, 0);
         Ok(())
     }
 
@@ -468,6 +466,11 @@ impl Forwarded {
             r.watch_id = 0;
         }
         self.upstream.observe(r.header.as_ref());
+        if r.watch_id == INVALID_WATCH_ID && !r.created && !r.canceled && r.events.is_empty() {
+            // An answer to a stream-level progress request (counted even if it is not
+            // passed on, below).
+            self.progress_answers += 1;
+        }
         self.last = Last::Other;
         if r.created {
             let asked = self.creating.pop_front();
@@ -489,6 +492,10 @@ impl Forwarded {
             } else {
                 self.open.add();
                 crate::metrics::get().watch_created(Served::Etcd);
+                let asked = asked.and_then(|c| self.watches.get_mut(&c.id));
+                if let Some(w) = asked {
+                    w.created_after = Some(self.progress_asked);
+                }
             }
         } else if r.canceled && take_one(&mut self.retiring, r.watch_id) {
             // The reply to the proxy's own cancel (or etcd's end of that watch).
@@ -536,7 +543,6 @@ impl Forwarded {
             tracing::trace!("no forwarded watch left: the stream to etcd ends");
             self.tx = None;
             self.rx = None;
-            self.progress_covers = None;
         }
     }
 
@@ -718,61 +724,62 @@ mod tests {
         assert!(f.take(at(progress(INVALID_WATCH_ID), 13)).is_some());
     }
 
-    /// A stream-level progress answer covers the watches live when the oldest request
-    /// not answered yet was sent: a watch created after it (which may still be
-    /// replaying when an answer to that request comes late) is not counted.
-    #[tokio::test]
-    async fn a_progress_answer_covers_the_watches_of_the_oldest_request_unanswered() {
-        let mut f = forwarded();
-        let (tx, mut rx) = mpsc::channel(8);
-        f.tx = Some(tx);
-        f.live(4, false, 0);
-        f.request_progress(true).await.unwrap();
-        f.live(5, false, 0);
-        // The first taken as dropped, asked again: the answer may be the first's.
-        f.request_progress(true).await.unwrap();
-        assert_eq!(f.progress_covered(), [4]);
-        assert!(f.progress_covered().is_empty(), "one answer, one set");
-        f.request_progress(true).await.unwrap();
-        let mut both = f.progress_covered();
-        both.sort_unstable();
-        assert_eq!(both, [4, 5]);
-        // Asked while none was away (nothing noted): an answer then covers none, even
-        // when a later request wanted to know.
-        f.request_progress(false).await.unwrap();
-        f.request_progress(true).await.unwrap();
-        assert!(f.progress_covered().is_empty());
-        for _ in 0..5 {
-            assert!(rx.recv().await.is_some(), "each request sent");
+    /// etcd's `created` of watch `id`.
+    fn created(id: i64) -> WatchResponse {
+        WatchResponse {
+            watch_id: id,
+            created: true,
+            ..Default::default()
         }
     }
 
-    /// A watch whose `created` has not come is not covered: etcd may send the answer
-    /// before that `created` and before the watch's events up to its revision.
+    /// A stream-level progress answer at revision 10.
+    fn answer() -> WatchResponse {
+        at(
+            WatchResponse {
+                watch_id: INVALID_WATCH_ID,
+                ..Default::default()
+            },
+            10,
+        )
+    }
+
+    /// The m-th answer covers the watches whose `created` came before the m-th request
+    /// was sent: not one created after (etcd may send the answer before its `created`
+    /// and events), nor one created between a request taken as dropped (answered late)
+    /// and the next. CI's pair test: requests A and B sent while the proxy was slow,
+    /// then a watch from revision 1, the answers to A and B after it: the second is
+    /// B's, not the next request's, and must not bring that watch back.
     #[tokio::test]
-    async fn a_progress_answer_does_not_cover_a_watch_not_yet_created() {
+    async fn a_progress_answer_covers_the_watches_created_before_its_request() {
         let mut f = forwarded();
         let (tx, mut rx) = mpsc::channel(8);
         f.tx = Some(tx);
         f.live(4, false, 0);
-        f.live(5, false, 0);
+        f.creating.push_back(Creating {
+            id: 4,
+            resuming: false,
+        });
+        assert!(f.take(created(4)).is_some());
+        f.request_progress().await.unwrap(); // A
+        f.request_progress().await.unwrap(); // B
+        f.live(5, false, 1);
         f.creating.push_back(Creating {
             id: 5,
             resuming: false,
         });
-        f.request_progress(true).await.unwrap();
-        assert_eq!(f.progress_covered(), [4], "5 waits for its created");
-        let created = WatchResponse {
-            watch_id: 5,
-            created: true,
-            ..Default::default()
-        };
-        assert!(f.take(created).is_some());
-        f.request_progress(true).await.unwrap();
+        assert!(f.progress_covered().is_empty(), "nothing answered yet");
+        assert!(f.take(answer()).is_some()); // A's
+        assert_eq!(f.progress_covered(), [4], "5 is not created yet");
+        assert!(f.take(created(5)).is_some());
+        f.request_progress().await.unwrap(); // C
+        assert!(f.take(answer()).is_some()); // B's (or C's: not known)
+        assert_eq!(f.progress_covered(), [4], "B's answer does not cover 5");
+        assert!(f.take(answer()).is_some()); // C's, or later
         let mut both = f.progress_covered();
         both.sort_unstable();
         assert_eq!(both, [4, 5]);
-        for _ in 0..2 {
+        for _ in 0..3 {
             assert!(rx.recv().await.is_some(), "each request sent");
         }
     }

@@ -129,7 +129,7 @@ impl Session {
             return Ok(());
         }
         tracing::trace!("progress: asking etcd for the watches away");
-        if let Err(e) = self.forwarded.request_progress(true).await {
+        if let Err(e) = self.forwarded.request_progress().await {
             self.outbound.fail(e).await;
             return Err(());
         }
@@ -137,16 +137,17 @@ impl Session {
     }
 
     /// etcd answered a stream-level progress request at `revision`: each watch away that
-    /// was live (its `created` come) when it was asked has been sent everything up to it, and comes back to
-    /// the cache if that is in the cache's window (`entries.rs: Entries::returning`).
+    /// the answer covers (`forwarded.rs: Forwarded::progress_covered`) has been sent
+    /// everything up to it, and comes back to the cache if that is in the cache's window
+    /// (`entries.rs: Entries::returning`).
     pub(super) async fn away_progress(&mut self, revision: i64) -> Result<(), ()> {
-        let covered = self.forwarded.progress_covered();
         let Some(cache) = self.watches.as_ref().filter(|w| w.progress_trusted()) else {
             return Ok(());
         };
         if !self.entries.has_away() {
             return Ok(());
         }
+        let covered = self.forwarded.progress_covered();
         let (span, zero_free) = (cache.history_span(), cache.gives_zero());
         let mut back = false;
         for id in covered {

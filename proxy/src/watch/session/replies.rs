@@ -40,8 +40,7 @@ impl Session {
         }
         for _ in 0..out.ask[Side::Etcd as usize] {
             tracing::trace!("progress: asking etcd");
-            let covers = self.entries.has_away();
-            if let Err(e) = self.forwarded.request_progress(covers).await {
+            if let Err(e) = self.forwarded.request_progress().await {
                 self.outbound.fail(e).await;
                 return Err(());
             }
