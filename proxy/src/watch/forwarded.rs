@@ -12,10 +12,9 @@
 //! for its own clients' watch 0) as long as its watch 0 is not live, and the other way
 //! round.
 //!
-//! etcd registers a watch before it records that the watch wants prev_kv
-//! (`serverWatchStream.recvLoop`: `watchStream.Watch`, then `prevKV[id] = true`), so
-//! events its send loop picks up in between come without prev_kv. The proxy fills those
-//! in as etcd's send loop would have ([`Forwarded::fill_prev_kv`]).
+//! etcd registers a watch before it records that the watch wants prev_kv, so its first
+//! events may come without it; the proxy fills those in ([`Forwarded::fill_prev_kv`],
+//! `prev_kv.rs`).
 //!
 //! etcd before 3.4.38 / 3.5.22 / 3.6.2 sends a watch from a revision it has not reached
 //! progress notifications below that start (etcd#20221), and answers a stream-level
@@ -25,22 +24,17 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
-use tonic::{Code, Status, Streaming};
+use tonic::{Status, Streaming};
 
-use crate::etcd_errors;
-use crate::forward_macros::call_upstream;
 use crate::metrics::{GaugeGuard, Served};
 use crate::pb::etcdserverpb::{
-    watch_request::RequestUnion, RangeRequest, WatchCancelRequest, WatchCreateRequest,
-    WatchProgressRequest, WatchRequest, WatchResponse,
+    watch_request::RequestUnion, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest,
+    WatchRequest, WatchResponse,
 };
-use crate::pb::mvccpb::event::EventType;
-use crate::pb::mvccpb::KeyValue;
 
 use super::id_map::IdMap;
 use super::messages::INVALID_WATCH_ID;
@@ -50,19 +44,6 @@ use crate::upstream::Upstream;
 const ZERO: i64 = i64::MAX;
 /// Requests queued toward etcd.
 const QUEUE: usize = 64;
-/// The pause before each read of a prev_kv etcd left out (the first at once).
-const FILL_PAUSES: [Duration; 4] = [
-    Duration::ZERO,
-    Duration::from_millis(10),
-    Duration::from_millis(50),
-    Duration::from_millis(200),
-];
-/// How often a prev_kv etcd left out is asked for before the client's stream ends.
-const FILL_ATTEMPTS: usize = FILL_PAUSES.len();
-/// How long one read of a prev_kv etcd left out may take (a blackholed connection
-/// answers nothing).
-const FILL_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// One live forwarded watch.
 #[derive(Debug, Clone, Copy)]
 struct Watch {
@@ -345,88 +326,16 @@ impl Forwarded {
     }
 
     /// Fills in the prev_kv that etcd left out of events of a watch that asked for it
-    /// (see the module docs): the key at the event's revision - 1, read from etcd as its
-    /// send loop reads it. A create (a put whose create revision is its revision) has
-    /// none; a revision etcd compacted (or a read etcd refuses the caller) leaves it out,
-    /// as etcd's send loop does when its own read fails.
+    /// (see the module docs and `prev_kv.rs`).
     ///
     /// # Errors
-    /// etcd could not be asked ([`FILL_ATTEMPTS`] times, each bounded by
-    /// [`FILL_TIMEOUT`]): the event is not sent without the prev_kv its watch asked for;
-    /// the client's stream ends with the status, so the client resumes its watches from
-    /// their last revision and gets the event again, whole.
+    /// etcd could not be asked: the client's stream ends with the status, so the client
+    /// resumes its watches from their last revision and gets the event again, whole.
     pub(crate) async fn fill_prev_kv(&self, resp: &mut WatchResponse) -> Result<(), Status> {
         if !self.watches.get(&resp.watch_id).is_some_and(|w| w.prev_kv) {
             return Ok(());
         }
-        for e in &mut resp.events {
-            let Some(kv) = e.kv.as_ref() else { continue };
-            let created =
-                e.r#type == EventType::Put as i32 && kv.create_revision == kv.mod_revision;
-            if e.prev_kv.is_some() || created {
-                continue;
-            }
-            let req = RangeRequest {
-                key: kv.key.clone(),
-                revision: kv.mod_revision - 1,
-                ..Default::default()
-            };
-            let revision = kv.mod_revision;
-            match self.read_prev_kv(req).await {
-                Ok(prev) => {
-                    tracing::debug!(
-                        watch_id = resp.watch_id,
-                        revision,
-                        "filled in the prev_kv etcd left out"
-                    );
-                    e.prev_kv = prev;
-                }
-                Err(s) if s.code() == Code::OutOfRange || etcd_errors::is_auth_refusal(&s) => {
-                    tracing::debug!(error = %s, revision, "etcd refused the prev_kv it left out");
-                }
-                Err(s) => {
-                    tracing::warn!(
-                        error = %s,
-                        watch_id = resp.watch_id,
-                        revision,
-                        "could not read the prev_kv etcd left out; the client's stream ends so that it resumes"
-                    );
-                    return Err(Status::unavailable(format!(
-                        "etcd-cache-proxy could not read from etcd the prev_kv of watch {}'s \
-                         event at revision {revision} ({FILL_ATTEMPTS} attempts): {}",
-                        resp.watch_id,
-                        s.message()
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The key of `req` at its revision, asked again (after 10, 50, 200 ms) while etcd
-    /// cannot be reached; etcd's refusals (compacted, permission) are answers.
-    async fn read_prev_kv(&self, req: RangeRequest) -> Result<Option<KeyValue>, Status> {
-        let mut last = Status::unavailable("not asked");
-        for (attempt, pause) in FILL_PAUSES.iter().enumerate() {
-            if attempt > 0 {
-                tokio::time::sleep(*pause).await;
-            }
-            let call = call_upstream!(&self.upstream, &self.metadata, req.clone(), kv.range);
-            match tokio::time::timeout(FILL_TIMEOUT, call).await {
-                Ok(Ok(r)) => return Ok(r.into_inner().kvs.into_iter().next()),
-                Ok(Err(s)) if s.code() == Code::OutOfRange || etcd_errors::is_auth_refusal(&s) => {
-                    return Err(s)
-                }
-                Ok(Err(s)) => last = s,
-                Err(_) => {
-                    last = Status::deadline_exceeded(format!(
-                        "no answer in {} ms",
-                        FILL_TIMEOUT.as_millis()
-                    ))
-                }
-            }
-        }
-        Err(last)
+        super::prev_kv::fill(&self.upstream, &self.metadata, resp).await
     }
 
     /// etcd's next response; never resolves while no forwarded watch was made. Events
@@ -597,7 +506,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::pb::mvccpb::Event;
+    use crate::pb::mvccpb::{Event, KeyValue};
 
     fn forwarded() -> Forwarded {
         let config = Config::parse_from(["etcd-cache-proxy", "--endpoints", "http://127.0.0.1:1"]);

@@ -12,6 +12,7 @@
 //! | `entries.rs` | the stream's cache watches, one entry each in one map: its phase (creating, cached, revoked, away with etcd, rejoining), the create that moves it and the revision it needs next |
 //! | `cached.rs` | the cache-served side: the only user of the cache's watch API (a create straight from etcd's request into `WatchOptions`), the per-connection cap |
 //! | `forwarded.rs` | the etcd-forwarded side: one upstream Watch stream for the watches the cache cannot serve |
+//! | `prev_kv.rs` | the prev_kv etcd leaves out of a forwarded watch's first events, read from etcd |
 //! | `reply_order.rs` | the replies to creates and cancels in the order of the requests across both sides; the requests that wait for the other side |
 //! | `progress.rs` | the stream-level progress machine over both sides (what is held back, when the answer goes) |
 //! | `ahead.rs` | progress requests on a stream with a watch from beyond the proxy's revision: etcd's revision asked, the ones etcd drops dropped |
@@ -47,6 +48,7 @@ mod forwarded;
 mod id_map;
 mod messages;
 mod outbound;
+mod prev_kv;
 mod progress;
 mod refusal;
 mod reply_order;
