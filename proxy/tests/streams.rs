@@ -299,9 +299,7 @@ async fn a_watch_from_below_the_window_moves_to_the_cache_once_caught_up() {
 async fn a_watch_zero_from_below_the_window_moves_to_the_cache_while_writes_go_on() {
     let etcd = start_etcd(EtcdOptions::default()).await;
     let mut writer = client(&etcd.endpoint()).await;
-    let first = writer.put("/z/0", "v", None).await.unwrap();
-    let first = first.header().unwrap().revision();
-    writer.put("/z/1", "v", None).await.unwrap();
+    let first = put_keys(&mut writer, "/z/", 2, "v", 2).await[0];
     // The proxy starts after them: its window starts above `first`.
     let (proxy, maddr) = small_window_proxy(&etcd).await;
     let mut c = client(&proxy.endpoint()).await;
@@ -317,8 +315,7 @@ async fn a_watch_zero_from_below_the_window_moves_to_the_cache_while_writes_go_o
     assert!(canceled.is_none(), "canceled: {canceled:?}");
     assert_eq!((got.first(), got.len()), (Some(&first), 22));
     back_in_the_cache(maddr, "watch 0 from below the window, in the cache").await;
-    let next = writer.put("/z/0", "after", None).await.unwrap();
-    let next = next.header().unwrap().revision();
+    let next = put_keys(&mut writer, "/z/", 1, "after", 1).await[0];
     let (got, canceled) = read_to(&mut stream, next).await;
     assert!(canceled.is_none(), "canceled: {canceled:?}");
     assert_eq!(got, [next], "the next write once, from the cache");
@@ -338,8 +335,7 @@ async fn a_quiet_watch_from_below_the_window_moves_to_the_cache_where_progress_i
         .trusts_progress();
     let etcd = start_etcd(EtcdOptions::default()).await;
     let mut writer = client(&etcd.endpoint()).await;
-    let first = writer.put("/q/a", "v", None).await.unwrap();
-    let first = first.header().unwrap().revision();
+    let first = put_keys(&mut writer, "/q/", 1, "v", 1).await[0];
     writer.put("/other", "v", None).await.unwrap();
     let (proxy, maddr) = small_window_proxy(&etcd).await;
     let mut c = client(&proxy.endpoint()).await;
@@ -368,8 +364,7 @@ async fn a_quiet_watch_from_below_the_window_moves_to_the_cache_where_progress_i
         })
         .await;
     }
-    let next = writer.put("/q/a", "after", None).await.unwrap();
-    let next = next.header().unwrap().revision();
+    let next = put_keys(&mut writer, "/q/", 1, "after", 1).await[0];
     let r = tokio::time::timeout(Duration::from_secs(10), stream.message())
         .await
         .expect("no event")

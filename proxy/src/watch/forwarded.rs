@@ -664,19 +664,17 @@ mod tests {
         let mut f = forwarded();
         let (tx, mut rx) = mpsc::channel(8);
         f.tx = Some(tx);
-        f.live(4, false, 0);
-        f.creating.push_back(Creating {
-            id: 4,
-            resuming: false,
-        });
+        let create = |watch_id, start_revision| WatchCreateRequest {
+            key: b"/x/".to_vec().into(),
+            watch_id,
+            start_revision,
+            ..Default::default()
+        };
+        assert_eq!(f.create(create(4, 0)).await.unwrap(), Some(4));
         assert!(f.take(created(4)).is_some());
         f.request_progress().await.unwrap(); // A
         f.request_progress().await.unwrap(); // B
-        f.live(5, false, 1);
-        f.creating.push_back(Creating {
-            id: 5,
-            resuming: false,
-        });
+        assert_eq!(f.create(create(5, 1)).await.unwrap(), Some(5));
         assert!(f.progress_covered().is_empty(), "nothing answered yet");
         assert!(f.take(answer()).is_some()); // A's
         assert_eq!(f.progress_covered(), [4], "5 is not created yet");
@@ -688,8 +686,8 @@ mod tests {
         let mut both = f.progress_covered();
         both.sort_unstable();
         assert_eq!(both, [4, 5]);
-        for _ in 0..3 {
-            assert!(rx.recv().await.is_some(), "each request sent");
+        for _ in 0..5 {
+            assert!(rx.recv().await.is_some(), "each create and request sent");
         }
     }
 
