@@ -88,11 +88,15 @@ async fn a_stall_under_small_events_keeps_the_connections_to_etcd() {
     let (cached, forwarded) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
     let mut watchers = Vec::new();
     for (prefix, seen) in [("/app/", &cached), ("/o/", &forwarded)] {
-        let stream = through
+        let mut stream = through
             .watch_client()
             .watch(prefix, Some(WatchOptions::new().with_prefix()))
             .await
             .unwrap();
+        // etcd-client returns before the watch exists: a watch from now created after
+        // the stop could start past the round's sentinel.
+        let created = stream.message().await.unwrap().expect("created");
+        assert!(created.created(), "{created:?}");
         watchers.push(follow(stream, seen.clone()));
     }
     for round in 0..3 {

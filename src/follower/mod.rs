@@ -353,6 +353,7 @@ impl Follower {
         info!(
             revision = self.writer.applied(),
             start_revision = start,
+            member = format_args!("{:x}", watch.header().member_id),
             "upstream watch confirmed"
         );
         self.writer.set_state(CacheStatus::Ready);
