@@ -10,9 +10,11 @@
 //! --examples`: the same packages as `cargo test --workspace` (and `cargo xtask test`)
 //! selects, so the same features are unified and the test build's dependencies are used
 //! as they are (a `cargo build --example NAME` of the root package alone resolves other
-//! features and compiled about 25 crates again, 100 to 250 s on 2 cores). Under `cargo
-//! xtask test` it also takes the test build's features (`ETCD_CACHE_EXAMPLE_FEATURES`):
-//! without them it compiled ring, rustls, tonic and etcd-client again (105 s, against 16).
+//! features and compiled about 25 crates again, 100 to 250 s on 2 cores), without the
+//! variables cargo sets for a test's run (ring's build script watches
+//! `CARGO_MANIFEST_DIR`: with it ring, rustls, tonic and etcd-client were compiled again,
+//! 105 s of a fresh `cargo xtask test`), and under `cargo xtask test` with its build's
+//! features (`ETCD_CACHE_EXAMPLE_FEATURES`).
 //!
 //! `cargo test --test examples -- --nocapture` shows each example's output.
 
@@ -120,8 +122,27 @@ fn example_binaries(names: &[String]) -> Vec<PathBuf> {
     build
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["build", "--workspace", "--examples"]);
+    // What cargo sets for this test's run is not the build's: ring's build script
+    // watches CARGO_MANIFEST_DIR, so with it ring and the ten crates above it were built
+    // again (105 s of a fresh `cargo xtask test`, beside its tests).
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .contains(&key.as_ref())
+        {
+            build.env_remove(key.as_ref());
+        }
+    }
     // `cargo xtask test` says which features its test build had: the same here reuses
-    // every dependency it compiled.
+    // its build of this crate too.
     if let Ok(features) = std::env::var("ETCD_CACHE_EXAMPLE_FEATURES") {
         build.args(["--features", &features]);
     }
