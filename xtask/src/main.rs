@@ -18,6 +18,7 @@ mod prereqs;
 mod robustness;
 mod side_by_side;
 mod sizes;
+mod soak;
 mod test_cmd;
 
 use std::env;
@@ -92,6 +93,13 @@ Commands:
         `cargo test --release --test reliability -- --ignored --nocapture`, then the
         seeded model test's long form (`cargo test --release --lib model -- --ignored`,
         ETCD_CACHE_MODEL_SEEDS seeds, default 20,000).
+  soak --proxy [--duration SECS] [--busy N] [--filter NAME]
+        The proxy's short reliability tests (`remote_watches`: one proxy, a pair, a tier;
+        a new seed each run), built as CI builds them (debug), run again and again until
+        SECS (default 600) have passed or one fails, beside N busy threads (default 1: the
+        load of a CI machine, under which the faults CI found showed). PROXY_LOG defaults to
+        `info,etcd_cache_proxy::watch=trace`. A failing run's output is kept in
+        target/xtask/soak/ and its tail printed (with the seed and the proxy log's path).
   msrv
         Checks that no locked dependency (normal or build, transitively; from
         `cargo metadata --format-version 1 --locked`) of a workspace crate declares a higher
@@ -165,7 +173,7 @@ fn main() {
         "doc-refs" => doc_refs::command(&rest),
         "demo" => demo(rest),
         "bench" => bench(rest),
-        "soak" => soak(rest),
+        "soak" => soak::command(&rest),
         other => {
             eprintln!("xtask: unknown command `{other}`\n");
             eprint!("{HELP}");
@@ -440,75 +448,4 @@ fn available_benches() -> Vec<String> {
         names.push("(none yet)".to_string());
     }
     names
-}
-
-fn soak(args: Vec<String>) -> i32 {
-    let (opts, passthrough) = split_dashes(&args);
-    let mut secs: u64 = 600;
-    let mut it = opts.into_iter();
-    while let Some(opt) = it.next() {
-        let value = match opt.as_str() {
-            "--duration" => it.next(),
-            s if s.starts_with("--duration=") => Some(s["--duration=".len()..].to_string()),
-            s => {
-                eprintln!("xtask soak: unknown option `{s}`\n\n{HELP}");
-                return 2;
-            }
-        };
-        match value
-            .as_deref()
-            .map(|v| v.trim_end_matches('s').parse::<u64>())
-        {
-            Some(Ok(n)) if n > 0 => secs = n,
-            _ => {
-                eprintln!("xtask soak: --duration needs a positive number of seconds");
-                return 2;
-            }
-        }
-    }
-    if !prereqs::ensure(false) || !etcd_bins::ensure_for_env() {
-        return 1;
-    }
-    if !target_exists("tests", "reliability") {
-        eprintln!("xtask soak: tests/reliability.rs does not exist (yet); nothing to soak");
-        return 1;
-    }
-    let mut cmd = cargo();
-    cmd.args([
-        "test",
-        "--release",
-        "--test",
-        "reliability",
-        "--",
-        "--ignored",
-        "--nocapture",
-    ])
-    .args(&passthrough)
-    .env("ETCD_CACHE_SOAK_SECS", secs.to_string());
-    let started = Instant::now();
-    let mut code = run(cmd);
-    if code == 0 {
-        // The seeded model test's long form (20,000 seeds by default, or
-        // ETCD_CACHE_MODEL_SEEDS): no etcd, the cache against a model of etcd.
-        let mut model = cargo();
-        model.args([
-            "test",
-            "--release",
-            "--lib",
-            "model",
-            "--",
-            "--ignored",
-            "--nocapture",
-        ]);
-        code = run(model);
-    }
-    if code == 0 {
-        println!(
-            "xtask soak: passed ({secs} s requested, {:.0} s total)",
-            started.elapsed().as_secs_f64()
-        );
-    } else {
-        println!("xtask soak: FAILED (exit code {code})");
-    }
-    code
 }
