@@ -138,7 +138,32 @@ ETCD_BIN / ETCDCTL_BIN (any binary; overrides the version), ETCD_CACHE_ETCD_DIR 
 etcd-bins put the Go-built versions).
 ";
 
+/// Whether `key` is one of the variables `cargo run` (the `cargo xtask` alias) and `cargo
+/// test` set for the program they run, which are not settings of a build.
+fn set_by_cargo_for_a_run(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_BIN_")
+        || [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+        ]
+        .contains(&key)
+}
+
 fn main() {
+    // Every cargo xtask starts (and every script, whose cargo builds) runs without them:
+    // ring's build script watches CARGO_MANIFEST_DIR, so a build with xtask's
+    // (`.../xtask`) compiled ring and the ten crates above it apart from a plain `cargo
+    // test`'s and from tests/examples.rs's build (104 s of a fresh `cargo xtask test`).
+    // Single-threaded here: nothing reads the environment meanwhile.
+    for (key, _) in env::vars_os() {
+        if set_by_cargo_for_a_run(&key.to_string_lossy()) {
+            env::remove_var(&key);
+        }
+    }
     let args: Vec<String> = env::args().skip(1).collect();
     let (cmd, rest) = match args.split_first() {
         Some((cmd, rest)) => (cmd.as_str(), rest.to_vec()),
