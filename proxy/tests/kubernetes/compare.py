@@ -127,11 +127,19 @@ def target(d):
     row["etcd watch streams"] = metric_sum(os.path.join(d, "etcd-metrics.txt"), "etcd_debugging_mvcc_watch_stream_total")
     pm = os.path.join(d, "proxy-metrics.txt")
     if os.path.exists(pm):
-        row["proxy watches (cache/etcd)"] = "%s/%s" % (
+        row["proxy watches created (cache/etcd)"] = "%s/%s" % (
             metric_sum(pm, "etcd_cache_proxy_watches_created_total", 'served="cache"'),
             metric_sum(pm, "etcd_cache_proxy_watches_created_total", 'served="etcd"'))
+        # Where they are at the end: a watch created with etcd (below the cache's window,
+        # as after a proxy restart) comes back to the cache once etcd has caught it up.
+        row["proxy watches at the end (cache/etcd)"] = "%s/%s" % (
+            metric_sum(pm, "etcd_cache_proxy_watches", 'served="cache"'),
+            metric_sum(pm, "etcd_cache_proxy_watches", 'served="etcd"'))
+        row["proxy watches back to the cache"] = metric_sum(pm, "etcd_cache_proxy_watches_rejoined_total")
     else:
-        row["proxy watches (cache/etcd)"] = "-"
+        for k in ("proxy watches created (cache/etcd)", "proxy watches at the end (cache/etcd)",
+                  "proxy watches back to the cache"):
+            row[k] = "-"
     row["problems"] = len(problems)
     return row, problems, final
 

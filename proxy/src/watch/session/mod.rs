@@ -584,6 +584,7 @@ impl Session {
     ) -> Result<(), ()> {
         tracing::debug!(
             start_revision = request.start_revision,
+            returns_to_cache = rejoins,
             "watch outside the cache's prefix or window: forwarded to etcd"
         );
         let id = match self.take_id(Side::Etcd, &request) {
