@@ -46,6 +46,24 @@ pub struct TestBinary {
     pub manifest_dir: PathBuf,
 }
 
+impl TestBinary {
+    /// The binary to run as `cargo test` runs it: in its package's directory, with
+    /// `CARGO`, `CARGO_MANIFEST_DIR` and `CARGO_PKG_NAME`, its output to `output` (stdout
+    /// and stderr both), no stdin.
+    pub fn command(&self, output: &File) -> std::io::Result<Command> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(&self.executable);
+        cmd.current_dir(&self.manifest_dir)
+            .env("CARGO", cargo)
+            .env("CARGO_MANIFEST_DIR", &self.manifest_dir)
+            .env("CARGO_PKG_NAME", &self.package)
+            .stdin(Stdio::null())
+            .stdout(output.try_clone()?)
+            .stderr(output.try_clone()?);
+        Ok(cmd)
+    }
+}
+
 /// The string value of `"key":"..."` at or after `from` in `line` (JSON escapes of `"` and
 /// `\` undone), and where it ends.
 fn string_field(line: &str, key: &str, from: usize) -> Option<(String, usize)> {
@@ -217,7 +235,6 @@ pub fn run(
     let jobs = jobs.max(1);
     let times = load_times();
     order(&mut binaries, &times);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out_dir = crate::target_dir().join("xtask").join("test-output");
     let _ = std::fs::create_dir_all(&out_dir);
     let total = binaries.len();
@@ -236,17 +253,9 @@ pub fn run(
             };
             let output = out_dir.join(format!("{slot}.log"));
             let spawned = File::create(&output).and_then(|f| {
-                let err = f.try_clone()?;
-                let mut cmd = Command::new(&binary.executable);
+                let mut cmd = binary.command(&f)?;
                 cmd.args(test_args)
-                    .current_dir(&binary.manifest_dir)
-                    .env("CARGO", &cargo)
-                    .env("CARGO_MANIFEST_DIR", &binary.manifest_dir)
-                    .env("CARGO_PKG_NAME", &binary.package)
-                    .env(PORT_SLOT_ENV, format!("{slot}/{jobs}"))
-                    .stdin(Stdio::null())
-                    .stdout(f)
-                    .stderr(err);
+                    .env(PORT_SLOT_ENV, format!("{slot}/{jobs}"));
                 for (k, v) in envs {
                     cmd.env(k, v);
                 }

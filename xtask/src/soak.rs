@@ -10,7 +10,6 @@
 //!   loaded machine, and such a loop found three of them within an hour.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -245,19 +244,12 @@ fn run_once(
     log: &str,
     output: &PathBuf,
 ) -> std::io::Result<bool> {
-    let out = std::fs::File::create(output)?;
-    let err = out.try_clone()?;
-    let status = Command::new(&binary.executable)
+    let status = binary
+        .command(&std::fs::File::create(output)?)?
         .arg(&o.filter)
         .arg("--nocapture")
         .args(&o.passthrough)
-        .current_dir(&binary.manifest_dir)
-        .env("CARGO_MANIFEST_DIR", &binary.manifest_dir)
-        .env("CARGO_PKG_NAME", &binary.package)
         .env("PROXY_LOG", log)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
         .status()?;
     Ok(status.success())
 }

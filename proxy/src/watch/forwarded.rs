@@ -375,7 +375,7 @@ impl Forwarded {
             r.watch_id = 0;
         }
         self.upstream.observe(r.header.as_ref());
-        if r.watch_id == INVALID_WATCH_ID && !r.created && !r.canceled && r.events.is_empty() {
+        if super::messages::is_progress(&r) {
             // An answer to a stream-level progress request (counted even if it is not
             // passed on, below).
             self.progress_answers += 1;
