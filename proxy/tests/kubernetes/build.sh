@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl (and, with --kcm, kube-controller-manager) of the
-# k8s.io/kubernetes release that go.mod pins, from the module sources the Go module proxy
-# serves (nothing fetched is committed), into target/kubernetes-go/bin/. A binary whose
-# .stamp matches (release, Go version) is reused.
+# Builds kube-apiserver, kubectl (and, with --kcm, kube-controller-manager; with --scheduler,
+# kube-scheduler) of the k8s.io/kubernetes release that go.mod pins, from the module sources
+# the Go module proxy serves (nothing fetched is committed), into target/kubernetes-go/bin/.
+# kube-apiserver is built from apiserver/main.go: the release's main plus the consistency
+# check's period from the environment (see there). A binary whose .stamp matches (release,
+# Go version, and for kube-apiserver the hash of apiserver/main.go) is reused.
 #
-#   build.sh [--kcm] [--force]
+#   build.sh [--kcm] [--scheduler] [--force]
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
@@ -15,6 +17,7 @@ force=0
 for a in "$@"; do
   case "$a" in
     --kcm) cmds+=(kube-controller-manager) ;;
+    --scheduler) cmds+=(kube-scheduler) ;;
     --force) force=1 ;;
     *) echo "build.sh: unknown argument $a" >&2; exit 2 ;;
   esac
@@ -25,16 +28,22 @@ stamp="kubernetes $ver $(go env GOVERSION)"
 mkdir -p "$OUT"
 for c in "${cmds[@]}"; do
   bin="$OUT/$c"
-  if [ "$force" = 0 ] && [ -x "$bin" ] && [ "$(cat "$bin.stamp" 2>/dev/null)" = "$stamp" ]; then
-    echo "build.sh: $bin is up to date ($stamp)"; continue
+  pkg="k8s.io/kubernetes/cmd/$c"
+  cstamp="$stamp"
+  if [ "$c" = kube-apiserver ]; then
+    pkg=./apiserver
+    cstamp="$stamp main.go $(sha256sum apiserver/main.go | cut -c1-12)"
   fi
-  echo "build.sh: building $c ($stamp)"
+  if [ "$force" = 0 ] && [ -x "$bin" ] && [ "$(cat "$bin.stamp" 2>/dev/null)" = "$cstamp" ]; then
+    echo "build.sh: $bin is up to date ($cstamp)"; continue
+  fi
+  echo "build.sh: building $c ($cstamp)"
   start=$SECONDS
   # The version the binaries report (kube-apiserver --version, kubectl version): the
   # release's, as k8s' own build (hack/lib/version.sh) sets it.
   ldf="-X k8s.io/component-base/version.gitVersion=$ver -X k8s.io/client-go/pkg/version.gitVersion=$ver"
-  nice -n 10 go build -mod=readonly -trimpath -buildvcs=false -ldflags "$ldf" -o "$bin.tmp" "k8s.io/kubernetes/cmd/$c"
+  nice -n 10 go build -mod=readonly -trimpath -buildvcs=false -ldflags "$ldf" -o "$bin.tmp" "$pkg"
   mv -f "$bin.tmp" "$bin"
-  echo "$stamp" >"$bin.stamp"
+  echo "$cstamp" >"$bin.stamp"
   echo "build.sh: built $bin in $((SECONDS - start))s"
 done

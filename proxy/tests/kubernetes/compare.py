@@ -2,12 +2,18 @@
 """Checks and compares run.sh's records: compare.py DIR... (one per target, e.g. proxy direct).
 
 Per target: each watcher's events (kubectl's watch `a`, the raw watch `b` from a past resource
-version) in resourceVersion order, none missing, none twice, each the expected create/update/
-delete with the expected data; every chunked list equal to the state the workload left;
-consistent reads that fell back to etcd (apiserver_watch_cache_consistent_read_total
-{fallback="true"}); etcd's watchers (etcd_debugging_mvcc_watcher_total). Across targets: the
-final lists equal (names and data). Prints a table; exits 1 on any failed check or difference.
+version, the WatchList `c`: round 1's state as initial events up to the bookmark that ends
+them, then the later rounds' changes) in resourceVersion order, none missing, none twice, each
+the expected create/update/delete with the expected data; every chunked list equal to the state
+the workload left, the final one on every kube-apiserver; consistent reads that fell back to
+etcd (apiserver_watch_cache_consistent_read_total{fallback="true"}); the watch cache's
+consistency checks against etcd (apiserver_storage_consistency_checks_total: at least 2 passed
+on ConfigMaps per kube-apiserver, none failed); with --kcm the Deployment's 5 Pods (with
+--scheduler each unschedulable); etcd's watchers (etcd_debugging_mvcc_watcher_total), its
+compactions, and its CPU per write over the workload. Across targets: the final lists equal
+(names and data). Prints a table; exits 1 on any failed check or difference.
 """
+import glob
 import json
 import os
 import re
@@ -52,10 +58,12 @@ def expected(p):
     return events, states
 
 
-def check_watch(evs, want):
+def check_watch(evs, want, bookmarks=False):
     """(events seen, problems[]) for one watcher's events against the expected per-name events."""
     problems, last_rv, got = [], 0, {}
     for e in evs:
+        if e.get("type") == "BOOKMARK" and bookmarks:
+            continue
         if e.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
             problems.append(f"event of type {e.get('type')}: {str(e)[:200]}")
             continue
@@ -73,6 +81,30 @@ def check_watch(evs, want):
     return sum(len(v) for v in got.values()), problems
 
 
+def check_watch_list(evs, state, want):
+    """(events seen, problems[]) for the WatchList watcher: its initial events (up to the bookmark
+    annotated k8s.io/initial-events-end) against `state`, the events after it against `want`."""
+    end = next((i for i, e in enumerate(evs) if e.get("type") == "BOOKMARK" and
+                (e["object"]["metadata"].get("annotations") or {}).get("k8s.io/initial-events-end") == "true"),
+               None)
+    if end is None:
+        return 0, ["no bookmark ends the initial events"]
+    problems, initial = [], {}
+    for e in evs[:end]:
+        md = e["object"]["metadata"]
+        if e.get("type") != "ADDED":
+            problems.append(f"initial event of type {e.get('type')} ({md.get('name')})")
+        elif md["name"].startswith("cm-"):
+            if md["name"] in initial:
+                problems.append(f"initial event twice: {md['name']}")
+            initial[md["name"]] = (e["object"].get("data") or {}).get("k")
+    if initial != state:
+        problems.append(f"initial events: {len(initial)} objects, want {len(state)}; "
+                        f"differ: {sorted(set(initial.items()) ^ set(state.items()))[:5]}")
+    n, probs = check_watch(evs[end + 1:], want, bookmarks=True)
+    return n + len(initial), problems + probs
+
+
 def items(path):
     try:
         lst = json.load(open(path))
@@ -82,7 +114,7 @@ def items(path):
             if i["metadata"]["name"].startswith("cm-")}, None
 
 
-def metric_sum(path, name, label_re=""):
+def metric_sum(path, name, label_re="", number=int):
     """Sum of a metric's samples whose labels match label_re; None when the file or metric is absent."""
     if not os.path.exists(path):
         return None
@@ -92,16 +124,59 @@ def metric_sum(path, name, label_re=""):
         if m and re.search(label_re, m.group(1) or ""):
             total += float(m.group(2))
             seen = True
-    return int(total) if seen else None
+    return number(total) if seen else None
+
+
+def per_write(d, prefix, p):
+    """CPU seconds per etcd revision (write) of a process over the workload's rounds (the latency
+    probe and the waits after them left out), in microseconds; "-" when it restarted in between."""
+    # etcd's own metric; the proxy's from /proc, saved by run.sh as proxy-cpu*.txt.
+    kind = "metrics" if prefix == "etcd" else "cpu"
+    cpu = [metric_sum(os.path.join(d, f"{prefix}-{kind}-{s}.txt"), "process_cpu_seconds_total", number=float)
+           for s in ("start", "rounds")]
+    revs = [metric_sum(os.path.join(d, f"etcd-metrics-{s}.txt"), "etcd_debugging_mvcc_current_revision")
+            for s in ("start", "rounds")]
+    if None in cpu or None in revs or revs[1] <= revs[0] or cpu[1] < cpu[0]:
+        return "-"
+    if {"etcd": "etcd-restart", "proxy": "proxy-kill"}[prefix] in p.get("faults", []):
+        return "-"
+    return f"{(cpu[1] - cpu[0]) / (revs[1] - revs[0]) * 1e6:.0f} us"
+
+
+def check_pods(d, p):
+    """Problems with the Deployment's Pods and ReplicaSet (run.sh --kcm), and a summary."""
+    try:
+        pods = json.load(open(os.path.join(d, "pods.json")))["items"]
+        rss = json.load(open(os.path.join(d, "replicasets.json")))["items"]
+    except (OSError, ValueError, KeyError) as e:
+        return [f"pods or replicasets: {e}"], "-"
+    live = [x for x in pods if not x["metadata"].get("deletionTimestamp")]
+    problems = []
+    if len(live) != 5:
+        problems.append(f"{len(live)} Pods of the Deployment, want 5")
+    if len(rss) != 1 or rss[0].get("spec", {}).get("replicas") != 5:
+        problems.append(f"ReplicaSets: {[(r['metadata']['name'], r.get('spec', {}).get('replicas')) for r in rss]}, want one of 5")
+    unsched = sum(1 for x in live if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                                         for c in x.get("status", {}).get("conditions", [])))
+    if p.get("scheduler") and unsched != len(live):
+        problems.append(f"{unsched} of {len(live)} Pods marked unschedulable by kube-scheduler")
+    return problems, f"{len(live)} pods, {len(rss)} rs" + (f", {unsched} unsched." if p.get("scheduler") else "")
 
 
 def target(d):
     p = json.load(open(os.path.join(d, "params.json")))
     want_events, want_states = expected(p)
     row, problems = {"target": p["target"], "etcd": p["etcd"], "seconds": p["seconds"]}, []
-    for w, f in (("a", "watch-a.json"), ("b", "watch-b.json")):
-        n, probs = check_watch(load_concatenated(os.path.join(d, f)), want_events)
-        row[f"watch {w} events"] = f"{n}/{sum(len(v) for v in want_events.values())}"
+    for w in ("a", "b", "c"):
+        evs = load_concatenated(os.path.join(d, f"watch-{w}.json"))
+        if w == "c":
+            later = {k: v for k, v in want_events.items() if not re.match(r"cm-[^-]+-1-", k)}
+            n, probs = check_watch_list(evs, want_states[0], later)
+            total = len(want_states[0]) + sum(len(v) for v in later.values())
+        else:
+            n, probs = check_watch(evs, want_events)
+            total = sum(len(v) for v in want_events.values())
+        row[f"watch {w} events"] = f"{n}/{total}"
         row[f"watch {w} problems"] = len(probs)
         problems += [f"watch {w}: {x}" for x in probs]
     bad_lists = 0
@@ -115,16 +190,53 @@ def target(d):
     if final != want_states[-1]:
         bad_lists += 1
         problems.append(err or "final list differs from the workload's state")
+    for f in sorted(glob.glob(os.path.join(d, "list-final-*.json"))):
+        got, err = items(f)
+        if got != want_states[-1]:
+            bad_lists += 1
+            problems.append(err or f"{os.path.basename(f)} differs from the workload's state")
     row["chunked lists wrong"] = bad_lists
     row["final objects"] = len(final or {})
-    am = os.path.join(d, "apiserver-metrics.txt")
-    row["consistent reads (cache)"] = metric_sum(am, "apiserver_watch_cache_consistent_read_total", 'fallback="false"')
-    fb = metric_sum(am, "apiserver_watch_cache_consistent_read_total", 'fallback="true"')
+    ams = sorted(glob.glob(os.path.join(d, "apiserver-metrics*.txt")))
+
+    def over_apiservers(name, labels):
+        vals = [metric_sum(am, name, labels) for am in ams]
+        return None if all(v is None for v in vals) else sum(v or 0 for v in vals)
+    row["kube-apiservers"] = p.get("apiservers", 1)
+    row["consistent reads (cache)"] = over_apiservers("apiserver_watch_cache_consistent_read_total", 'fallback="false"')
+    fb = over_apiservers("apiserver_watch_cache_consistent_read_total", 'fallback="true"')
     row["consistent-read fallbacks"] = "absent" if fb is None else fb
     if fb:
         problems.append(f"{fb} consistent reads fell back to etcd")
-    row["etcd watchers"] = metric_sum(os.path.join(d, "etcd-metrics.txt"), "etcd_debugging_mvcc_watcher_total")
-    row["etcd watch streams"] = metric_sum(os.path.join(d, "etcd-metrics.txt"), "etcd_debugging_mvcc_watch_stream_total")
+    if p.get("watch_cache", True):
+        cc = "apiserver_storage_consistency_checks_total"
+        ok = [metric_sum(am, cc, 'resource="configmaps".*status="success"') or 0 for am in ams]
+        bad = over_apiservers(cc, 'status="failure"') or 0
+        err = over_apiservers(cc, 'status="error"') or 0
+        row["consistency checks ok/failed/error"] = f"{over_apiservers(cc, 'status=.success.') or 0}/{bad}/{err}"
+        if bad:
+            problems.append(f"{bad} watch-cache consistency checks failed")
+        if min(ok, default=0) < 2:
+            problems.append(f"ConfigMaps' consistency check passed {ok} times per kube-apiserver, want 2 each")
+    em = os.path.join(d, "etcd-metrics.txt")
+    row["etcd watchers"] = metric_sum(em, "etcd_debugging_mvcc_watcher_total")
+    row["etcd watch streams"] = metric_sum(em, "etcd_debugging_mvcc_watch_stream_total")
+    row["etcd CPU per write"] = per_write(d, "etcd", p)
+    try:
+        row["etcd compactions"] = int(open(os.path.join(d, "etcd-compactions.txt")).read().strip() or 0)
+    except (OSError, ValueError):
+        row["etcd compactions"] = None
+    try:
+        lat = json.load(open(os.path.join(d, "latency.json")))
+        row["watch latency p50/p99/max"] = f"{lat['p50_ms']}/{lat['p99_ms']}/{lat['max_ms']} ms"
+        if lat["received"] != lat["count"] or lat["errors"]:
+            problems.append(f"latency probe: {lat['received']} of {lat['count']} events, {lat['errors']} errors")
+    except (OSError, ValueError, KeyError) as e:
+        row["watch latency p50/p99/max"] = None
+        problems.append(f"latency probe: {e}")
+    if p.get("kcm"):
+        probs, row["deployment"] = check_pods(d, p)
+        problems += probs
     pm = os.path.join(d, "proxy-metrics.txt")
     if os.path.exists(pm):
         row["proxy watches created (cache/etcd)"] = "%s/%s" % (
@@ -136,9 +248,10 @@ def target(d):
             metric_sum(pm, "etcd_cache_proxy_watches", 'served="cache"'),
             metric_sum(pm, "etcd_cache_proxy_watches", 'served="etcd"'))
         row["proxy watches back to the cache"] = metric_sum(pm, "etcd_cache_proxy_watches_rejoined_total")
+        row["proxy CPU per write"] = per_write(d, "proxy", p)
     else:
         for k in ("proxy watches created (cache/etcd)", "proxy watches at the end (cache/etcd)",
-                  "proxy watches back to the cache"):
+                  "proxy watches back to the cache", "proxy CPU per write"):
             row[k] = "-"
     row["problems"] = len(problems)
     return row, problems, final

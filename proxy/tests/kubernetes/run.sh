@@ -2,17 +2,25 @@
 # A real Kubernetes control plane (kube-apiserver, driven by kubectl) on etcd-cache-proxy in
 # front of etcd, and the same directly on etcd, then the two compared. See README.md.
 #
-#   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm]
-#          [--fault proxy-kill|etcd-restart] [--out DIR] [--no-build]
+#   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm] [--scheduler]
+#          [--apiservers N] [--fault proxy-kill|etcd-restart]... [--compaction-interval DUR]
+#          [--check-period DUR] [--proxy-prefix P] [--out DIR] [--no-build]
 #
 # Needs target/etcd/<v>/etcd (`cargo xtask etcd-bins`; or KUBERNETES_ETCD_BIN) and the proxy
 # binary (ETCD_CACHE_PROXY_BIN, default target/debug/etcd-cache-proxy). Builds kube-apiserver and
 # kubectl with build.sh (cached) unless --no-build. --no-watch-cache: kube-apiserver runs with
 # --watch-cache=false, so every watch and list of kubectl's reaches the proxy (or etcd) itself.
-# --kcm: kube-controller-manager runs beside it (built by build.sh --kcm).
-# --fault proxy-kill: after round 1, the proxy is killed with -9 and started again on its
-# port (the proxy target only); --fault etcd-restart: etcd is killed with -9 and started again
-# on its data dir (both targets). The rounds after it wait for kube-apiserver's /readyz.
+# --kcm: kube-controller-manager runs beside it (built by build.sh --kcm), and the workload adds
+# a Deployment it turns into a ReplicaSet and Pods; --scheduler: kube-scheduler too (the Pods
+# stay Pending without nodes: it marks them Unschedulable). --apiservers N: N kube-apiservers
+# on the one etcd (or proxy), the writers and watchers spread over them. --fault (repeatable,
+# the Nth after round N): proxy-kill kills the proxy with -9 and starts it again on its port
+# (the proxy target only); etcd-restart kills etcd with -9 and starts it again on its data dir
+# (both targets). --compaction-interval: kube-apiserver's --etcd-compaction-interval (default
+# 10s, so that it compacts under the running watchers; 0 turns it off). --check-period: the
+# period of kube-apiserver's watch-cache consistency check against etcd (default 20s; a
+# release build checks every 5 min); the run waits until it has passed twice. --proxy-prefix:
+# the proxy's --prefix (default /registry/; "" caches kube-apiserver's compact_rev_key too).
 # Exits 1 when a check fails or the two targets differ (compare.py), 2 on a usage, build or
 # start-up error.
 set -euo pipefail
@@ -27,17 +35,27 @@ out=""
 build=1
 apiserver_args=()
 kcm=0
-fault=""
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+scheduler=0
+apiservers=1
+faults=()
+compaction=10s
+check_period=20s
+proxy_prefix=/registry/
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --etcd) shift; etcd_v="$1" ;;
-    --target) shift; case "$1" in proxy|direct) targets=("$1") ;; both) targets=(proxy direct) ;; *) usage ;; esac ;;
-    --out) shift; out="$1" ;;
+    --etcd) shift; etcd_v="${1:-}" ;;
+    --target) shift; case "${1:-}" in proxy|direct) targets=("$1") ;; both) targets=(proxy direct) ;; *) usage ;; esac ;;
+    --out) shift; out="${1:-}" ;;
     --no-build) build=0 ;;
     --no-watch-cache) apiserver_args+=(--watch-cache=false) ;;
     --kcm) kcm=1 ;;
-    --fault) shift; case "$1" in proxy-kill|etcd-restart) fault="$1" ;; *) usage ;; esac ;;
+    --scheduler) scheduler=1 ;;
+    --apiservers) shift; [[ "${1:-}" =~ ^[1-9]$ ]] || { echo "run.sh: --apiservers takes 1 to 9" >&2; usage; }; apiservers="$1" ;;
+    --fault) shift; case "${1:-}" in proxy-kill|etcd-restart) faults+=("$1") ;; *) usage ;; esac ;;
+    --compaction-interval) shift; [[ "${1:-}" =~ ^[0-9]+(ms|s|m|h)?$ ]] || { echo "run.sh: --compaction-interval takes a Go duration (10s, 1m, 0)" >&2; usage; }; compaction="$1" ;;
+    --proxy-prefix) shift; proxy_prefix="${1-}" ;;
+    --check-period) shift; [[ "${1:-}" =~ ^[1-9][0-9]*(s|m)$ ]] || { echo "run.sh: --check-period takes a positive duration in s or m (20s)" >&2; usage; }; check_period="$1" ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -46,7 +64,10 @@ done
 ETCD_BIN="${KUBERNETES_ETCD_BIN:-$ROOT/target/etcd/$etcd_v/etcd}"
 [ -x "$ETCD_BIN" ] || { echo "run.sh: no $ETCD_BIN (cargo xtask etcd-bins $etcd_v)" >&2; exit 2; }
 [ -x "$PROXY_BIN" ] || { echo "run.sh: no $PROXY_BIN (cargo build -p etcd-cache-proxy)" >&2; exit 2; }
-if [ "$build" = 1 ]; then "$HERE/build.sh" $([ "$kcm" = 0 ] || echo --kcm) || exit 2; fi
+build_args=()
+[ "$kcm" = 0 ] || build_args+=(--kcm)
+[ "$scheduler" = 0 ] || build_args+=(--scheduler)
+if [ "$build" = 1 ]; then "$HERE/build.sh" ${build_args[@]+"${build_args[@]}"} || exit 2; fi
 APISERVER="$KDIR/bin/kube-apiserver"
 KUBECTL="$KDIR/bin/kubectl"
 for b in "$APISERVER" "$KUBECTL"; do
@@ -54,7 +75,13 @@ for b in "$APISERVER" "$KUBECTL"; do
 done
 KCM="$KDIR/bin/kube-controller-manager"
 [ "$kcm" = 0 ] || [ -x "$KCM" ] || { echo "run.sh: no $KCM (run build.sh --kcm)" >&2; exit 2; }
-out="${out:-$KDIR/runs/etcd-$etcd_v${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)${fault:+-$fault}}"
+SCHEDULER="$KDIR/bin/kube-scheduler"
+[ "$scheduler" = 0 ] || [ -x "$SCHEDULER" ] || { echo "run.sh: no $SCHEDULER (run build.sh --scheduler)" >&2; exit 2; }
+[ "${#faults[@]}" -le 2 ] || { echo "run.sh: at most 2 faults (after rounds 1 and 2)" >&2; exit 2; }
+suffix="${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)$([ "$scheduler" = 0 ] || echo -scheduler)"
+[ "$apiservers" = 1 ] || suffix+="-apiservers$apiservers"
+for f in ${faults[@]+"${faults[@]}"}; do suffix+="-$f"; done
+out="${out:-$KDIR/runs/etcd-$etcd_v$suffix}"
 mkdir -p "$out"
 
 # The workload's shape (compare.py derives every expected event and list from it).
@@ -125,7 +152,7 @@ run_target() (
   local etcd_url="http://127.0.0.1:$ec" pm="" pp=""
   start_proxy() {
     RUST_LOG="${PROXY_LOG:-info}" "$PROXY_BIN" --endpoints "http://127.0.0.1:$ec" --listen-addr "127.0.0.1:$pp" \
-      --prefix /registry/ --metrics-addr "127.0.0.1:$pm" >>"$dir/proxy.log" 2>&1 &
+      --prefix "$proxy_prefix" --metrics-addr "127.0.0.1:$pm" >>"$dir/proxy.log" 2>&1 &
     proxy_pid=$!
     pids+=($proxy_pid)
     wait_for "etcd-cache-proxy" 30 curl -sf "http://127.0.0.1:$pm/metrics"
@@ -135,89 +162,168 @@ run_target() (
     start_proxy
     etcd_url="http://127.0.0.1:$pp"
   fi
-  # kube-apiserver: self-signed serving cert in --cert-dir, a service-account key pair, a token.
+  # kube-apiservers: each its self-signed serving cert in its --cert-dir; one service-account key
+  # pair and one token file for all.
   openssl genrsa -out "$tmp/sa.key" 2048 2>/dev/null
   openssl rsa -in "$tmp/sa.key" -pubout -out "$tmp/sa.pub" 2>/dev/null
   echo "admin-token,admin,admin,system:masters" >"$tmp/tokens.csv"
-  local ap; ap=$(free_port)
-  "$APISERVER" --etcd-servers "$etcd_url" --bind-address 127.0.0.1 --secure-port "$ap" \
-    --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
-    --cert-dir "$tmp/certs" --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$tmp/sa.pub" --service-account-signing-key-file "$tmp/sa.key" \
-    --authorization-mode AlwaysAllow --token-auth-file "$tmp/tokens.csv" \
-    --service-cluster-ip-range 10.0.0.0/24 ${apiserver_args[@]+"${apiserver_args[@]}"} >"$dir/kube-apiserver.log" 2>&1 &
-  pids+=($!)
-  local kargs=(--server "https://127.0.0.1:$ap" --token admin-token --insecure-skip-tls-verify)
-  k() { "$KUBECTL" "${kargs[@]}" "$@"; }
-  wait_for "kube-apiserver /readyz" 120 k get --raw /readyz
+  local aps=() i
+  for ((i = 0; i < apiservers; i++)); do
+    local ap; ap=$(free_port)
+    KUBE_APISERVER_CONSISTENCY_CHECK_PERIOD="$check_period" "$APISERVER" --etcd-servers "$etcd_url" \
+      --bind-address 127.0.0.1 --secure-port "$ap" \
+      --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
+      --cert-dir "$tmp/certs-$i" --service-account-issuer https://kubernetes.default.svc \
+      --service-account-key-file "$tmp/sa.pub" --service-account-signing-key-file "$tmp/sa.key" \
+      --authorization-mode AlwaysAllow --token-auth-file "$tmp/tokens.csv" \
+      --etcd-compaction-interval "$compaction" \
+      --service-cluster-ip-range 10.0.0.0/24 ${apiserver_args[@]+"${apiserver_args[@]}"} >"$dir/kube-apiserver-$i.log" 2>&1 &
+    pids+=($!)
+    aps+=("$ap")
+  done
+  # kargs N: kubectl's flags for kube-apiserver N (modulo the count); k is kubectl on the first.
+  kargs() { echo --server "https://127.0.0.1:${aps[$(($1 % apiservers))]}" --token admin-token --insecure-skip-tls-verify; }
+  k() { "$KUBECTL" $(kargs 0) "$@"; }
+  ready_all() {
+    for ((i = 0; i < apiservers; i++)); do
+      wait_for "kube-apiserver $i /readyz $1" 120 "$KUBECTL" $(kargs "$i") get --raw /readyz || return 1
+    done
+  }
+  ready_all ""
+  if [ "$kcm" = 1 ] || [ "$scheduler" = 1 ]; then
+    printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:%s\n    insecure-skip-tls-verify: true\nusers:\n- name: k\n  user:\n    token: admin-token\ncontexts:\n- name: k\n  context: {cluster: k, user: k}\ncurrent-context: k\n' "${aps[0]}" >"$tmp/kubeconfig"
+  fi
   if [ "$kcm" = 1 ]; then
-    printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:%s\n    insecure-skip-tls-verify: true\nusers:\n- name: k\n  user:\n    token: admin-token\ncontexts:\n- name: k\n  context: {cluster: k, user: k}\ncurrent-context: k\n' "$ap" >"$tmp/kubeconfig"
     "$KCM" --kubeconfig "$tmp/kubeconfig" --secure-port 0 --leader-elect=false \
-      --service-account-private-key-file "$tmp/sa.key" --root-ca-file "$tmp/certs/apiserver.crt" \
+      --service-account-private-key-file "$tmp/sa.key" --root-ca-file "$tmp/certs-0/apiserver.crt" \
       --use-service-account-credentials=false >"$dir/kube-controller-manager.log" 2>&1 &
     pids+=($!)
   fi
-  echo "run.sh: [$target] control plane ready in $((SECONDS - start))s (etcd $etcd_v, $etcd_url)"
+  if [ "$scheduler" = 1 ]; then
+    "$SCHEDULER" --kubeconfig "$tmp/kubeconfig" --secure-port 0 --leader-elect=false >"$dir/kube-scheduler.log" 2>&1 &
+    pids+=($!)
+  fi
+  echo "run.sh: [$target] control plane ready in $((SECONDS - start))s (etcd $etcd_v, $etcd_url, $apiservers kube-apiserver(s))"
   local wstart=$SECONDS
+  curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics-start.txt" || true
+  # The proxy's CPU time (user + system) from /proc, in the form of etcd's metric.
+  proxy_cpu() { awk -v hz="$(getconf CLK_TCK)" '{sub(/^.*\) /, ""); print "process_cpu_seconds_total", ($12 + $13) / hz}' "/proc/$proxy_pid/stat"; }
+  [ -z "$pm" ] || proxy_cpu >"$dir/proxy-cpu-start.txt"
   k create namespace "$NS" >/dev/null
   local rv0; rv0="$(k get --raw "/api/v1/namespaces/$NS/configmaps?limit=1" | jq -r .metadata.resourceVersion)"
   [ -n "$rv0" ] && [ "$rv0" != null ] || { echo "run.sh: [$target] no resourceVersion" >&2; exit 1; }
   # Watcher a: kubectl's own watch (a list, then a watch from its resource version), before
-  # any write. Its -v=6 log shows the watch request once it is made.
-  "$KUBECTL" "${kargs[@]}" get configmaps -n "$NS" -w --output-watch-events -o json -v=6 >"$dir/watch-a.json" 2>"$dir/watch-a.log" &
+  # any write, on the first kube-apiserver. Its -v=6 log shows the watch request once it is made.
+  "$KUBECTL" $(kargs 0) get configmaps -n "$NS" -w --output-watch-events -o json -v=6 >"$dir/watch-a.json" 2>"$dir/watch-a.log" &
   pids+=($!)
   wait_for "watcher a" 30 grep -q 'watch=true' "$dir/watch-a.log"
-  local r w i
+  # kube-controller-manager turns a Deployment into a ReplicaSet and its Pods.
+  [ "$kcm" = 0 ] || k create deployment web -n "$NS" --image=registry.k8s.io/pause:3.10 --replicas=3 >/dev/null
+  local r w wi
   for ((r = 1; r <= ROUNDS; r++)); do
     local writers=()
+    wi=0
     for w in "${WRITERS[@]}"; do
       (
+        kw() { "$KUBECTL" $(kargs "$wi") "$@"; }
         configmaps "$w" "$r" 0 "$N" v1 >"$tmp/create-$w-$r.yaml"
         configmaps "$w" "$r" 0 "$UPD" v2 >"$tmp/replace-$w-$r.yaml"
         names=(); for ((i = 0; i < DEL; i++)); do names+=("$(printf 'cm-%s-%s-%03d' "$w" "$r" "$i")"); done
-        k create -f "$tmp/create-$w-$r.yaml" >/dev/null
-        k replace -f "$tmp/replace-$w-$r.yaml" >/dev/null
-        k delete configmap -n "$NS" "${names[@]}" >/dev/null
+        kw create -f "$tmp/create-$w-$r.yaml" >/dev/null
+        kw replace -f "$tmp/replace-$w-$r.yaml" >/dev/null
+        kw delete configmap -n "$NS" "${names[@]}" >/dev/null
       ) &
       writers+=($!)
+      wi=$((wi + 1))
     done
     for w in "${writers[@]}"; do
       wait "$w" || { echo "run.sh: [$target] a writer failed" >&2; exit 1; }
     done
     # A chunked list after each round (its first page a consistent read; then continues).
     k get configmaps -n "$NS" --chunk-size 50 -o json >"$dir/list-r$r.json"
+    [ "$kcm" = 0 ] || [ "$r" != 2 ] || k scale deployment web -n "$NS" --replicas=5 >/dev/null
     if [ "$r" = 1 ]; then
       # Watcher b: a raw watch from the namespace's resource version before any write, started
-      # once round 1 is written (so it starts in the past).
-      "$KUBECTL" "${kargs[@]}" get --raw "/api/v1/namespaces/$NS/configmaps?watch=1&resourceVersion=$rv0" >"$dir/watch-b.json" 2>"$dir/watch-b.log" &
+      # once round 1 is written (so it starts in the past), on the last kube-apiserver.
+      "$KUBECTL" $(kargs $((apiservers - 1))) get --raw "/api/v1/namespaces/$NS/configmaps?watch=1&resourceVersion=$rv0" >"$dir/watch-b.json" 2>"$dir/watch-b.log" &
       pids+=($!)
       wait_for "watcher b" 30 test -s "$dir/watch-b.json"
-      # The fault, once both watchers are open: kube-apiserver's reflectors and its clients
-      # on etcd lose their upstream and must resume where they were.
-      case "$fault" in
+      # Watcher c: a WatchList (KEP-3157): the state as initial events, a bookmark that ends
+      # them, then the changes; on the second kube-apiserver (the first when there is one).
+      "$KUBECTL" $(kargs 1) get --raw "/api/v1/namespaces/$NS/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true" >"$dir/watch-c.json" 2>"$dir/watch-c.log" &
+      pids+=($!)
+      wait_for "watcher c's initial events" 60 grep -q 'initial-events-end' "$dir/watch-c.json"
+    fi
+    # The Nth fault after round N, once the watchers are open: kube-apiserver's reflectors and
+    # its clients on etcd lose their upstream and must resume where they were.
+    if [ "$r" -le "${#faults[@]}" ]; then
+      case "${faults[r - 1]}" in
         proxy-kill) if [ "$target" = proxy ]; then
             kill -KILL "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true
-            echo "run.sh: [$target] fault: proxy killed with -9, started again"
+            echo "run.sh: [$target] fault after round $r: proxy killed with -9, started again"
             start_proxy
           fi ;;
         etcd-restart)
           kill -KILL "$etcd_pid"; wait "$etcd_pid" 2>/dev/null || true
-          echo "run.sh: [$target] fault: etcd killed with -9, started again"
+          echo "run.sh: [$target] fault after round $r: etcd killed with -9, started again"
           start_etcd ;;
       esac
-      [ -z "$fault" ] || wait_for "kube-apiserver /readyz after the fault" 120 k get --raw /readyz
+      ready_all "after the fault"
     fi
   done
+  # etcd's (and the proxy's) CPU per write is taken over the rounds: from here back to the start.
+  curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics-rounds.txt" || true
+  [ -z "$pm" ] || proxy_cpu >"$dir/proxy-cpu-rounds.txt"
+  # Watch latency as kube-apiserver's clients see it: creates through the first kube-apiserver,
+  # a watch through the last (latency.py).
+  python3 "$HERE/latency.py" "https://127.0.0.1:${aps[0]}" "https://127.0.0.1:${aps[$((apiservers - 1))]}" \
+    admin-token "$dir/latency.json" >>"$dir/latency.log" 2>&1 || echo "run.sh: [$target] latency.py failed (latency.log)" >&2
+  # Events each watcher should end with: every change for a and b; for c, round 1's state as
+  # initial events, then the changes of the later rounds.
   local expected=$(( ${#WRITERS[@]} * ROUNDS * (N + UPD + DEL) ))
-  wait_for "watcher a's $expected events" 60 test "$(count_events "$dir/watch-a.json")" -ge "$expected" || true
-  wait_for "watcher b's $expected events" 60 test "$(count_events "$dir/watch-b.json")" -ge "$expected" || true
-  k get configmaps -n "$NS" --chunk-size 50 -o json >"$dir/list-final.json"
-  echo "run.sh: [$target] workload done in $((SECONDS - wstart))s: watcher a $(count_events "$dir/watch-a.json"), watcher b $(count_events "$dir/watch-b.json") of $expected events"
-  k get --raw /metrics >"$dir/apiserver-metrics.txt"
+  local expected_c=$(( ${#WRITERS[@]} * ((N - DEL) + (ROUNDS - 1) * (N + UPD + DEL)) ))
+  wait_for "watcher a's events" 60 test "$(count_events "$dir/watch-a.json")" -ge "$expected" || true
+  wait_for "watcher b's events" 60 test "$(count_events "$dir/watch-b.json")" -ge "$expected" || true
+  wait_for "watcher c's events" 60 test "$(count_events "$dir/watch-c.json")" -ge "$expected_c" || true
+  for ((i = 0; i < apiservers; i++)); do
+    "$KUBECTL" $(kargs "$i") get configmaps -n "$NS" --chunk-size 50 -o json >"$dir/list-final-$i.json"
+  done
+  cp "$dir/list-final-0.json" "$dir/list-final.json"
+  if [ "$kcm" = 1 ]; then
+    # The Deployment's 5 Pods (3, then scaled); with the scheduler, each marked unschedulable.
+    pods_done() {
+      k get pods -n "$NS" -o json >"$tmp/pods.json" || return 1
+      jq -e --argjson s "$scheduler" '[.items[] | select(.metadata.deletionTimestamp == null)
+        | select($s == 0 or any(.status.conditions[]?; .type == "PodScheduled" and .status == "False"))]
+        | length == 5' "$tmp/pods.json"
+    }
+    wait_for "the Deployment's 5 Pods" 90 pods_done || true
+    k get pods -n "$NS" -o json >"$dir/pods.json"
+    k get replicasets -n "$NS" -o json >"$dir/replicasets.json"
+    k get deployments -n "$NS" -o json >"$dir/deployments.json"
+  fi
+  # kube-apiserver's watch-cache consistency check against etcd: twice on ConfigMaps, on each.
+  checks_done() {
+    "$KUBECTL" $(kargs "$1") get --raw /metrics | awk '/^apiserver_storage_consistency_checks_total\{/ && /resource="configmaps"/ && /status="success"/ {s += $2} END {exit !(s >= 2)}'
+  }
+  local period_s="${check_period%[sm]}"; [ "${check_period: -1}" = s ] || period_s=$((period_s * 60))
+  if [ -z "${apiserver_args[*]-}" ]; then
+    for ((i = 0; i < apiservers; i++)); do
+      wait_for "kube-apiserver $i's consistency checks" $((period_s * 4 + 30)) checks_done "$i" || true
+    done
+  fi
+  echo "run.sh: [$target] workload done in $((SECONDS - wstart))s: watchers a and b $(count_events "$dir/watch-a.json") and $(count_events "$dir/watch-b.json") of $expected events, watcher c $(count_events "$dir/watch-c.json") of $expected_c (round 1's state included)"
+  for ((i = 0; i < apiservers; i++)); do
+    "$KUBECTL" $(kargs "$i") get --raw /metrics >"$dir/apiserver-metrics-$i.txt"
+  done
   curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics.txt" || true
   [ -z "$pm" ] || curl -sf "http://127.0.0.1:$pm/metrics" >"$dir/proxy-metrics.txt" || true
-  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"fault":"%s","seconds":%d}\n' \
-    "$target" "$etcd_v" "$(IFS=,; echo "${WRITERS[*]}" | sed 's/,/","/g')" "$ROUNDS" "$N" "$UPD" "$DEL" "$fault" "$((SECONDS - start))" >"$dir/params.json"
+  grep -c 'finished scheduled compaction' "$dir/etcd.log" >"$dir/etcd-compactions.txt" || true
+  local fl; fl="$(printf '"%s",' ${faults[@]+"${faults[@]}"})"
+  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"faults":[%s],"apiservers":%d,"kcm":%d,"scheduler":%d,"watch_cache":%s,"compaction":"%s","proxy_prefix":"%s","seconds":%d,"workload_seconds":%d}\n' \
+    "$target" "$etcd_v" "$(IFS=,; echo "${WRITERS[*]}" | sed 's/,/","/g')" "$ROUNDS" "$N" "$UPD" "$DEL" "${fl%,}" \
+    "$apiservers" "$kcm" "$scheduler" "$([ -z "${apiserver_args[*]-}" ] && echo true || echo false)" "$compaction" "$proxy_prefix" \
+    "$((SECONDS - start))" "$((SECONDS - wstart))" >"$dir/params.json"
 )
 
 for t in "${targets[@]}"; do
