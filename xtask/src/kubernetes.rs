@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::{etcd_dir, root, run, target_dir};
 
 pub(crate) const HELP: &str = "\
-cargo xtask kubernetes [--etcd 3.6|3.7] [--no-build] [run.sh's options]
+cargo xtask kubernetes [--etcd 3.6|3.7] [--no-build] [--integration] [options]
         A real Kubernetes control plane through etcd-cache-proxy and directly on etcd,
         compared: builds the debug proxy and (cached, target/kubernetes-go/bin) kube-apiserver
         and kubectl v1.37.2 from the Go module proxy (proxy/tests/kubernetes/build.sh), then
@@ -26,12 +26,17 @@ cargo xtask kubernetes [--etcd 3.6|3.7] [--no-build] [run.sh's options]
         proxy); --fault proxy-kill|etcd-restart (repeatable: the Nth after round N);
         --compaction-interval DUR; --check-period DUR; --target proxy|direct|both; --out DIR.
         --no-build: use the binaries already built.
+        --integration: instead, Kubernetes' own integration tests (test/integration/apiserver's
+        list, pagination and watch-cache tests, and test/integration/apiserver/apply) through
+        the proxy and directly (proxy/tests/kubernetes/integration.sh; its options: --package
+        apiserver|apply|all, --run REGEX, --target, --out).
 ";
 
-/// `cargo xtask kubernetes [--etcd V] [--no-build] [run.sh's options]`.
+/// `cargo xtask kubernetes [--etcd V] [--no-build] [--integration] [run.sh's or integration.sh's options]`.
 pub fn command(args: &[String]) -> i32 {
     let mut etcd = "3.6".to_string();
     let mut build = true;
+    let mut script = "proxy/tests/kubernetes/run.sh";
     let mut flags = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -48,7 +53,8 @@ pub fn command(args: &[String]) -> i32 {
                 }
             },
             "--no-build" => build = false,
-            // run.sh checks its own options (exit 2 and its usage on a bad one).
+            "--integration" => script = "proxy/tests/kubernetes/integration.sh",
+            // run.sh (integration.sh) checks its own options (exit 2 and its usage on a bad one).
             _ => flags.push(a.clone()),
         }
     }
@@ -72,9 +78,7 @@ pub fn command(args: &[String]) -> i32 {
         }
     }
     let mut cmd = Command::new("bash");
-    cmd.current_dir(root())
-        .arg("proxy/tests/kubernetes/run.sh")
-        .args(["--etcd", &etcd]);
+    cmd.current_dir(root()).arg(script).args(["--etcd", &etcd]);
     if !build {
         cmd.arg("--no-build");
     }

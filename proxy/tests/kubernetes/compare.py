@@ -10,7 +10,7 @@ etcd (apiserver_watch_cache_consistent_read_total{fallback="true"}); the watch c
 consistency checks against etcd (apiserver_storage_consistency_checks_total: at least 2 passed
 on ConfigMaps per kube-apiserver, none failed); with --kcm the Deployment's 5 Pods (with
 --scheduler each unschedulable); etcd's watchers (etcd_debugging_mvcc_watcher_total), its
-compactions, and its CPU per write over the workload. Across targets: the final lists equal
+compactions, and its CPU per write over the rounds (all of it, and net of its rate while idle). Across targets: the final lists equal
 (names and data). Prints a table; exits 1 on any failed check or difference.
 """
 import glob
@@ -128,19 +128,28 @@ def metric_sum(path, name, label_re="", number=int):
 
 
 def per_write(d, prefix, p):
-    """CPU seconds per etcd revision (write) of a process over the workload's rounds (the latency
-    probe and the waits after them left out), in microseconds; "-" when it restarted in between."""
-    # etcd's own metric; the proxy's from /proc, saved by run.sh as proxy-cpu*.txt.
-    kind = "metrics" if prefix == "etcd" else "cpu"
-    cpu = [metric_sum(os.path.join(d, f"{prefix}-{kind}-{s}.txt"), "process_cpu_seconds_total", number=float)
-           for s in ("start", "rounds")]
-    revs = [metric_sum(os.path.join(d, f"etcd-metrics-{s}.txt"), "etcd_debugging_mvcc_current_revision")
-            for s in ("start", "rounds")]
-    if None in cpu or None in revs or revs[1] <= revs[0] or cpu[1] < cpu[0]:
-        return "-"
+    """CPU per etcd revision (write) of a process over the workload's rounds (the latency probe
+    and the waits after them left out), in microseconds: all of it, and net of the process's
+    CPU rate while the control plane idled for 10 s before the rounds. "-" when the process
+    restarted in between."""
     if {"etcd": "etcd-restart", "proxy": "proxy-kill"}[prefix] in p.get("faults", []):
         return "-"
-    return f"{(cpu[1] - cpu[0]) / (revs[1] - revs[0]) * 1e6:.0f} us"
+    kind = "metrics" if prefix == "etcd" else "cpu"
+    cpu = {s: metric_sum(os.path.join(d, f"{prefix}-{kind}-{s}.txt"), "process_cpu_seconds_total", number=float)
+           for s in ("idle", "start", "rounds")}
+    revs = [metric_sum(os.path.join(d, f"etcd-metrics-{s}.txt"), "etcd_debugging_mvcc_current_revision")
+            for s in ("start", "rounds")]
+    try:
+        t = {k: float(v) for k, v in (line.split() for line in open(os.path.join(d, "times.txt")))}
+    except (OSError, ValueError):
+        t = {}
+    if None in cpu.values() or None in revs or revs[1] <= revs[0] or len(t) < 3:
+        return "-"
+    writes = revs[1] - revs[0]
+    idle_rate = (cpu["start"] - cpu["idle"]) / (t["start"] - t["idle"])
+    busy = cpu["rounds"] - cpu["start"]
+    net = busy - idle_rate * (t["rounds"] - t["start"])
+    return f"{busy / writes * 1e6:.0f} ({net / writes * 1e6:.0f} net) us"
 
 
 def check_pods(d, p):

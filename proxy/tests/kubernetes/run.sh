@@ -204,11 +204,19 @@ run_target() (
     pids+=($!)
   fi
   echo "run.sh: [$target] control plane ready in $((SECONDS - start))s (etcd $etcd_v, $etcd_url, $apiservers kube-apiserver(s))"
-  local wstart=$SECONDS
-  curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics-start.txt" || true
+  # etcd's (and the proxy's) CPU while the control plane idles, 10 s before the workload: what
+  # compare.py subtracts from their CPU over the rounds for the part the writes cost.
   # The proxy's CPU time (user + system) from /proc, in the form of etcd's metric.
   proxy_cpu() { awk -v hz="$(getconf CLK_TCK)" '{sub(/^.*\) /, ""); print "process_cpu_seconds_total", ($12 + $13) / hz}' "/proc/$proxy_pid/stat"; }
-  [ -z "$pm" ] || proxy_cpu >"$dir/proxy-cpu-start.txt"
+  snapshot() {
+    echo "$1 $(date +%s.%N)" >>"$dir/times.txt"
+    curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics-$1.txt" || true
+    [ -z "$pm" ] || proxy_cpu >"$dir/proxy-cpu-$1.txt"
+  }
+  snapshot idle
+  sleep 10
+  local wstart=$SECONDS
+  snapshot start
   k create namespace "$NS" >/dev/null
   local rv0; rv0="$(k get --raw "/api/v1/namespaces/$NS/configmaps?limit=1" | jq -r .metadata.resourceVersion)"
   [ -n "$rv0" ] && [ "$rv0" != null ] || { echo "run.sh: [$target] no resourceVersion" >&2; exit 1; }
@@ -272,8 +280,7 @@ run_target() (
     fi
   done
   # etcd's (and the proxy's) CPU per write is taken over the rounds: from here back to the start.
-  curl -sf "http://127.0.0.1:$em/metrics" >"$dir/etcd-metrics-rounds.txt" || true
-  [ -z "$pm" ] || proxy_cpu >"$dir/proxy-cpu-rounds.txt"
+  snapshot rounds
   # Watch latency as kube-apiserver's clients see it: creates through the first kube-apiserver,
   # a watch through the last (latency.py).
   python3 "$HERE/latency.py" "https://127.0.0.1:${aps[0]}" "https://127.0.0.1:${aps[$((apiservers - 1))]}" \
