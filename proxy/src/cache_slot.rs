@@ -27,8 +27,6 @@ use crate::upstream::Upstream;
 
 /// Pause before a cache that stopped for good is built again.
 const REBUILD_AFTER: Duration = Duration::from_secs(2);
-/// Pause between attempts to reach etcd while building.
-const CONNECT_RETRY: Duration = Duration::from_secs(1);
 
 /// Which identity a cache follows etcd with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +212,7 @@ async fn build(config: &Config, upstream: &Upstream, id: Identity, prefix: &[u8]
     let options = connect_options(config, id)?;
     let mut changes = upstream.endpoint_changes();
     let endpoints = changes.borrow_and_update().clone();
+    let mut retry = crate::upstream::StartRetry::new();
     let client = loop {
         // The cache's HTTP/2 windows toward etcd (a stall of the proxy while etcd sends
         // many small events does not make h2 close the connection: too_many_data_frames),
@@ -230,7 +229,7 @@ async fn build(config: &Config, upstream: &Upstream, id: Identity, prefix: &[u8]
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach etcd yet; retrying");
-                tokio::time::sleep(CONNECT_RETRY).await;
+                retry.wait().await;
             }
         }
     };

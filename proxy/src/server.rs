@@ -39,8 +39,6 @@ use crate::state::{Limits, State};
 use crate::upstream::{self, Upstream};
 use crate::watch::{WatchServer, WatchService};
 
-/// Pause between attempts to reach etcd at start-up.
-const CONNECT_RETRY: Duration = Duration::from_secs(1);
 /// How long start-up waits for the cache's first load to tell a refusal (a start-up
 /// error) from a slow start (served meanwhile by forwarding).
 const START_CHECK: Duration = Duration::from_secs(10);
@@ -74,6 +72,12 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     }
     // The TLS served to clients: files read and checked before anything reaches etcd.
     let tls = crate::server_tls::server_config(&config)?;
+    // The client port is bound before anything reaches etcd, as etcd binds its client
+    // listeners before it serves: a client that connects while the proxy starts (beside a
+    // member that restarts with it) waits in the accept queue and is served once the proxy
+    // serves, instead of being refused and backing off (grpc-go waits a second or more
+    // before its next attempt). A port in use is a start-up error at once.
+    let listener = bind(config.listen_addr).await?;
     let namespace = Namespace::new(Bytes::from(config.namespace.clone().into_bytes()));
     let cache_prefix = [config.namespace.as_bytes(), config.prefix.as_bytes()].concat();
     log_start(&config, &cache_prefix, metrics);
@@ -140,6 +144,7 @@ pub(crate) async fn run(mut config: Config) -> Result<()> {
     );
     serve(
         config,
+        listener,
         router,
         tls,
         &state,
@@ -313,22 +318,25 @@ fn router(
         .add_service(health_service)
 }
 
-/// Serves `router` on `--listen-addr` until SIGTERM or SIGINT (registered meanwhile with
-/// `--resolver-prefix`), then shuts down gracefully within `--shutdown-timeout`.
+/// The client port, `--listen-addr`.
+async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen { addr, source })
+}
+
+/// Serves `router` on `listener` (`--listen-addr`) until SIGTERM or SIGINT (registered
+/// meanwhile with `--resolver-prefix`), then shuts down gracefully within
+/// `--shutdown-timeout`.
 async fn serve(
     config: Config,
+    listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     state: &Arc<State>,
     in_flight: InFlight,
     (shutdown_tx, shutdown_rx): (watch::Sender<bool>, watch::Receiver<bool>),
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen_addr)
-        .await
-        .map_err(|source| Error::Listen {
-            addr: config.listen_addr,
-            source,
-        })?;
     let local = listener.local_addr().map_err(|source| Error::Listen {
         addr: config.listen_addr,
         source,
@@ -393,6 +401,7 @@ async fn follow(
     cache_prefix: Vec<u8>,
 ) -> Result<Vec<AbortOnDrop>> {
     // etcd's auth state decides how the cache follows etcd and who may be served what.
+    let mut retry = upstream::StartRetry::new();
     let auth_on = loop {
         match authz.learn().await {
             Ok(on) => break on,
@@ -414,7 +423,7 @@ async fn follow(
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot learn etcd's auth state yet; retrying");
-                tokio::time::sleep(CONNECT_RETRY).await;
+                retry.wait().await;
             }
         }
     };

@@ -1,12 +1,13 @@
 //! Watches through the proxy across faults between the proxy and etcd: every connection
 //! cut, and etcd killed with SIGKILL and restarted. The clients of the proxy keep their
-//! streams, and every revision reaches them once, in order.
+//! streams, and every revision reaches them once, in order. A proxy started while etcd
+//! is down serves its early clients once etcd is up.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use etcd_client::{Client, WatchOptions, WatchStream};
+use etcd_client::{Client, ConnectOptions, WatchOptions, WatchStream};
 use support::{client, start_etcd, start_proxy, EtcdOptions};
 use testkit::TcpProxy;
 
@@ -172,4 +173,57 @@ async fn a_call_whose_connection_breaks_is_unavailable() {
         other => panic!("not a status: {other:?}"),
     }
     drop(etcd);
+}
+
+/// A member and its proxy restarted together (as etcd's robustness suite does through a
+/// proxy in front of each member): a client that connects while the proxy starts, before
+/// etcd serves, is served as soon as etcd is, as a client of etcd itself would be. The
+/// proxy's port accepts from its start (it was refused until the cache had loaded, so
+/// grpc-go backed off a second or more), and the proxy tries etcd again within moments
+/// (every second before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_while_the_proxy_starts_is_served_once_etcd_is() {
+    let mut etcd = start_etcd(EtcdOptions::default()).await;
+    client(&etcd.endpoint())
+        .await
+        .put("/s/k", "v", None)
+        .await
+        .unwrap();
+    // The proxy's port is picked while etcd holds its own (a port a killed etcd frees may
+    // be handed out again, and etcd restarts on its ports).
+    let addr = support::free_addr();
+    etcd.kill();
+    let proxy = support::Proxy::starting_on(addr, &etcd.endpoint(), &[]);
+
+    // While etcd is down the proxy cannot serve, but its port accepts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = tokio::net::TcpStream::connect(proxy.addr()).await {
+        assert!(
+            Instant::now() < deadline,
+            "the proxy's port refused connections while it waited for etcd: {e}\n{}",
+            proxy.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
+    let mut early = Client::connect([proxy.endpoint()], Some(opts))
+        .await
+        .expect("a connection made while the proxy starts");
+    let read = tokio::spawn(async move { early.get("/s/k", None).await });
+
+    let etcd = tokio::task::spawn_blocking(move || {
+        etcd.restart();
+        etcd
+    })
+    .await
+    .unwrap();
+    let got = match tokio::time::timeout(Duration::from_secs(30), read).await {
+        Ok(Ok(Ok(got))) => got,
+        other => panic!(
+            "the read sent while the proxy started: {other:?}\nproxy:\n{}\netcd:\n{}",
+            proxy.log_tail(),
+            etcd.log_tail(20)
+        ),
+    };
+    assert_eq!(got.kvs()[0].value(), b"v");
 }

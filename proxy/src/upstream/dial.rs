@@ -25,6 +25,27 @@ use crate::pb::etcdserverpb::{maintenance_client::MaintenanceClient, StatusReque
 
 /// Time limit of one connection attempt to an endpoint.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first pause before trying to reach etcd again while the proxy starts.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest such pause.
+const MAX_RETRY: Duration = Duration::from_secs(1);
+
+/// Pauses between attempts to reach etcd while the proxy (or a cache of it) starts: the
+/// first short, as etcd is often starting beside the proxy (a member restarted with its
+/// proxy) and serves a moment later; then doubling up to a second.
+pub(crate) struct StartRetry(Duration);
+
+impl StartRetry {
+    pub(crate) fn new() -> Self {
+        StartRetry(FIRST_RETRY)
+    }
+
+    /// Sleeps the pause, and makes the next one longer.
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(MAX_RETRY);
+    }
+}
 
 /// The TLS settings toward etcd (shared by the forwarding channel and the cache's client).
 /// With `--insecure-skip-tls-verify` no CA is set: [`Dial::endpoint`] puts [`Unverified`] in
@@ -246,4 +267,23 @@ pub(crate) async fn versions(config: &Config) -> Vec<(String, Result<String, Str
         out.push((url, v));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first retry comes after 50 ms (etcd is often starting beside the proxy), each
+    /// next one after twice the last, up to a second.
+    #[tokio::test(start_paused = true)]
+    async fn start_retries_begin_short_and_double_up_to_a_second() {
+        let mut retry = StartRetry::new();
+        let mut pauses = Vec::new();
+        for _ in 0..8 {
+            let before = tokio::time::Instant::now();
+            retry.wait().await;
+            pauses.push(before.elapsed().as_millis());
+        }
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
+    }
 }

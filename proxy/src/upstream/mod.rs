@@ -28,7 +28,7 @@ use crate::pb::v3electionpb::election_client::ElectionClient;
 use crate::pb::v3lockpb::lock_client::LockClient;
 
 use dial::Dial;
-pub(crate) use dial::{client_tls, versions, CacheChannel};
+pub(crate) use dial::{client_tls, versions, CacheChannel, StartRetry};
 use endpoints::{Endpoints, REACHABILITY_INTERVAL};
 
 /// Metadata key of etcd's auth token.

@@ -35,8 +35,12 @@ impl Proxy {
 
     /// Starts the proxy as [`Proxy::start`] does, without waiting until it serves.
     pub fn starting(etcd: &str, extra: &[&str]) -> Proxy {
-        let port = free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        Proxy::starting_on(free_addr(), etcd, extra)
+    }
+
+    /// Starts the proxy on `addr` as [`Proxy::starting`] does (for a port taken while
+    /// etcd still held its own: a port freed by a killed etcd may be handed out again).
+    pub fn starting_on(addr: SocketAddr, etcd: &str, extra: &[&str]) -> Proxy {
         let mut args = vec![
             "--endpoints".to_string(),
             etcd.to_string(),
@@ -230,6 +234,11 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A free port on 127.0.0.1.
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// An etcd-client connected to `endpoint` (the proxy or etcd).
