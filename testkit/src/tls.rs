@@ -208,7 +208,7 @@ impl TestPki {
     }
 
     /// A certificate revocation list signed by this CA that revokes `revoked`, written
-    /// as `crl.pem` beside the certificates (for `--client-crl-file`).
+    /// in DER as `crl.der` beside the certificates (for `--client-crl-file`).
     ///
     /// # Panics
     /// When the list cannot be made or written.
@@ -230,8 +230,11 @@ impl TestPki {
             key_identifier_method: KeyIdMethod::Sha256,
         };
         let crl = params.signed_by(&self.issuer).expect("a CRL");
-        let path = self.dir.path().join("crl.pem");
-        std::fs::write(&path, crl.pem().expect("the CRL in PEM")).expect("write crl.pem");
+        // DER: etcd 3.6 and later read the file with Go's x509.ParseRevocationList, which
+        // takes DER only (a PEM file fails every handshake: "x509: malformed crl"); etcd
+        // 3.4's x509.ParseCRL and the proxy take either.
+        let path = self.dir.path().join("crl.der");
+        std::fs::write(&path, crl.der()).expect("write crl.der");
         path
     }
 
