@@ -177,10 +177,10 @@ async fn a_call_whose_connection_breaks_is_unavailable() {
 
 /// A member and its proxy restarted together (as etcd's robustness suite does through a
 /// proxy in front of each member): a client that connects while the proxy starts, before
-/// etcd serves, is served as soon as etcd is, as a client of etcd itself would be. The
-/// proxy's port accepts from its start (it was refused until the cache had loaded, so
-/// grpc-go backed off a second or more), and the proxy tries etcd again within moments
-/// (every second before).
+/// etcd serves, is served as soon as etcd is, as a client of etcd itself would be: the
+/// proxy's port accepts from its start (a port that refused until the proxy served would
+/// make grpc-go back off a second or more). How soon the proxy tries etcd again is
+/// `upstream/dial.rs`'s unit test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_connects_while_the_proxy_starts_is_served_once_etcd_is() {
     let mut etcd = start_etcd(EtcdOptions::default()).await;
