@@ -16,9 +16,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../../.." && pwd)"
-KDIR="${KUBERNETES_GO_DIR:-$ROOT/target/kubernetes-go}"
-PROXY_BIN="${ETCD_CACHE_PROXY_BIN:-$ROOT/target/debug/etcd-cache-proxy}"
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 etcd_v=3.6
 targets=(direct proxy)
 packages=(apiserver apply)
@@ -50,16 +49,6 @@ done
 out="${out:-$KDIR/integration/etcd-$etcd_v}"
 mkdir -p "$out"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_for() {
-  local what="$1" secs="$2"; shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $deadline ] || { echo "integration.sh: timed out waiting for $what" >&2; return 1; }
-    sleep 0.2
-  done
-}
-
 # run_target TARGET DIR: etcd (and the proxy), each package's tests, their logs in DIR.
 run_target() (
   local target="$1" dir="$2"
@@ -75,11 +64,7 @@ run_target() (
   trap cleanup EXIT
   local ec ep em url
   ec=$(free_port); ep=$(free_port); em=$(free_port)
-  "$ETCD_BIN" --name k --data-dir "$tmp/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ec" --advertise-client-urls "http://127.0.0.1:$ec" \
-    --listen-peer-urls "http://127.0.0.1:$ep" --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
-    --initial-cluster "k=http://127.0.0.1:$ep" --listen-metrics-urls "http://127.0.0.1:$em" \
-    >"$dir/etcd.log" 2>&1 &
+  spawn_etcd "$tmp/etcd" "$ec" "$ep" "$em" "$dir/etcd.log"
   pids+=($!)
   wait_for "etcd" 30 curl -sf "http://127.0.0.1:$em/health"
   url="http://127.0.0.1:$ec"

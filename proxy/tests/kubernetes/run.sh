@@ -26,9 +26,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../../.." && pwd)"
-KDIR="${KUBERNETES_GO_DIR:-$ROOT/target/kubernetes-go}"
-PROXY_BIN="${ETCD_CACHE_PROXY_BIN:-$ROOT/target/debug/etcd-cache-proxy}"
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 etcd_v=3.6
 targets=(proxy direct)
 out=""
@@ -90,18 +89,6 @@ ROUNDS=3        # per round and writer: create N, replace the first UPD, delete 
 N=100 UPD=60 DEL=30
 NS=kt
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# wait_for DESCRIPTION SECONDS COMMAND...: polls COMMAND every 0.2 s.
-wait_for() {
-  local what="$1" secs="$2"; shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $deadline ] || { echo "run.sh: timed out waiting for $what" >&2; return 1; }
-    sleep 0.2
-  done
-}
-
 # configmaps WRITER ROUND FROM TO VALUE: a multi-document YAML of ConfigMaps.
 configmaps() {
   local w="$1" r="$2" from="$3" to="$4" val="$5" i
@@ -139,11 +126,7 @@ run_target() (
   ec=$(free_port); ep=$(free_port); em=$(free_port)
   # start_etcd: on its data dir (again after a kill: the same member, the same ports).
   start_etcd() {
-    "$ETCD_BIN" --name k --data-dir "$tmp/etcd" \
-      --listen-client-urls "http://127.0.0.1:$ec" --advertise-client-urls "http://127.0.0.1:$ec" \
-      --listen-peer-urls "http://127.0.0.1:$ep" --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
-      --initial-cluster "k=http://127.0.0.1:$ep" --listen-metrics-urls "http://127.0.0.1:$em" \
-      >>"$dir/etcd.log" 2>&1 &
+    spawn_etcd "$tmp/etcd" "$ec" "$ep" "$em" "$dir/etcd.log"
     etcd_pid=$!
     pids+=($etcd_pid)
     wait_for "etcd" 30 curl -sf "http://127.0.0.1:$em/health"
