@@ -52,7 +52,7 @@ image_from_debian() {
 
 builder=localhost/etcd-cache-proxy-builder-base
 image_from_debian "$builder" --variant=minbase \
-    --include=gcc,libc6-dev,protobuf-compiler,libprotobuf-dev,busybox-static,ca-certificates
+    --include=gcc,libc6-dev,make,protobuf-compiler,libprotobuf-dev,busybox-static,ca-certificates
 case "$runtime" in
     scratch) base=scratch ;;
     debian)

@@ -409,10 +409,11 @@ async fn closed_streams_leave_no_state() {
         );
         after_round.push(rss_closed);
     }
-    // Measured (debug build, etcd 3.4.23): the rounds grow the proxy by 92 MB, 20 MB,
-    // 5 MB, then 1 and 0.2 MB: a plateau (the allocator's retained pages used again),
-    // the same with MALLOC_ARENA_MAX=1 MALLOC_TRIM_THRESHOLD_=0, so it is not per-thread
-    // arenas. State kept per closed stream would grow every round by the first's amount.
+    // Measured (debug build, etcd 3.4.23, jemalloc): the rounds grow the proxy by 74 MB,
+    // 8 MB, then 1.6 MB: a plateau (the allocator's retained pages used again; with glibc's
+    // allocator 92, 20, 5, 1 and 0.2 MB, the same with MALLOC_ARENA_MAX=1
+    // MALLOC_TRIM_THRESHOLD_=0). State kept per closed stream would grow every round by the
+    // first's amount.
     let first = after_round[0].saturating_sub(rss_start);
     let third = after_round[2].saturating_sub(after_round[1]);
     assert!(
