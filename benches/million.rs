@@ -35,6 +35,10 @@
 //!   put -> delivery p50/p99/max over every delivery;
 //! - a burst of `--burst` puts, 16 in flight: time until every delivery arrived,
 //!   deliveries/s, proxy CPU per delivery;
+//! - `--paced` puts (1,000) at `--rate` puts/s (100), each matching about 1% of the
+//!   watches: put -> delivery p50/p99/max, the front's CPU per delivery and etcd's CPU per
+//!   put, beside etcd's CPU per put for the same puts written before any front runs (etcd
+//!   with no watcher at all);
 //! - `--stalled` puts (1,000) written while every odd connection stops reading: the
 //!   reading half's time and latency, the front's RSS before, at its peak and 5 s later;
 //!   then the stalled half reads again and must get every event;
@@ -83,6 +87,9 @@ struct Opts {
     burst: usize,
     /// Puts written while half the connections stop reading.
     stalled: usize,
+    /// Puts written at `rate` per second after the burst.
+    paced: usize,
+    rate: usize,
     open_timeout: Duration,
     /// Run straight to etcd, then etcd-cache-proxy, then grpc-proxy.
     etcd: bool,
@@ -99,6 +106,8 @@ fn parse_opts() -> Result<Opts, String> {
             singles: 20,
             burst: 1000,
             stalled: 1000,
+            paced: 100,
+            rate: 100,
             open_timeout: Duration::from_secs(120),
             etcd: false,
             cache_proxy: true,
@@ -112,6 +121,8 @@ fn parse_opts() -> Result<Opts, String> {
             singles: 20,
             burst: 1000,
             stalled: 1000,
+            paced: 1000,
+            rate: 100,
             open_timeout: Duration::from_secs(900),
             etcd: false,
             cache_proxy: true,
@@ -131,6 +142,8 @@ fn parse_opts() -> Result<Opts, String> {
             "--singles" => o.singles = num(it.next(), "--singles")?,
             "--burst" => o.burst = num(it.next(), "--burst")?,
             "--stalled" => o.stalled = num(it.next(), "--stalled")?,
+            "--paced" => o.paced = num(it.next(), "--paced")?,
+            "--rate" => o.rate = num(it.next(), "--rate")?,
             "--open-timeout" => {
                 o.open_timeout = Duration::from_secs(num(it.next(), "--open-timeout")? as u64)
             }
@@ -155,6 +168,9 @@ fn parse_opts() -> Result<Opts, String> {
     }
     if o.conns == 0 || o.watches == 0 {
         return Err("--conns and --watches must be at least 1".into());
+    }
+    if o.rate == 0 || o.rate > 10_000 {
+        return Err(format!("--rate must be 1 to 10000 puts/s, not {}", o.rate));
     }
     if o.keys < GROUP || o.keys % GROUP != 0 || o.keys > 1_000_000 {
         // Keys are six digits, and a small prefix is a key's first five.
@@ -222,6 +238,8 @@ struct Plan {
     conns: Vec<Vec<Target>>,
     singles: Vec<usize>,
     burst: Vec<usize>,
+    /// Written at a fixed rate after the burst.
+    paced: Vec<usize>,
     /// Written while every odd connection stops reading.
     stalled: Vec<usize>,
     /// Puts per key and per group over the singles and the burst.
@@ -259,9 +277,11 @@ impl Plan {
         let singles: Vec<usize> = (0..o.singles).map(|_| rng.below(o.keys)).collect();
         let burst: Vec<usize> = (0..o.burst).map(|_| rng.below(o.keys)).collect();
         let stalled: Vec<usize> = (0..o.stalled).map(|_| rng.below(o.keys)).collect();
+        // Drawn last, so that the other puts are those of the runs before it existed.
+        let paced: Vec<usize> = (0..o.paced).map(|_| rng.below(o.keys)).collect();
         let mut puts_per_key = vec![0u32; o.keys];
         let mut puts_per_group = vec![0u32; groups];
-        for &k in singles.iter().chain(&burst).chain(&stalled) {
+        for &k in singles.iter().chain(&burst).chain(&paced).chain(&stalled) {
             puts_per_key[k] += 1;
             puts_per_group[k / GROUP] += 1;
         }
@@ -273,6 +293,7 @@ impl Plan {
             conns,
             singles,
             burst,
+            paced,
             stalled,
             puts_per_key,
             puts_per_group,
@@ -282,7 +303,10 @@ impl Plan {
 
     fn want(&self, t: Target) -> u64 {
         match t {
-            Target::Whole => (self.singles.len() + self.burst.len() + self.stalled.len()) as u64,
+            Target::Whole => {
+                (self.singles.len() + self.burst.len() + self.paced.len() + self.stalled.len())
+                    as u64
+            }
             Target::Group(g) => self.puts_per_group[g] as u64,
             Target::Key(k) => self.puts_per_key[k] as u64,
         }
@@ -588,6 +612,22 @@ async fn read_conn(
 /// Puts `keys` straight to etcd, `in_flight` at a time, each value stamped with its send
 /// time; on its own thread and runtime. Returns the elapsed time.
 fn write(ep: &str, keys: Vec<usize>, in_flight: usize) -> Result<Duration, String> {
+    write_as(ep, keys, Pace::InFlight(in_flight))
+}
+
+/// Puts `keys` at `rate` per second (each sent on its tick, whether or not the ones
+/// before it were answered); the time until the last was answered.
+fn write_paced(ep: &str, keys: Vec<usize>, rate: usize) -> Result<Duration, String> {
+    write_as(ep, keys, Pace::Rate(rate))
+}
+
+/// How [`write_as`] sends its puts.
+enum Pace {
+    InFlight(usize),
+    Rate(usize),
+}
+
+fn write_as(ep: &str, keys: Vec<usize>, pace: Pace) -> Result<Duration, String> {
     let ep = ep.to_string();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -599,18 +639,37 @@ fn write(ep: &str, keys: Vec<usize>, in_flight: usize) -> Result<Duration, Strin
                 .try_client(&[&ep])
                 .await
                 .map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            let mut puts = futures::stream::iter(keys.into_iter().map(|k| {
+            let put = move |k: usize| {
                 let mut c = client.clone();
                 async move {
                     let mut value = vec![b'v'; VALUE_SIZE];
                     value[..8].copy_from_slice(&now_ns().to_le_bytes());
-                    c.put(key(k), value, None).await.map(|_| ())
+                    c.put(key(k), value, None)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
                 }
-            }))
-            .buffer_unordered(in_flight);
-            while let Some(r) = puts.next().await {
-                r.map_err(|e| e.to_string())?;
+            };
+            let t = Instant::now();
+            match pace {
+                Pace::InFlight(n) => {
+                    let mut puts =
+                        futures::stream::iter(keys.into_iter().map(put)).buffer_unordered(n);
+                    while let Some(r) = puts.next().await {
+                        r?;
+                    }
+                }
+                Pace::Rate(rate) => {
+                    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+                    let mut puts = Vec::with_capacity(keys.len());
+                    for k in keys {
+                        tick.tick().await;
+                        puts.push(tokio::spawn(put(k)));
+                    }
+                    for p in puts {
+                        p.await.map_err(|e| e.to_string())??;
+                    }
+                }
             }
             Ok(t.elapsed())
         })
@@ -841,6 +900,9 @@ async fn run(
         cpu_s(etcd.pid()) - etcd1,
         mib(status_kib(front_pid, "VmRSS"))
     );
+    if !plan.paced.is_empty() {
+        paced(label, front_pid, etcd, plan, &seen, o.rate).await?;
+    }
     if !plan.stalled.is_empty() {
         stalled_half(label, front_pid, etcd, plan, &seen, &pause).await?;
     }
@@ -849,6 +911,49 @@ async fn run(
     }
     println!("every watch got each of its events once, in order; none canceled");
     Ok(Some(()))
+}
+
+/// `plan.paced` written at `rate` puts/s, each put's deliveries timed: the latency and
+/// cost of a steady load rather than a burst.
+async fn paced(
+    label: &str,
+    front_pid: Option<u32>,
+    etcd: &testkit::EtcdServer,
+    plan: &Plan,
+    seen: &[Arc<[AtomicU64]>],
+    rate: usize,
+) -> Result<(), String> {
+    reset_stats();
+    let want = plan.deliveries(&plan.paced);
+    let (cpu0, etcd0) = (cpu_s(front_pid), cpu_s(etcd.pid()));
+    let keys = plan.paced.clone();
+    let ep = etcd.endpoint();
+    let wrote = tokio::task::spawn_blocking(move || write_paced(&ep, keys, rate))
+        .await
+        .map_err(|e| e.to_string())??;
+    if let Err(e) = wait_count(total_deliveries, want).await {
+        let written: Vec<usize> = (plan.singles.iter().chain(&plan.burst).chain(&plan.paced))
+            .copied()
+            .collect();
+        return Err(format!("{e}; short: {}", plan.short(seen, &written)));
+    }
+    let p = percentiles(&[0.5, 0.99, 0.999, 1.0]);
+    let n = plan.paced.len() as f64;
+    println!(
+        "{} puts at {rate}/s (written in {:.1} s), {:.0} deliveries each: p50 {:.1} ms, p99 \
+         {:.1} ms, p99.9 {:.1} ms, max {:.1} ms; {label} CPU {:.0} ns per delivery, etcd CPU \
+         {:.0} us per put",
+        plan.paced.len(),
+        wrote.as_secs_f64(),
+        want as f64 / n,
+        p[0].as_secs_f64() * 1e3,
+        p[1].as_secs_f64() * 1e3,
+        p[2].as_secs_f64() * 1e3,
+        p[3].as_secs_f64() * 1e3,
+        (cpu_s(front_pid) - cpu0) * 1e9 / want.max(1) as f64,
+        (cpu_s(etcd.pid()) - etcd0) * 1e6 / n
+    );
+    Ok(())
 }
 
 /// Every odd connection stops reading while `plan.stalled` is written: the others must
@@ -862,7 +967,9 @@ async fn stalled_half(
     seen: &[Arc<[AtomicU64]>],
     pause: &tokio::sync::watch::Sender<bool>,
 ) -> Result<(), String> {
-    let before: Vec<usize> = plan.singles.iter().chain(&plan.burst).copied().collect();
+    let before: Vec<usize> = (plan.singles.iter().chain(&plan.burst).chain(&plan.paced))
+        .copied()
+        .collect();
     let all: Vec<usize> = before.iter().chain(&plan.stalled).copied().collect();
     let reading_want = plan.wanted(&all, 0);
     pause.send_replace(true);
@@ -997,6 +1104,20 @@ fn main() {
             t.elapsed().as_secs_f64(),
             common::proc::loadavg()
         );
+        if !plan.paced.is_empty() {
+            // etcd's CPU per put with no watcher at all: the paced puts' keys, before any front.
+            let (keys, ep, etcd0) = (plan.paced.clone(), etcd.endpoint(), cpu_s(etcd.pid()));
+            let rate = o.rate;
+            match tokio::task::spawn_blocking(move || write_paced(&ep, keys, rate)).await {
+                Ok(Ok(_)) => println!(
+                    "etcd alone, no watcher: {} puts at {rate}/s, etcd CPU {:.0} us per put",
+                    plan.paced.len(),
+                    (cpu_s(etcd.pid()) - etcd0) * 1e6 / plan.paced.len() as f64
+                ),
+                Ok(Err(e)) => println!("etcd alone: {e}"),
+                Err(e) => println!("etcd alone: {e}"),
+            }
+        }
         let mut code = 0;
         if o.etcd {
             // The reference: what etcd itself delivers to the same watches.
