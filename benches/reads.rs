@@ -47,6 +47,7 @@
 //! iterations per measurement and exits.
 
 mod common;
+use common::{bounded, CALL_TIMEOUT};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,8 +64,6 @@ const ONE_KEY: usize = KEYS / 2;
 const LOAD_BATCH: usize = 100;
 /// Keys the background writer cycles through, outside `PREFIX`.
 const WRITER_KEYS: u64 = 1000;
-/// A single read taking longer than this is a hang: the run fails.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn key(i: usize) -> String {
     format!("{PREFIX}k{i:05}")
@@ -339,17 +338,6 @@ struct Ctx {
     client: Client,
     /// Highest header revision of a direct etcd read that has completed.
     etcd_seen: i64,
-}
-
-async fn bounded<T, E: std::fmt::Display>(
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(_) => Err(format!("{what}: no answer in {CALL_TIMEOUT:?}")),
-    }
 }
 
 /// One read, timed and checked.

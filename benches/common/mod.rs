@@ -20,6 +20,21 @@ pub(crate) fn quick() -> bool {
     std::env::var_os("ETCD_CACHE_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// A single call taking longer than this is a hang: the benches that time calls fail.
+pub(crate) const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `f`, bounded by [`CALL_TIMEOUT`]; its error or the hang as text naming `what`.
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer in {CALL_TIMEOUT:?}")),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // etcd-cache-proxy as a child process (the workspace's `proxy/` crate, built in release)
 
