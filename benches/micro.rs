@@ -188,6 +188,37 @@ fn bench_dispatch(c: &mut Criterion) {
             }
         }
     }
+    // 1% of N on one prefix, the other 99% on exact keys elsewhere: each event matches
+    // N / 100 of them. The cost per delivery must not grow with the 99% (issue 43: shown
+    // at 100,000 and 1,000,000; 1,000 and 10,000 under `cargo test`).
+    // `match_10000/100000` beside `one_percent/1000000`: the same deliveries per event among
+    // 10x fewer others, so that what the others cost and what more deliveries cost part.
+    let sizes = if bench_mode() {
+        vec![
+            ("one_percent", 100_000, 1_000),
+            ("one_percent", 1_000_000, 10_000),
+            ("match_10000", 100_000, 10_000),
+        ]
+    } else {
+        vec![("one_percent", 1_000, 10), ("one_percent", 10_000, 100)]
+    };
+    for (name, n, matching) in sizes {
+        let mut index = BenchIndex::new();
+        let hot: Vec<_> = (0..matching)
+            .map(|_| index.subscribe(b"/p/", &Spec::Prefix, cap, 0))
+            .collect();
+        let _rest: Vec<_> = (0..n - matching)
+            .map(|i| index.subscribe(format!("/b/{i:08}").as_bytes(), &Spec::Single, cap, 0))
+            .collect();
+        let keys: Vec<Bytes> = (0..64)
+            .map(|i| Bytes::from(format!("/p/{}", hex_key(i))))
+            .collect();
+        let mut rev = 0;
+        g.throughput(Throughput::Elements(matching as u64));
+        g.bench_function(BenchmarkId::new(name, n), |b| {
+            b.iter_custom(|iters| time_dispatch(&mut index, &hot, &keys, &mut rev, iters))
+        });
+    }
     g.finish();
 }
 
@@ -387,6 +418,32 @@ fn memory_report() {
             );
             drop(streams);
         }
+        // A million watches as 100,000 streams of 10 (issue 43's in-process scale; 1,000 x
+        // 10 under `cargo test`), each on its own key: bytes per watch, the streams'
+        // structs included.
+        let streams_n = n;
+        let region = Region::new(GLOBAL);
+        let mut streams = Vec::with_capacity(streams_n);
+        for s in 0..streams_n {
+            let mut stream = cache.watch_stream();
+            for w in 0..10 {
+                let key = format!("/m/{:08}", s * 10 + w);
+                stream.watch(key.as_str(), None).await.expect("watch");
+            }
+            // Taken as a consumer takes them: an idle stream holds no reply.
+            for _ in 0..10 {
+                let created = stream.message().await.expect("created").expect("open");
+                assert!(created.created());
+            }
+            streams.push(stream);
+        }
+        let bytes = net_bytes(&region);
+        println!(
+            "  memory/streams_of_10:      {:>7.0} B per watch ({} streams x 10 watches, each its own key; stream structs included)",
+            bytes as f64 / (streams_n * 10) as f64,
+            streams_n
+        );
+        drop(streams);
         cache.close().await;
     });
 
