@@ -24,7 +24,9 @@ cargo xtask kubernetes [--etcd 3.6|3.7] [--no-build] [--integration] [options]
         cache); --kcm (kube-controller-manager too, and a Deployment it turns into Pods);
         --scheduler (kube-scheduler too); --apiservers N (N kube-apiservers on one etcd or
         proxy); --fault proxy-kill|etcd-restart (repeatable: the Nth after round N);
-        --compaction-interval DUR; --check-period DUR; --target proxy|direct|both; --out DIR.
+        --compaction-interval DUR; --check-period DUR; --proxy-prefix P; --objects N (the
+        workload's ConfigMaps and Secrets per round and writer, default 100); --target
+        proxy|direct|both; --out DIR.
         --no-build: use the binaries already built.
         --integration: instead, Kubernetes' own integration tests (test/integration/apiserver's
         list, pagination and watch-cache tests, and test/integration/apiserver/apply) through

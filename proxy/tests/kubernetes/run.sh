@@ -4,7 +4,7 @@
 #
 #   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm] [--scheduler]
 #          [--apiservers N] [--fault proxy-kill|etcd-restart]... [--compaction-interval DUR]
-#          [--check-period DUR] [--proxy-prefix P] [--out DIR] [--no-build]
+#          [--check-period DUR] [--proxy-prefix P] [--objects N] [--out DIR] [--no-build]
 #
 # Needs target/etcd/<v>/etcd (`cargo xtask etcd-bins`; or KUBERNETES_ETCD_BIN) and the proxy
 # binary (ETCD_CACHE_PROXY_BIN, default target/debug/etcd-cache-proxy). Builds kube-apiserver and
@@ -21,6 +21,9 @@
 # period of kube-apiserver's watch-cache consistency check against etcd (default 20s; a
 # release build checks every 5 min); the run waits until it has passed twice. --proxy-prefix:
 # the proxy's --prefix (default /registry/; "" caches kube-apiserver's compact_rev_key too).
+# --objects N: the workload's size (default 100): per round and writer N ConfigMaps created,
+# 0.6 N replaced, 0.3 N deleted, and N Secrets created, 0.3 N deleted; the waits and the lists'
+# page size scale with it, and above 250 each writer runs up to 4 kubectl pipelines at once.
 # Exits 1 when a check fails or the two targets differ (compare.py), 2 on a usage, build or
 # start-up error.
 set -euo pipefail
@@ -40,7 +43,8 @@ faults=()
 compaction=10s
 check_period=20s
 proxy_prefix=/registry/
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+objects=100
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --etcd) shift; etcd_v="${1:-}" ;;
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
     --fault) shift; case "${1:-}" in proxy-kill|etcd-restart) faults+=("$1") ;; *) usage ;; esac ;;
     --compaction-interval) shift; [[ "${1:-}" =~ ^[0-9]+(ms|s|m|h)?$ ]] || { echo "run.sh: --compaction-interval takes a Go duration (10s, 1m, 0)" >&2; usage; }; compaction="$1" ;;
     --proxy-prefix) shift; proxy_prefix="${1-}" ;;
+    --objects) shift; [[ "${1:-}" =~ ^[1-9][0-9]{0,4}$ ]] || { echo "run.sh: --objects takes 1 to 99999" >&2; usage; }; objects="$1" ;;
     --check-period) shift; [[ "${1:-}" =~ ^[1-9][0-9]*(s|m)$ ]] || { echo "run.sh: --check-period takes a positive duration in s or m (20s)" >&2; usage; }; check_period="$1" ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
@@ -80,22 +85,46 @@ SCHEDULER="$KDIR/bin/kube-scheduler"
 suffix="${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)$([ "$scheduler" = 0 ] || echo -scheduler)"
 [ "$apiservers" = 1 ] || suffix+="-apiservers$apiservers"
 for f in ${faults[@]+"${faults[@]}"}; do suffix+="-$f"; done
+[ "$objects" = 100 ] || suffix+="-objects$objects"
 out="${out:-$KDIR/runs/etcd-$etcd_v$suffix}"
 mkdir -p "$out"
 
 # The workload's shape (compare.py derives every expected event and list from it).
 WRITERS=(a b)   # writers running at once, each on its own names
 ROUNDS=3        # per round and writer: create N, replace the first UPD, delete the first DEL
-N=100 UPD=60 DEL=30
+N=$objects UPD=$((objects * 6 / 10)) DEL=$((objects * 3 / 10))   # 100, 60, 30 by default
 NS=kt
+# The waits for the watchers' events: 60 s for the default 100 objects, in proportion above.
+WAIT_S=$((objects > 100 ? 60 * objects / 100 : 60))
+# Chunked lists: 50 a page for the default 100 objects, in proportion above (as many pages, so
+# that a list ends well within kube-apiserver's compaction interval: its continue tokens are
+# refused once etcd has compacted their revision).
+CHUNK=$((objects > 100 ? objects / 2 : 50))
+# Each writer's kubectl pipelines at once: one per 250 objects, at most 4 (kubectl sends its
+# requests one at a time: one pipeline writes about 18 objects a second here, whatever the load).
+PAR=$(((objects + 249) / 250)); [ "$PAR" -le 4 ] || PAR=4
 
-# configmaps WRITER ROUND FROM TO VALUE: a multi-document YAML of ConfigMaps.
+# configmaps WRITER ROUND FROM TO VALUE [STEP]: a multi-document YAML of ConfigMaps (every
+# STEP-th from FROM).
 configmaps() {
-  local w="$1" r="$2" from="$3" to="$4" val="$5" i
-  for ((i = from; i < to; i++)); do
+  local w="$1" r="$2" from="$3" to="$4" val="$5" step="${6:-1}" i
+  for ((i = from; i < to; i += step)); do
     printf -- '---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-%s-%s-%03d\n  namespace: %s\ndata:\n  k: "%s-%s-%s-%d"\n' \
       "$w" "$r" "$i" "$NS" "$val" "$w" "$r" "$i"
   done
+}
+
+# secrets WRITER ROUND FROM TO VALUE STEP: a multi-document YAML of Secrets (type Opaque), their
+# one key `k` the base64 of VALUE-WRITER-ROUND-I (names sec-WRITER-ROUND-III), every STEP-th.
+secrets() {
+  python3 - "$@" "$NS" <<'PY'
+import base64, sys
+w, r, lo, hi, val, step, ns = sys.argv[1:]
+for i in range(int(lo), int(hi), int(step)):
+    k = base64.b64encode(f"{val}-{w}-{r}-{i}".encode()).decode()
+    print(f"---\napiVersion: v1\nkind: Secret\ntype: Opaque\nmetadata:\n  name: sec-{w}-{r}-{i:03d}\n"
+          f"  namespace: {ns}\ndata:\n  k: {k}")
+PY
 }
 
 # Events in a watcher's file (both kubectl -o json -w and a raw watch print one a line).
@@ -139,6 +168,16 @@ run_target() (
     proxy_pid=$!
     pids+=($proxy_pid)
     wait_for "etcd-cache-proxy" 30 curl -sf "http://127.0.0.1:$pm/metrics"
+  }
+  # exited PID: the child PID has ended (a zombie until waited on, which kill -0 does not tell).
+  exited() { local st; st="$(awk '{sub(/^.*\) /, ""); print $1}' "/proc/$1/stat" 2>/dev/null)"; [ -z "$st" ] || [ "$st" = Z ]; }
+  # proxy_alive: false, and how the proxy ended said (its status; signal N as 128+N) on stderr
+  # and in proxy.log, when the proxy has ended without a fault's kill.
+  proxy_alive() {
+    [ -n "$pm" ] && exited "$proxy_pid" || return 0
+    local rc=0; wait "$proxy_pid" || rc=$?
+    echo "run.sh: [$target] the proxy (pid $proxy_pid) ended on its own at $(date -u +%FT%T.%3NZ), status $rc$([ "$rc" -le 128 ] || echo " (signal $((rc - 128)))")" | tee -a "$dir/proxy.log" >&2
+    return 1
   }
   if [ "$target" = proxy ]; then
     pp=$(free_port); pm=$(free_port)
@@ -208,30 +247,57 @@ run_target() (
   "$KUBECTL" $(kargs 0) get configmaps -n "$NS" -w --output-watch-events -o json -v=6 >"$dir/watch-a.json" 2>"$dir/watch-a.log" &
   pids+=($!)
   wait_for "watcher a" 30 grep -q 'watch=true' "$dir/watch-a.log"
+  # Watcher s: the same on Secrets, on the second kube-apiserver (the first when there is one).
+  "$KUBECTL" $(kargs 1) get secrets -n "$NS" -w --output-watch-events -o json -v=6 >"$dir/watch-s.json" 2>"$dir/watch-s.log" &
+  pids+=($!)
+  wait_for "watcher s" 30 grep -q 'watch=true' "$dir/watch-s.log"
   # kube-controller-manager turns a Deployment into a ReplicaSet and its Pods.
   [ "$kcm" = 0 ] || k create deployment web -n "$NS" --image=registry.k8s.io/pause:3.10 --replicas=3 >/dev/null
   local r w wi
   for ((r = 1; r <= ROUNDS; r++)); do
-    local writers=()
+    local writers=() rstart=$SECONDS
     wi=0
     for w in "${WRITERS[@]}"; do
       (
         kw() { "$KUBECTL" $(kargs "$wi") "$@"; }
-        configmaps "$w" "$r" 0 "$N" v1 >"$tmp/create-$w-$r.yaml"
-        configmaps "$w" "$r" 0 "$UPD" v2 >"$tmp/replace-$w-$r.yaml"
-        names=(); for ((i = 0; i < DEL; i++)); do names+=("$(printf 'cm-%s-%s-%03d' "$w" "$r" "$i")"); done
-        kw create -f "$tmp/create-$w-$r.yaml" >/dev/null
-        kw replace -f "$tmp/replace-$w-$r.yaml" >/dev/null
-        kw delete configmap -n "$NS" "${names[@]}" >/dev/null
+        # part J: the writer's objects J, J+PAR, J+2 PAR...: ConfigMaps created, the first UPD
+        # replaced, the first DEL deleted; Secrets created, the first DEL deleted. One kubectl
+        # at a time (a failed one ends it, failed).
+        part() {
+          local j="$1" f="$tmp/$w-$r-$1" names=() i
+          configmaps "$w" "$r" "$j" "$N" v1 "$PAR" >"$f-create.yaml"
+          configmaps "$w" "$r" "$j" "$UPD" v2 "$PAR" >"$f-replace.yaml"
+          for ((i = j; i < DEL; i += PAR)); do names+=("$(printf 'cm-%s-%s-%03d' "$w" "$r" "$i")"); done
+          kw create -f "$f-create.yaml" >/dev/null || return 1
+          [ "$j" -ge "$UPD" ] || kw replace -f "$f-replace.yaml" >/dev/null || return 1
+          [ "$j" -ge "$DEL" ] || kw delete configmap -n "$NS" "${names[@]}" >/dev/null || return 1
+          secrets "$w" "$r" "$j" "$N" v1 "$PAR" >"$f-secrets.yaml"
+          names=(); for ((i = j; i < DEL; i += PAR)); do names+=("$(printf 'sec-%s-%s-%03d' "$w" "$r" "$i")"); done
+          kw create -f "$f-secrets.yaml" >/dev/null || return 1
+          [ "$j" -ge "$DEL" ] || kw delete secret -n "$NS" "${names[@]}" >/dev/null || return 1
+        }
+        parts=()
+        for ((j = 0; j < PAR; j++)); do part "$j" & parts+=($!); done
+        for p in "${parts[@]}"; do wait "$p" || exit 1; done
       ) &
       writers+=($!)
       wi=$((wi + 1))
     done
-    for w in "${writers[@]}"; do
-      wait "$w" || { echo "run.sh: [$target] a writer failed" >&2; exit 1; }
+    # The writers, and the proxy meanwhile: without it they would wait on kube-apiserver's
+    # timeouts object after object.
+    while [ "${#writers[@]}" -gt 0 ]; do
+      local left=()
+      for w in "${writers[@]}"; do
+        if exited "$w"; then wait "$w" || { echo "run.sh: [$target] a writer failed" >&2; exit 1; }; else left+=("$w"); fi
+      done
+      writers=(${left[@]+"${left[@]}"})
+      proxy_alive || { kill ${writers[@]+"${writers[@]}"} 2>/dev/null; exit 1; }
+      [ "${#writers[@]}" = 0 ] || sleep 0.5
     done
+    local lstart=$SECONDS
     # A chunked list after each round (its first page a consistent read; then continues).
-    k get configmaps -n "$NS" --chunk-size 50 -o json >"$dir/list-r$r.json"
+    k get configmaps -n "$NS" --chunk-size "$CHUNK" -o json >"$dir/list-r$r.json" || echo "run.sh: [$target] the list after round $r failed" >&2
+    echo "run.sh: [$target] round $r written in $((lstart - rstart))s, listed in $((SECONDS - lstart))s"
     [ "$kcm" = 0 ] || [ "$r" != 2 ] || k scale deployment web -n "$NS" --replicas=5 >/dev/null
     if [ "$r" = 1 ]; then
       # Watcher b: a raw watch from the namespace's resource version before any write, started
@@ -243,7 +309,7 @@ run_target() (
       # them, then the changes; on the second kube-apiserver (the first when there is one).
       "$KUBECTL" $(kargs 1) get --raw "/api/v1/namespaces/$NS/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true" >"$dir/watch-c.json" 2>"$dir/watch-c.log" &
       pids+=($!)
-      wait_for "watcher c's initial events" 60 grep -q 'initial-events-end' "$dir/watch-c.json"
+      wait_for "watcher c's initial events" "$WAIT_S" grep -q 'initial-events-end' "$dir/watch-c.json"
     fi
     # The Nth fault after round N, once the watchers are open: kube-apiserver's reflectors and
     # its clients on etcd lose their upstream and must resume where they were.
@@ -269,14 +335,17 @@ run_target() (
   python3 "$HERE/latency.py" "https://127.0.0.1:${aps[0]}" "https://127.0.0.1:${aps[$((apiservers - 1))]}" \
     admin-token "$dir/latency.json" >>"$dir/latency.log" 2>&1 || echo "run.sh: [$target] latency.py failed (latency.log)" >&2
   # Events each watcher should end with: every change for a and b; for c, round 1's state as
-  # initial events, then the changes of the later rounds.
+  # initial events, then the changes of the later rounds; for s, every Secret's create and delete.
   local expected=$(( ${#WRITERS[@]} * ROUNDS * (N + UPD + DEL) ))
   local expected_c=$(( ${#WRITERS[@]} * ((N - DEL) + (ROUNDS - 1) * (N + UPD + DEL)) ))
-  wait_for "watcher a's events" 60 test "$(count_events "$dir/watch-a.json")" -ge "$expected" || true
-  wait_for "watcher b's events" 60 test "$(count_events "$dir/watch-b.json")" -ge "$expected" || true
-  wait_for "watcher c's events" 60 test "$(count_events "$dir/watch-c.json")" -ge "$expected_c" || true
+  local expected_s=$(( ${#WRITERS[@]} * ROUNDS * (N + DEL) ))
+  wait_for "watcher a's events" "$WAIT_S" test "$(count_events "$dir/watch-a.json")" -ge "$expected" || true
+  wait_for "watcher b's events" "$WAIT_S" test "$(count_events "$dir/watch-b.json")" -ge "$expected" || true
+  wait_for "watcher c's events" "$WAIT_S" test "$(count_events "$dir/watch-c.json")" -ge "$expected_c" || true
+  wait_for "watcher s's events" "$WAIT_S" test "$(count_events "$dir/watch-s.json")" -ge "$expected_s" || true
   for ((i = 0; i < apiservers; i++)); do
-    "$KUBECTL" $(kargs "$i") get configmaps -n "$NS" --chunk-size 50 -o json >"$dir/list-final-$i.json"
+    "$KUBECTL" $(kargs "$i") get configmaps -n "$NS" --chunk-size "$CHUNK" -o json >"$dir/list-final-$i.json" || echo "run.sh: [$target] the final list on kube-apiserver $i failed" >&2
+    "$KUBECTL" $(kargs "$i") get secrets -n "$NS" --chunk-size "$CHUNK" -o json >"$dir/secrets-final-$i.json" || echo "run.sh: [$target] the final Secret list on kube-apiserver $i failed" >&2
   done
   cp "$dir/list-final-0.json" "$dir/list-final.json"
   if [ "$kcm" = 1 ]; then
@@ -302,7 +371,8 @@ run_target() (
       wait_for "kube-apiserver $i's consistency checks" $((period_s * 4 + 30)) checks_done "$i" || true
     done
   fi
-  echo "run.sh: [$target] workload done in $((SECONDS - wstart))s: watchers a and b $(count_events "$dir/watch-a.json") and $(count_events "$dir/watch-b.json") of $expected events, watcher c $(count_events "$dir/watch-c.json") of $expected_c (round 1's state included)"
+  proxy_alive || exit 1
+  echo "run.sh: [$target] workload done in $((SECONDS - wstart))s: watchers a and b $(count_events "$dir/watch-a.json") and $(count_events "$dir/watch-b.json") of $expected events, watcher c $(count_events "$dir/watch-c.json") of $expected_c (round 1's state included), watcher s $(count_events "$dir/watch-s.json") of $expected_s"
   for ((i = 0; i < apiservers; i++)); do
     "$KUBECTL" $(kargs "$i") get --raw /metrics >"$dir/apiserver-metrics-$i.txt"
   done
@@ -310,7 +380,7 @@ run_target() (
   [ -z "$pm" ] || curl -sf "http://127.0.0.1:$pm/metrics" >"$dir/proxy-metrics.txt" || true
   grep -c 'finished scheduled compaction' "$dir/etcd.log" >"$dir/etcd-compactions.txt" || true
   local fl; fl="$(printf '"%s",' ${faults[@]+"${faults[@]}"})"
-  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"faults":[%s],"apiservers":%d,"kcm":%d,"scheduler":%d,"watch_cache":%s,"compaction":"%s","proxy_prefix":"%s","seconds":%d,"workload_seconds":%d}\n' \
+  printf '{"target":"%s","etcd":"%s","writers":["%s"],"rounds":%d,"n":%d,"upd":%d,"del":%d,"secrets":true,"faults":[%s],"apiservers":%d,"kcm":%d,"scheduler":%d,"watch_cache":%s,"compaction":"%s","proxy_prefix":"%s","seconds":%d,"workload_seconds":%d}\n' \
     "$target" "$etcd_v" "$(IFS=,; echo "${WRITERS[*]}" | sed 's/,/","/g')" "$ROUNDS" "$N" "$UPD" "$DEL" "${fl%,}" \
     "$apiservers" "$kcm" "$scheduler" "$([ -z "${apiserver_args[*]-}" ] && echo true || echo false)" "$compaction" "$proxy_prefix" \
     "$((SECONDS - start))" "$((SECONDS - wstart))" >"$dir/params.json"
