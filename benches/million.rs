@@ -323,6 +323,14 @@ impl Plan {
         }
     }
 
+    /// The puts written before the stalled ones, in order: the singles, the burst, the
+    /// paced.
+    fn before_stalled(&self) -> Vec<usize> {
+        (self.singles.iter().chain(&self.burst).chain(&self.paced))
+            .copied()
+            .collect()
+    }
+
     /// Events the connections of parity `half` (0: even, 1: odd) want of `written`.
     fn wanted(&self, written: &[usize], half: usize) -> u64 {
         let mut per_key = HashMap::<usize, u64>::new();
@@ -932,10 +940,10 @@ async fn paced(
         .await
         .map_err(|e| e.to_string())??;
     if let Err(e) = wait_count(total_deliveries, want).await {
-        let written: Vec<usize> = (plan.singles.iter().chain(&plan.burst).chain(&plan.paced))
-            .copied()
-            .collect();
-        return Err(format!("{e}; short: {}", plan.short(seen, &written)));
+        return Err(format!(
+            "{e}; short: {}",
+            plan.short(seen, &plan.before_stalled())
+        ));
     }
     let p = percentiles(&[0.5, 0.99, 0.999, 1.0]);
     let n = plan.paced.len() as f64;
@@ -967,9 +975,7 @@ async fn stalled_half(
     seen: &[Arc<[AtomicU64]>],
     pause: &tokio::sync::watch::Sender<bool>,
 ) -> Result<(), String> {
-    let before: Vec<usize> = (plan.singles.iter().chain(&plan.burst).chain(&plan.paced))
-        .copied()
-        .collect();
+    let before = plan.before_stalled();
     let all: Vec<usize> = before.iter().chain(&plan.stalled).copied().collect();
     let reading_want = plan.wanted(&all, 0);
     pause.send_replace(true);

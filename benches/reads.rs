@@ -53,15 +53,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_cache::{Cache, GetOptions, ProgressTrust};
-use etcd_client::{Client, Txn, TxnOp};
+use etcd_client::Client;
 
 const PREFIX: &str = "/bench/reads/";
 const KEYS: usize = 10_000;
 const VALUE_SIZE: usize = 100;
 /// The single key read (in the middle of the prefix).
 const ONE_KEY: usize = KEYS / 2;
-/// Puts per load transaction (etcd's default `--max-txn-ops` is 128).
-const LOAD_BATCH: usize = 100;
 /// Keys the background writer cycles through, outside `PREFIX`.
 const WRITER_KEYS: u64 = 1000;
 
@@ -473,14 +471,7 @@ fn print_row(r: &Row) {
 }
 
 async fn load(endpoint: &str) -> Result<(), String> {
-    let mut client = testkit::Connect::plain().try_client(&[endpoint]).await?;
-    for start in (0..KEYS).step_by(LOAD_BATCH) {
-        let ops: Vec<TxnOp> = (start..(start + LOAD_BATCH).min(KEYS))
-            .map(|i| TxnOp::put(key(i), value(i), None))
-            .collect();
-        bounded("load txn", client.txn(Txn::new().and_then(ops))).await?;
-    }
-    Ok(())
+    common::load_txns(endpoint, KEYS, |i| (key(i), value(i))).await
 }
 
 async fn run_mode(

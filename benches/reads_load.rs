@@ -43,13 +43,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_cache::Cache;
-use etcd_client::{Txn, TxnOp};
 
 const PREFIX: &str = "/bench/load/";
 const KEYS: usize = 10_000;
 const VALUE_SIZE: usize = 100;
-/// Puts per load transaction (etcd's default `--max-txn-ops` is 128).
-const LOAD_BATCH: usize = 100;
 /// KEP-2340's bound on a consistent read's wait.
 const FRESH: Duration = Duration::from_millis(110);
 
@@ -119,14 +116,7 @@ fn parse_opts() -> Result<Opts, String> {
 }
 
 async fn load(endpoint: &str) -> Result<(), String> {
-    let mut client = testkit::Connect::plain().try_client(&[endpoint]).await?;
-    for start in (0..KEYS).step_by(LOAD_BATCH) {
-        let ops: Vec<TxnOp> = (start..(start + LOAD_BATCH).min(KEYS))
-            .map(|i| TxnOp::put(key(i), value(i, 0), None))
-            .collect();
-        bounded("load txn", client.txn(Txn::new().and_then(ops))).await?;
-    }
-    Ok(())
+    common::load_txns(endpoint, KEYS, |i| (key(i), value(i, 0))).await
 }
 
 /// The writer: puts at `rate` per second until stopped, each sent on its tick; the

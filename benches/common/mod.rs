@@ -35,6 +35,32 @@ pub(crate) async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
+/// Puts of one load transaction (etcd's default `--max-txn-ops` is 128).
+const LOAD_BATCH: usize = 100;
+
+/// Writes `kv(i)` for `i` in `0..n` straight to etcd, [`LOAD_BATCH`] puts a transaction.
+pub(crate) async fn load_txns(
+    endpoint: &str,
+    n: usize,
+    kv: impl Fn(usize) -> (String, Vec<u8>),
+) -> Result<(), String> {
+    let mut client = testkit::Connect::plain().try_client(&[endpoint]).await?;
+    for start in (0..n).step_by(LOAD_BATCH) {
+        let ops: Vec<etcd_client::TxnOp> = (start..(start + LOAD_BATCH).min(n))
+            .map(|i| {
+                let (k, v) = kv(i);
+                etcd_client::TxnOp::put(k, v, None)
+            })
+            .collect();
+        bounded(
+            "load txn",
+            client.txn(etcd_client::Txn::new().and_then(ops)),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // etcd-cache-proxy as a child process (the workspace's `proxy/` crate, built in release)
 
