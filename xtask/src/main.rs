@@ -13,6 +13,7 @@ mod cycles;
 mod doc_refs;
 mod etcd_bins;
 mod kubernetes;
+mod machine;
 mod msrv;
 mod prereqs;
 mod robustness;

@@ -239,6 +239,8 @@ pub fn run(
     let _ = std::fs::create_dir_all(&out_dir);
     let total = binaries.len();
     eprintln!("xtask: running {total} test binaries, {jobs} at a time");
+    let target = crate::target_dir();
+    println!("xtask: machine: {}", crate::machine::state(&target));
     let mut queue = binaries.into_iter();
     let mut running: Vec<Running> = Vec::new();
     let mut free: Vec<usize> = (0..jobs).rev().collect();
@@ -333,6 +335,9 @@ pub fn run(
                 "xtask: [{done}/{total}] {} {verdict} in {secs:.1} s",
                 r.binary.name
             );
+            if !verdict.starts_with("ok") {
+                println!("xtask: machine: {}", crate::machine::state(&target));
+            }
         }
     }
     save_times(&finished);
