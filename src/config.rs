@@ -314,6 +314,11 @@ impl CacheBuilder {
 
     /// Keys per page of the initial (and any re-) list. Default [`DEFAULT_PAGE_SIZE`].
     ///
+    /// A page is one message from etcd and is held whole while it is inserted: with
+    /// values of up to etcd's 1.5 MiB, a page of 1,000 keys can be 1.5 GiB. The cache takes
+    /// messages of any size up to 2 GiB (as etcd's Go client does), so a smaller page
+    /// only bounds that peak; it does not make a list possible.
+    ///
     /// ```no_run
     /// # use std::time::Duration;
     /// # async fn f(client: etcd_client::Client) -> etcd_cache::Result<()> {

@@ -18,6 +18,27 @@ use crate::key_range::KeyRange;
 use crate::kv::{Event, EventType, KeyValue};
 use crate::range_request::{RangeRequest, RangeResult};
 
+/// The largest message the cache takes from etcd: what etcd's own Go client takes by
+/// default (`MaxCallRecvMsgSize`, `math.MaxInt32`). etcd-client keeps tonic's 4 MiB,
+/// which refuses a page of 1,000 keys of 4 KiB (Kubernetes' Pods are that size), or a
+/// watch's catch-up (etcd sends up to 1,000 revisions in one response), at every try:
+/// the cache would never load or never resume.
+const MAX_RECEIVE_BYTES: usize = i32::MAX as usize;
+
+/// A KV client of `client` that takes etcd's answers whatever their size.
+fn kv_client(client: &etcd_client::Client) -> etcd_client::KvClient {
+    client
+        .kv_client()
+        .max_decoding_message_size(MAX_RECEIVE_BYTES)
+}
+
+/// A Watch client of `client` that takes etcd's responses whatever their size.
+fn watch_client(client: &etcd_client::Client) -> etcd_client::WatchClient {
+    client
+        .watch_client()
+        .max_decoding_message_size(MAX_RECEIVE_BYTES)
+}
+
 /// The production upstream.
 pub(crate) struct EtcdUpstream {
     client: etcd_client::Client,
@@ -35,7 +56,7 @@ impl EtcdUpstream {
         // for its own prefix/from-key/all-keys flags, which are not used here.
         let client = &self.client;
         let call = || {
-            let mut kv = client.kv_client();
+            let mut kv = kv_client(client);
             let (key, opts) = (request.range.start.to_vec(), get_options(&request));
             async move { kv.get(key, Some(opts)).await }
         };
@@ -255,7 +276,7 @@ impl EtcdUpstream {
         let client = &self.client;
         let opts = etcd_client::WatchOptions::new().with_start_revision(revision);
         let mut stream = with_fresh_token(client, || {
-            let mut w = client.watch_client();
+            let mut w = watch_client(client);
             let (key, opts) = (range.start.to_vec(), opts.clone());
             async move { w.watch(key, Some(opts)).await }
         })
@@ -443,7 +464,7 @@ impl Upstream for EtcdUpstream {
                 client.refresh_token().await?;
             }
             let stream = with_fresh_token(client, || {
-                let mut w = client.watch_client();
+                let mut w = watch_client(client);
                 let (key, opts) = (range.start.to_vec(), opts.clone());
                 async move { w.watch(key, Some(opts)).await }
             })
@@ -469,7 +490,7 @@ impl Upstream for EtcdUpstream {
                 .with_limit(1);
             let client = &self.client;
             let read = read_retry(client, || {
-                let mut kv = client.kv_client();
+                let mut kv = kv_client(client);
                 let (key, opts) = (range.start.to_vec(), opts.clone());
                 async move { kv.get(key, Some(opts)).await }
             })
@@ -505,7 +526,7 @@ impl Upstream for EtcdUpstream {
                 .with_limit(1);
             let client = &self.client;
             let resp = read_retry(client, || {
-                let mut kv = client.kv_client();
+                let mut kv = kv_client(client);
                 let (key, opts) = (range.start.to_vec(), opts.clone());
                 async move { kv.get(key, Some(opts)).await }
             })
