@@ -221,6 +221,22 @@ async fn cluster_member_and_leader_failover() {
 
 /// Compaction while the cache is cut off: it must re-list. Subscribers that may have
 /// missed events get `Compacted`; those that provably missed nothing continue.
+/// A ready cache of `prefix` that reaches `etcd` through a TCP proxy (to cut it), with a
+/// short reconnect backoff.
+async fn cache_behind_a_cut(
+    etcd: &testkit::EtcdServer,
+    prefix: &str,
+) -> (TcpProxy, etcd_cache::Cache) {
+    let proxy = TcpProxy::start(etcd.client_addr()).await;
+    let via_proxy = testkit::client(&[proxy.endpoint()]).await;
+    let cache = testkit::ready_cache(via_proxy, |b| {
+        b.prefix(prefix)
+            .backoff(Duration::from_millis(20), Duration::from_millis(100))
+    })
+    .await;
+    (proxy, cache)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_disconnected_relists() {
     testkit::init_tracing();
@@ -228,13 +244,7 @@ async fn compaction_while_disconnected_relists() {
         let (etcd, mut direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
         direct.put("/c/stable", "s", None).await.unwrap();
         direct.put("/c/changes", "1", None).await.unwrap();
-        let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
-        let cache = testkit::ready_cache(via_proxy, |b| {
-            b.prefix("/c/")
-                .backoff(Duration::from_millis(20), Duration::from_millis(100))
-        })
-        .await;
+        let (proxy, cache) = cache_behind_a_cut(&etcd, "/c/").await;
         let before = cache.revision();
         let mut prefix = cache
             .watch("/c/", Some(WatchOptions::new().with_prefix()))
@@ -381,13 +391,7 @@ async fn a_resume_whose_catch_up_is_over_4_mib_delivers_it() {
     testkit::init_tracing();
     testkit::bounded(Duration::from_secs(120), async {
         let (etcd, direct) = testkit::etcd_with_client(EtcdOptions::default()).await;
-        let proxy = TcpProxy::start(etcd.client_addr()).await;
-        let via_proxy = testkit::client(&[proxy.endpoint()]).await;
-        let cache = testkit::ready_cache(via_proxy, |b| {
-            b.prefix("/r/")
-                .backoff(Duration::from_millis(20), Duration::from_millis(100))
-        })
-        .await;
+        let (proxy, cache) = cache_behind_a_cut(&etcd, "/r/").await;
         let mut sub = cache
             .watch("/r/", Some(WatchOptions::new().with_prefix()))
             .await
