@@ -6,12 +6,14 @@
 //! ETCD_CACHE_BENCH_QUICK=1 cargo bench --bench coldstart     # 100,000 keys only (< 60 s)
 //! cargo bench --bench coldstart -- --keys 100000 --pages 1000 --reps 5 --variants cache,plain
 //! cargo bench --bench coldstart -- --perf /tmp/prof          # each child under `perf record -g`
+//! cargo bench --bench coldstart -- --keys 1000000 --pages 1000 --value-bytes 1024  # 1 GiB
 //! COLDSTART_LOG=etcd_cache=debug cargo bench --bench coldstart   # the children's cache log
 //! ```
 //!
 //! One etcd on loopback (started here, through `testkit`). For each key count
-//! a prefix of that many keys is loaded: 16-byte keys, 16-byte values, in txns of 128 puts
-//! (etcd's default `--max-txn-ops`) with 8 txns in flight. Then, against the same etcd and
+//! a prefix of that many keys is loaded: 16-byte keys, 16-byte values (`--value-bytes`), in
+//! txns of 128 puts (etcd's default `--max-txn-ops`; fewer for values over 8 KiB) with 8 txns
+//! in flight. Then, against the same etcd and
 //! interleaved (the order alternates every repetition), each of
 //! - `cache`: `Cache::builder(client).prefix(p).page_size(page).build().await` then
 //!   `wait_ready()` (version probe, paged list at one revision, watch created);
@@ -47,24 +49,33 @@ use etcd_cache::Cache;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
 
 const KEY_SIZE: usize = 16;
+/// The default value size (`--value-bytes`).
 const VALUE_SIZE: usize = 16;
 /// etcd's default `--max-txn-ops`.
 const TXN_OPS: usize = 128;
+/// At most this many bytes of values in one load txn (etcd's `--max-request-bytes` is 1.5 MiB).
+const TXN_VALUE_BYTES: usize = 1 << 20;
 const TXNS_IN_FLIGHT: usize = 8;
 const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
 
 // ---------------------------------------------------------------------------------------
 // Keys
 
-/// The prefix for a data set of `n` keys: `/cold/<letter>/`, 8 bytes, so that with an
-/// 8-digit index every key is 16 bytes.
-fn prefix_for(n: usize) -> String {
+/// The prefix for a data set of `n` keys of `value_bytes`: `/cold/<letter>/`, 8 bytes, so
+/// that with an 8-digit index every key is 16 bytes (lower case for the default value
+/// size, upper case for any other).
+fn prefix_for(n: usize, value_bytes: usize) -> String {
     let letter = match n {
-        100_000 => 'a',
-        1_000_000 => 'b',
-        _ => (b'c' + (n.trailing_zeros() % 20) as u8) as char,
+        100_000 => b'a',
+        1_000_000 => b'b',
+        _ => b'c' + (n.trailing_zeros() % 20) as u8,
     };
-    format!("/cold/{letter}/")
+    let letter = if value_bytes == VALUE_SIZE {
+        letter
+    } else {
+        letter.to_ascii_uppercase()
+    };
+    format!("/cold/{}/", letter as char)
 }
 
 fn key(prefix: &str, i: usize) -> String {
@@ -73,8 +84,9 @@ fn key(prefix: &str, i: usize) -> String {
     k
 }
 
-fn value(i: usize) -> String {
-    format!("v{i:015}")
+/// The value of key `i`: its number, padded to `bytes` (at least 16).
+fn value(i: usize, bytes: usize) -> String {
+    format!("v{i:015}{}", "x".repeat(bytes.saturating_sub(16)))
 }
 
 /// The end of the prefix range: the prefix with its last byte incremented.
@@ -99,9 +111,16 @@ async fn count(client: &Client, prefix: &str) -> Result<i64, String> {
     Ok(resp.count())
 }
 
-/// Puts `n` keys under `prefix`: txns of 128 puts, 8 in flight. Returns the elapsed time.
-async fn load(client: &Client, prefix: &str, n: usize) -> Result<Duration, String> {
+/// Puts `n` keys of `value_bytes` under `prefix`: txns of 128 puts (fewer for values over
+/// 8 KiB: at most 1 MiB of values a txn), 8 in flight. Returns the elapsed time.
+async fn load(
+    client: &Client,
+    prefix: &str,
+    n: usize,
+    value_bytes: usize,
+) -> Result<Duration, String> {
     let t = Instant::now();
+    let per_txn = TXN_OPS.min((TXN_VALUE_BYTES / value_bytes).max(1));
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..TXNS_IN_FLIGHT {
@@ -110,12 +129,12 @@ async fn load(client: &Client, prefix: &str, n: usize) -> Result<Duration, Strin
         let prefix = prefix.to_string();
         tasks.push(tokio::spawn(async move {
             loop {
-                let start = next.fetch_add(TXN_OPS, Ordering::Relaxed);
+                let start = next.fetch_add(per_txn, Ordering::Relaxed);
                 if start >= n {
                     return Ok::<(), String>(());
                 }
-                let ops: Vec<TxnOp> = (start..(start + TXN_OPS).min(n))
-                    .map(|i| TxnOp::put(key(&prefix, i), value(i), None))
+                let ops: Vec<TxnOp> = (start..(start + per_txn).min(n))
+                    .map(|i| TxnOp::put(key(&prefix, i), value(i, value_bytes), None))
                     .collect();
                 kv.txn(Txn::new().and_then(ops))
                     .await
@@ -302,7 +321,10 @@ async fn plain_read(
     prefix: &str,
     page: i64,
 ) -> Result<Vec<etcd_client::KeyValue>, String> {
-    let mut kv = client.kv_client();
+    // Pages of any size, as etcd's Go client takes them (tonic's default is 4 MiB).
+    let mut kv = client
+        .kv_client()
+        .max_decoding_message_size(i32::MAX as usize);
     let end = prefix_end(prefix);
     let mut start = prefix.as_bytes().to_vec();
     let mut revision = 0;
@@ -342,6 +364,7 @@ struct Opts {
     reps: usize,
     variants: Vec<Variant>,
     perf: Option<String>,
+    value_bytes: usize,
 }
 
 fn parse_opts() -> Result<Opts, String> {
@@ -353,6 +376,7 @@ fn parse_opts() -> Result<Opts, String> {
             reps: 3,
             variants: vec![Variant::Cache, Variant::Plain],
             perf: None,
+            value_bytes: VALUE_SIZE,
         }
     } else {
         Opts {
@@ -361,6 +385,7 @@ fn parse_opts() -> Result<Opts, String> {
             reps: 5,
             variants: vec![Variant::Cache, Variant::Plain],
             perf: None,
+            value_bytes: VALUE_SIZE,
         }
     };
     let list = |v: Option<String>, what: &str| -> Result<Vec<String>, String> {
@@ -404,6 +429,13 @@ fn parse_opts() -> Result<Opts, String> {
                     .collect::<Result<_, _>>()?
             }
             "--perf" => o.perf = Some(it.next().ok_or("--perf needs a directory")?),
+            "--value-bytes" => {
+                o.value_bytes = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|b| (16..=1 << 20).contains(b))
+                    .ok_or("--value-bytes needs a number of bytes from 16 to 1 MiB")?
+            }
             // Arguments cargo bench passes to every bench target (filters etc.) are ignored.
             _ => {}
         }
@@ -435,7 +467,7 @@ fn run_child(
         "--child".to_string(),
         variant.name().to_string(),
         ep.to_string(),
-        prefix_for(keys),
+        prefix_for(keys, opts.value_bytes),
         keys.to_string(),
         page.to_string(),
     ];
@@ -558,11 +590,12 @@ fn main() {
     let etcd_pid = server.pid();
     let version = server.status().map(|s| s.version).unwrap_or_default();
     println!(
-        "coldstart: etcd {version}, {} CPUs, keys {:?}, page sizes {:?}, {} repetitions, {KEY_SIZE}-byte keys, {VALUE_SIZE}-byte values",
+        "coldstart: etcd {version}, {} CPUs, keys {:?}, page sizes {:?}, {} repetitions, {KEY_SIZE}-byte keys, {}-byte values",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         opts.keys,
         opts.pages,
-        opts.reps
+        opts.reps,
+        opts.value_bytes
     );
 
     // Load every data set (in this process, on its own runtime, dropped before measuring).
@@ -575,8 +608,8 @@ fn main() {
         rt.block_on(async {
             let client = testkit::Connect::plain().try_client(&[&ep]).await?;
             for &n in &opts.keys {
-                let prefix = prefix_for(n);
-                let took = load(&client, &prefix, n).await?;
+                let prefix = prefix_for(n, opts.value_bytes);
+                let took = load(&client, &prefix, n, opts.value_bytes).await?;
                 let c = count(&client, &prefix).await?;
                 if c != n as i64 {
                     return Err(format!("loaded {c} keys under {prefix}, want {n}"));
@@ -699,14 +732,17 @@ fn main() {
             let (c, p) = (group(Variant::Cache), group(Variant::Plain));
             if let (Some(c), Some(p)) = (&c, &p) {
                 let ratio = c.ms / p.ms;
+                let data_mib = (n * (KEY_SIZE + opts.value_bytes)) as f64 / (1 << 20) as f64;
                 println!(
-                    "  keys={n:<8} page={page:<6} time to ready: cache {:.0} ms vs plain {:.0} ms = {ratio:.2}x ({}); peak RSS {:.1} / {:.1} MiB = {:.2}x; client CPU {:.2} / {:.2} s = {:.2}x; store_bytes {} ({:.2} B/key)",
+                    "  keys={n:<8} page={page:<6} time to ready: cache {:.0} ms vs plain {:.0} ms = {ratio:.2}x ({}); peak RSS {:.1} / {:.1} MiB = {:.2}x, the cache's {:.2}x the data's {:.1} MiB (issue 43: <= 1.5x); client CPU {:.2} / {:.2} s = {:.2}x; store_bytes {} ({:.2} B/key)",
                     c.ms,
                     p.ms,
-                    if ratio <= 1.5 { "target <= 1.5x met" } else { "target <= 1.5x MISSED" },
+                    if ratio <= 1.2 { "targets <= 1.2x and 1.5x met" } else if ratio <= 1.5 { "target <= 1.5x met, 1.2x MISSED" } else { "target <= 1.5x MISSED" },
                     c.peak_mib,
                     p.peak_mib,
                     c.peak_mib / p.peak_mib,
+                    c.peak_mib / data_mib,
+                    data_mib,
                     c.cpu_s,
                     p.cpu_s,
                     c.cpu_s / p.cpu_s,
