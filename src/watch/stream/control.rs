@@ -167,7 +167,7 @@ impl Ids {
                 if let Some(e) = few.iter_mut().find(|e| e.0 == watch_id) {
                     e.1 = sub_id;
                 } else if few.len() < Self::FEW {
-                    few.push((watch_id, sub_id));
+                    crate::watch::ready_set::push_lean(few, (watch_id, sub_id));
                 } else {
                     let mut many: HashMap<_, _> = few.drain(..).collect();
                     many.insert(watch_id, sub_id);

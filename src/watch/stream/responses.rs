@@ -364,7 +364,7 @@ impl WatchResponseStream {
             let Some(item) = multi.held.pop_front() else {
                 return;
             };
-            release_drained(&mut multi.held);
+            release_drained(&mut multi.held, 0);
             match (item, opened) {
                 (Incoming::Opening { .. }, Some(Ok(Ok((sub, created))))) => self.add(sub, created),
                 // The cache closed meanwhile (the stream ends with it), or the runtime
@@ -401,7 +401,7 @@ impl WatchResponseStream {
             .or_else(|| {
                 let replies = &mut self.multi.as_mut()?.replies;
                 let next = replies.pop_front();
-                release_drained(replies);
+                release_drained(replies, KEPT_ROOM);
                 next
             })
             .map(Reply::from)
@@ -631,15 +631,17 @@ impl WatchResponseStream {
     }
 }
 
-/// The room a drained queue keeps (see [`release_drained`]).
+/// The room the drained queue of replies keeps (see [`release_drained`]).
 const KEPT_ROOM: usize = 8;
 
-/// Gives back the room a queue grew to in a burst once it is empty: a caller that adds
-/// many watches at once grows the stream's queues to their number, and a `VecDeque`
-/// never shrinks by itself, so an idle stream kept that high-water mark for life.
-fn release_drained<T>(queue: &mut VecDeque<T>) {
-    if queue.is_empty() && queue.capacity() > KEPT_ROOM {
-        queue.shrink_to(KEPT_ROOM);
+/// Gives back the room a queue grew to in a burst once it is empty, but `keep`: a caller
+/// that adds many watches at once grows the stream's queues to their number, and a
+/// `VecDeque` never shrinks by itself, so an idle stream kept that high-water mark for
+/// life. The queue of held requests keeps none (it holds only while a watch from now
+/// learns its start: 8 requests of room were 58 B of every watch in streams of 10).
+fn release_drained<T>(queue: &mut VecDeque<T>, keep: usize) {
+    if queue.is_empty() && queue.capacity() > keep {
+        queue.shrink_to(keep);
     }
 }
 
