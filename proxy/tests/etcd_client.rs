@@ -969,3 +969,44 @@ async fn compacted_revisions_get_etcds_answer() {
     assert!(d.starts_with("ok"), "{d}");
     assert_eq!(v, d);
 }
+
+/// A cache whose list pages are over 4 MiB (1,100 keys of 5 KiB: a page of 1,000 is 5 MB,
+/// Kubernetes Pods' size) loads (it refused every page before the crate took etcd's
+/// messages of any size: the proxy answered every range through etcd meanwhile), and the
+/// proxy's answers from it match etcd's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_whose_pages_are_over_4_mib_loads_and_serves() {
+    let etcd = start_etcd(EtcdOptions::default()).await;
+    let mut direct = client(&etcd.endpoint()).await;
+    let value = "v".repeat(5 * 1024);
+    for batch in 0..11 {
+        let ops: Vec<TxnOp> = (0..100)
+            .map(|i| TxnOp::put(format!("/big/{:05}", batch * 100 + i), value.as_str(), None))
+            .collect();
+        direct.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    let maddr = support::free_addr();
+    let proxy = start_proxy(
+        etcd.endpoint(),
+        vec!["--metrics-addr".into(), maddr.to_string()],
+    )
+    .await;
+    support::scrape::scrape_until(maddr, "the cache loaded", |s| {
+        s.get("etcd_cache_store_keys", &[("cache", "")]) == Some(1_100.0)
+    })
+    .await;
+    let mut via = client(&proxy.endpoint()).await;
+    for opts in [
+        GetOptions::new().with_prefix().with_limit(10),
+        GetOptions::new().with_prefix().with_count_only(),
+        GetOptions::new().with_prefix().with_keys_only(),
+    ] {
+        let want = direct.get("/big/", Some(opts.clone())).await.unwrap();
+        let got = via.get("/big/", Some(opts)).await.unwrap();
+        assert_eq!(kvs(&got), kvs(&want));
+    }
+    assert_eq!(
+        kvs(&via.get("/big/01099", None).await.unwrap()),
+        kvs(&direct.get("/big/01099", None).await.unwrap())
+    );
+}
