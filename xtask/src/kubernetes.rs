@@ -25,7 +25,8 @@ cargo xtask kubernetes [--etcd 3.6|3.7] [--no-build] [--integration] [options]
         --scheduler (kube-scheduler too); --apiservers N (N kube-apiservers on one etcd or
         proxy); --fault proxy-kill|etcd-restart (repeatable: the Nth after round N);
         --compaction-interval DUR; --check-period DUR; --proxy-prefix P; --objects N (the
-        workload's ConfigMaps and Secrets per round and writer, default 100); --target
+        workload's ConfigMaps and Secrets per round and writer, default 100); --value-bytes B
+        (a pad of B bytes in each ConfigMap, default 0); --target
         proxy|direct|both; --out DIR.
         --no-build: use the binaries already built.
         --integration: instead, Kubernetes' own integration tests (test/integration/apiserver's

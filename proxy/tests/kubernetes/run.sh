@@ -4,7 +4,7 @@
 #
 #   run.sh [--etcd 3.6|3.7] [--target proxy|direct|both] [--no-watch-cache] [--kcm] [--scheduler]
 #          [--apiservers N] [--fault proxy-kill|etcd-restart]... [--compaction-interval DUR]
-#          [--check-period DUR] [--proxy-prefix P] [--objects N] [--out DIR] [--no-build]
+#          [--check-period DUR] [--proxy-prefix P] [--objects N] [--value-bytes B] [--out DIR] [--no-build]
 #
 # Needs target/etcd/<v>/etcd (`cargo xtask etcd-bins`; or KUBERNETES_ETCD_BIN) and the proxy
 # binary (ETCD_CACHE_PROXY_BIN, default target/debug/etcd-cache-proxy). Builds kube-apiserver and
@@ -24,6 +24,8 @@
 # --objects N: the workload's size (default 100): per round and writer N ConfigMaps created,
 # 0.6 N replaced, 0.3 N deleted, and N Secrets created, 0.3 N deleted; the waits and the lists'
 # page size scale with it, and above 250 each writer runs up to 4 kubectl pipelines at once.
+# --value-bytes B: each ConfigMap also carries a key `pad` of B bytes (default 0; Pods are 4-8
+# KiB in etcd: with B 10000 and --objects 400 a page of the proxy's list is over 4 MiB).
 # Exits 1 when a check fails or the two targets differ (compare.py), 2 on a usage, build or
 # start-up error.
 set -euo pipefail
@@ -44,7 +46,8 @@ compaction=10s
 check_period=20s
 proxy_prefix=/registry/
 objects=100
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+value_bytes=0
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --etcd) shift; etcd_v="${1:-}" ;;
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
     --compaction-interval) shift; [[ "${1:-}" =~ ^[0-9]+(ms|s|m|h)?$ ]] || { echo "run.sh: --compaction-interval takes a Go duration (10s, 1m, 0)" >&2; usage; }; compaction="$1" ;;
     --proxy-prefix) shift; proxy_prefix="${1-}" ;;
     --objects) shift; [[ "${1:-}" =~ ^[1-9][0-9]{0,4}$ ]] || { echo "run.sh: --objects takes 1 to 99999" >&2; usage; }; objects="$1" ;;
+    --value-bytes) shift; [[ "${1:-}" =~ ^[0-9]{1,6}$ ]] || { echo "run.sh: --value-bytes takes 0 to 999999" >&2; usage; }; value_bytes="$1" ;;
     --check-period) shift; [[ "${1:-}" =~ ^[1-9][0-9]*(s|m)$ ]] || { echo "run.sh: --check-period takes a positive duration in s or m (20s)" >&2; usage; }; check_period="$1" ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
@@ -86,6 +90,8 @@ suffix="${apiserver_args[*]:+-no-watch-cache}$([ "$kcm" = 0 ] || echo -kcm)$([ "
 [ "$apiservers" = 1 ] || suffix+="-apiservers$apiservers"
 for f in ${faults[@]+"${faults[@]}"}; do suffix+="-$f"; done
 [ "$objects" = 100 ] || suffix+="-objects$objects"
+[ "$value_bytes" = 0 ] || suffix+="-value$value_bytes"
+PAD="$(head -c "$value_bytes" /dev/zero | tr '\0' x)"
 out="${out:-$KDIR/runs/etcd-$etcd_v$suffix}"
 mkdir -p "$out"
 
@@ -111,6 +117,7 @@ configmaps() {
   for ((i = from; i < to; i += step)); do
     printf -- '---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-%s-%s-%03d\n  namespace: %s\ndata:\n  k: "%s-%s-%s-%d"\n' \
       "$w" "$r" "$i" "$NS" "$val" "$w" "$r" "$i"
+    [ -z "$PAD" ] || printf -- '  pad: "%s"\n' "$PAD"
   done
 }
 
