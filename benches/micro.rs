@@ -60,6 +60,23 @@ fn subscriber_counts() -> Vec<usize> {
 
 /// Times `dispatch` of `iters` events (cycling through `keys`), draining `hot` every
 /// [`DRAIN_EVERY`] events. Batches are built outside the timed part.
+/// `count` subscribers of `prefix` in `index` (every event under it matches them all), and
+/// 64 keys under `prefix` for the events.
+fn on_prefix(
+    index: &mut BenchIndex,
+    prefix: &str,
+    count: usize,
+    cap: usize,
+) -> (Vec<BenchMailbox>, Vec<Bytes>) {
+    let hot = (0..count)
+        .map(|_| index.subscribe(prefix.as_bytes(), &Spec::Prefix, cap, 0))
+        .collect();
+    let keys = (0..64)
+        .map(|i| Bytes::from(format!("{prefix}{}", hex_key(i))))
+        .collect();
+    (hot, keys)
+}
+
 fn time_dispatch(
     index: &mut BenchIndex,
     hot: &[BenchMailbox],
@@ -119,12 +136,7 @@ fn bench_dispatch(c: &mut Criterion) {
         // All N on the same prefix: every event matches all of them.
         {
             let mut index = BenchIndex::new();
-            let hot: Vec<_> = (0..n)
-                .map(|_| index.subscribe(b"/b/", &Spec::Prefix, cap, 0))
-                .collect();
-            let keys: Vec<Bytes> = (0..64)
-                .map(|i| Bytes::from(format!("/b/{}", hex_key(i))))
-                .collect();
+            let (hot, keys) = on_prefix(&mut index, "/b/", n, cap);
             let mut rev = 0;
             g.throughput(Throughput::Elements(n as u64));
             g.bench_function(BenchmarkId::new("same_prefix", n), |b| {
@@ -204,14 +216,9 @@ fn bench_dispatch(c: &mut Criterion) {
     };
     for (name, n, matching) in sizes {
         let mut index = BenchIndex::new();
-        let hot: Vec<_> = (0..matching)
-            .map(|_| index.subscribe(b"/p/", &Spec::Prefix, cap, 0))
-            .collect();
+        let (hot, keys) = on_prefix(&mut index, "/p/", matching, cap);
         let _rest: Vec<_> = (0..n - matching)
             .map(|i| index.subscribe(format!("/b/{i:08}").as_bytes(), &Spec::Single, cap, 0))
-            .collect();
-        let keys: Vec<Bytes> = (0..64)
-            .map(|i| Bytes::from(format!("/p/{}", hex_key(i))))
             .collect();
         let mut rev = 0;
         g.throughput(Throughput::Elements(matching as u64));
